@@ -1,0 +1,1 @@
+"""Generated gRPC code for proto/moe.proto (made by `make proto`)."""

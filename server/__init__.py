@@ -1,0 +1,1 @@
+"""The MoE inference server: gRPC service -> scheduler -> engine -> model."""

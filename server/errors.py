@@ -1,0 +1,21 @@
+"""Domain errors of the server; service.py maps each to one gRPC status code."""
+
+
+class ServerError(Exception):
+    """Base: the message is shown to the client and must say what to change."""
+
+
+class InvalidRequestError(ServerError):
+    """The request can never succeed as sent (INVALID_ARGUMENT)."""
+
+
+class QueueFullError(ServerError):
+    """Admission control refused the request; retrying later may succeed (RESOURCE_EXHAUSTED)."""
+
+
+class UnavailableError(ServerError):
+    """The server is draining for shutdown or its engine stopped (UNAVAILABLE)."""
+
+
+class EngineFailedError(ServerError):
+    """The engine raised while running the request (INTERNAL)."""

@@ -1,0 +1,279 @@
+"""A decoder-only Mixture-of-Experts transformer with seeded random weights.
+
+One forward pass serves a whole engine step: the tokens of every sequence in the step are
+flattened into one row, so prefill chunks and single decode tokens share every matmul and
+the MoE layer sees all of the step's tokens at once.
+
+Shape letters: N tokens in the step, D model dim, H query heads, G kv heads, K head dim,
+E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int = 258
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    n_experts: int = 4
+    top_k: int = 2
+    expert_dim: int = 128
+    max_seq_len: int = 256
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError("dim must divide by n_heads and n_heads by n_kv_heads")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k must be in 1..{self.n_experts}, got {self.top_k}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+PRESETS: dict[str, ModelArgs] = {
+    # Tests: a decode step in about a millisecond on 2 CPU cores.
+    "tiny": ModelArgs(),
+    # CPU load tests: tens of tokens/s per stream with a batch of a few streams.
+    "small": ModelArgs(dim=512, n_layers=4, n_heads=8, n_kv_heads=4, n_experts=8, top_k=2,
+                       expert_dim=1024, max_seq_len=1024),
+    # Real shapes, for GPUs.
+    "mixtral-8x7b": ModelArgs(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                              n_experts=8, top_k=2, expert_dim=14336, max_seq_len=4096,
+                              rope_base=1e6),
+    "qwen1.5-moe-a2.7b": ModelArgs(vocab_size=151936, dim=2048, n_layers=24, n_heads=16,
+                                   n_kv_heads=16, n_experts=60, top_k=4, expert_dim=1408,
+                                   max_seq_len=4096, rope_base=1e6),
+}
+
+
+@dataclass
+class StepLayout:
+    """Where each sequence's tokens sit in the flattened step, and where its cache lives.
+
+    Decode sequences (one new token) are attended in one batched call; prefill chunks, one
+    call each.
+    """
+
+    positions: Tensor  # [N] position of each token in its sequence
+    token_slots: Tensor  # [N] KV cache slot of each token
+    last_index: Tensor  # [B] index in N of each sequence's last token
+    decode_index: Tensor  # [Bd] indices in N of the decode tokens
+    decode_slots: Tensor  # [Bd]
+    decode_lens: Tensor  # [Bd] cached length after this step
+    decode_max_len: int
+    prefills: list[tuple[int, int, int, int]]  # (first index in N, length, slot, start pos)
+
+    @classmethod
+    def build(cls, seqs: list[tuple[int, int, int]], device: torch.device) -> StepLayout:
+        """seqs: (slot, start position, number of new tokens) per sequence, in step order."""
+        positions, token_slots, last_index = [], [], []
+        decode_index, decode_slots, decode_lens, prefills = [], [], [], []
+        offset = 0
+        for slot, start, n in seqs:
+            positions.extend(range(start, start + n))
+            token_slots.extend([slot] * n)
+            last_index.append(offset + n - 1)
+            if n == 1:
+                decode_index.append(offset)
+                decode_slots.append(slot)
+                decode_lens.append(start + 1)
+            else:
+                prefills.append((offset, n, slot, start))
+            offset += n
+
+        def t(xs):
+            return torch.tensor(xs, dtype=torch.long, device=device)
+
+        return cls(t(positions), t(token_slots), t(last_index), t(decode_index), t(decode_slots),
+                   t(decode_lens), max(decode_lens, default=0), prefills)
+
+
+class KVCache(nn.Module):
+    """The preallocated pool: `slots` sequences of up to max_seq_len positions per layer."""
+
+    def __init__(self, args: ModelArgs, slots: int, device, dtype):
+        super().__init__()
+        shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device, dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rope_tables(args: ModelArgs, device) -> tuple[Tensor, Tensor]:
+    half = args.head_dim // 2
+    freqs = 1.0 / args.rope_base ** (torch.arange(half, device=device, dtype=torch.float32) / half)
+    angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()  # [S, K/2] each
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [N, heads, K]; cos/sin: [N, K/2], rotating the two halves of each head
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, device, dtype):
+        super().__init__()
+        self.args = args
+        kv_dim = args.n_kv_heads * args.head_dim
+        self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=False, device=device, dtype=dtype)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, layout: StepLayout, cos: Tensor, sin: Tensor,
+                k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        a = self.args
+        n = x.shape[0]
+        kv_dim = a.n_kv_heads * a.head_dim
+        q, k, v = self.wqkv(x).split([a.dim, kv_dim, kv_dim], dim=-1)
+        q = apply_rope(q.view(n, a.n_heads, a.head_dim), cos, sin)  # [N, H, K]
+        k = apply_rope(k.view(n, a.n_kv_heads, a.head_dim), cos, sin)  # [N, G, K]
+        v = v.view(n, a.n_kv_heads, a.head_dim)
+        k_cache[layout.token_slots, :, layout.positions] = k
+        v_cache[layout.token_slots, :, layout.positions] = v
+
+        out = torch.empty_like(q)
+        if layout.decode_index.numel():
+            s = layout.decode_max_len
+            keys = k_cache[layout.decode_slots, :, :s]  # [Bd, G, S, K]
+            values = v_cache[layout.decode_slots, :, :s]
+            mask = torch.arange(s, device=x.device)[None, :] < layout.decode_lens[:, None]  # [Bd, S]
+            qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
+            o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=mask[:, None, None, :],
+                                               enable_gqa=True)
+            out[layout.decode_index] = o.squeeze(2)
+        for first, length, slot, start in layout.prefills:
+            end = start + length
+            keys = k_cache[slot, :, :end].unsqueeze(0)  # [1, G, S, K]
+            values = v_cache[slot, :, :end].unsqueeze(0)
+            qp = q[first:first + length].transpose(0, 1).unsqueeze(0)  # [1, H, T, K]
+            if start == 0:
+                o = F.scaled_dot_product_attention(qp, keys, values, is_causal=True, enable_gqa=True)
+            else:
+                rows = torch.arange(start, end, device=x.device)[:, None]
+                mask = torch.arange(end, device=x.device)[None, :] <= rows  # [T, S]
+                o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, enable_gqa=True)
+            out[first:first + length] = o.squeeze(0).transpose(0, 1)
+        return self.wo(out.reshape(n, a.dim))
+
+
+class MoEFeedForward(nn.Module):
+    """Router (softmax top-k, renormalised) -> tokens sorted by expert -> one SwiGLU matmul
+    chain per active expert -> weighted combine. Experts are stacked [E, I, D] tensors."""
+
+    def __init__(self, args: ModelArgs, device, dtype):
+        super().__init__()
+        self.top_k = args.top_k
+        e, i, d = args.n_experts, args.expert_dim, args.dim
+        self.gate = nn.Linear(d, e, bias=False, device=device, dtype=dtype)
+        self.w1 = nn.Parameter(torch.empty(e, i, d, device=device, dtype=dtype))
+        self.w3 = nn.Parameter(torch.empty(e, i, d, device=device, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(e, d, i, device=device, dtype=dtype))
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Top-k experts [N, k] of each token and their renormalised weights [N, k]."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [N, E]
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        return weights / weights.sum(dim=-1, keepdim=True), experts
+
+    def expert(self, e: int, h: Tensor) -> Tensor:
+        return (F.silu(h @ self.w1[e].T) * (h @ self.w3[e].T)) @ self.w2[e].T
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns the layer output [N, D] and the tokens routed to each expert [E]."""
+        weights, experts = self.route(x)
+        flat = experts.flatten()  # [N*k]
+        order = flat.argsort(stable=True)
+        token_of = order // self.top_k  # source token of each sorted (token, expert) pair
+        counts = torch.bincount(flat, minlength=self.w1.shape[0])  # [E]
+        xs = x[token_of]  # [N*k, D]
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, end in enumerate(counts.cumsum(0).tolist()):  # one host sync per layer
+            if end > start:
+                ys[start:end] = self.expert(e, xs[start:end])
+            start = end
+        ys = ys * weights.flatten()[order, None].to(ys.dtype)
+        return torch.zeros_like(x).index_add_(0, token_of, ys), counts
+
+    def reference(self, x: Tensor) -> Tensor:
+        """The same layer computed token by token: slow, for tests."""
+        weights, experts = self.route(x)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(self.top_k):
+                e = int(experts[t, j])
+                out[t] += weights[t, j].to(x.dtype) * self.expert(e, x[t:t + 1])[0]
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, device, dtype):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.attention = Attention(args, device, dtype)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.moe = MoEFeedForward(args, device, dtype)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(Block(args, device, dtype) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
+        cos, sin = rope_tables(args, device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        """Seeded random weights scaled so activations stay O(1) through the layers."""
+        gen = torch.Generator(device=self.output.weight.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
+            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+                    .mul_(1 / math.sqrt(fan_in)))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache) -> tuple[Tensor, Tensor]:
+        """Logits of each sequence's last token [B, V] and tokens per expert [L, E]."""
+        cos = self.rope_cos[layout.positions]
+        sin = self.rope_sin[layout.positions]
+        x = self.tok_embeddings(tokens)  # [N, D]
+        counts = []
+        for i, layer in enumerate(self.layers):
+            x = x + layer.attention(layer.attention_norm(x), layout, cos, sin, cache.k[i], cache.v[i])
+            y, c = layer.moe(layer.ffn_norm(x))
+            x = x + y
+            counts.append(c)
+        logits = self.output(self.norm(x[layout.last_index]))
+        return logits.float(), torch.stack(counts)

@@ -1,0 +1,207 @@
+"""The gRPC face of the server: validation, streaming, status codes, health, reflection.
+
+This is the only module of the server that knows gRPC. Domain errors become status codes
+in one place (`status_of`); a request's scheduler place is released in `finally`, so a
+cancelled call or an expired deadline frees its KV slot before the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proto import moe_pb2, moe_pb2_grpc
+from server import tokenizer
+from server.errors import (
+    EngineFailedError,
+    InvalidRequestError,
+    QueueFullError,
+    ServerError,
+    UnavailableError,
+)
+from server.scheduler import FailureEvent, Request, Scheduler, TokenEvent
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
+FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
+                  "STOP": moe_pb2.GenerateResponse.STOP}
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab_size: int
+    max_seq_len: int
+    max_tokens_limit: int
+
+
+def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
+    codes = {InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+             QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+             UnavailableError: grpc.StatusCode.UNAVAILABLE,
+             EngineFailedError: grpc.StatusCode.INTERNAL}
+    for kind, code in codes.items():
+        if isinstance(error, kind):
+            return code, str(error)
+    return grpc.StatusCode.INTERNAL, f"engine error: {error!r}"
+
+
+def prompt_ids_of(request: moe_pb2.GenerateRequest, limits: Limits) -> list[int]:
+    """The request's prompt as token ids, or InvalidRequestError saying what to change."""
+    if request.prompt and request.prompt_token_ids:
+        raise InvalidRequestError("set either prompt or prompt_token_ids, not both")
+    if request.prompt_token_ids:
+        ids = list(request.prompt_token_ids)
+        bad = next((i for i in ids if i >= limits.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"prompt_token_ids contains {bad}, outside the vocabulary 0..{limits.vocab_size - 1}")
+        return ids
+    if not request.prompt:
+        raise InvalidRequestError("prompt is empty: set prompt (text) or prompt_token_ids")
+    return tokenizer.encode(request.prompt)
+
+
+def validate(request: moe_pb2.GenerateRequest, prompt_len: int, limits: Limits) -> None:
+    ctx = limits.max_seq_len
+    if request.max_tokens == 0:
+        raise InvalidRequestError("max_tokens must be at least 1")
+    if request.max_tokens > limits.max_tokens_limit:
+        raise InvalidRequestError(
+            f"max_tokens {request.max_tokens} is above this server's limit of "
+            f"{limits.max_tokens_limit} (--max-tokens-limit); ask for at most {limits.max_tokens_limit}")
+    if prompt_len >= ctx:
+        raise InvalidRequestError(
+            f"prompt is {prompt_len} tokens but the model context is {ctx} tokens; "
+            f"shorten the prompt to at most {ctx - 1} tokens")
+    if prompt_len + request.max_tokens > ctx:
+        raise InvalidRequestError(
+            f"prompt ({prompt_len} tokens) + max_tokens ({request.max_tokens}) exceeds the model "
+            f"context of {ctx} tokens; set max_tokens to at most {ctx - prompt_len}")
+    if not math.isfinite(request.temperature) or request.temperature < 0:
+        raise InvalidRequestError(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {request.temperature}")
+
+
+class MoEService(moe_pb2_grpc.MoEInferenceServicer):
+    def __init__(self, scheduler: Scheduler, limits: Limits, info: dict[str, str]):
+        self.scheduler = scheduler
+        self.limits = limits
+        self.info = info  # policy, preset, device, dtype
+        self.draining = False
+        self.started_ns = time.monotonic_ns()
+
+    async def Generate(self, request, context):
+        received_ns = time.monotonic_ns()
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(event):  # called on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            if self.draining:
+                raise UnavailableError("server is shutting down; send the request to another replica")
+            prompt_ids = prompt_ids_of(request, self.limits)
+            validate(request, len(prompt_ids), self.limits)
+            req = Request(request.request_id or uuid.uuid4().hex, prompt_ids, request.max_tokens,
+                          sink, request.ignore_eos, request.temperature, request.seed,
+                          request.priority, received_ns)
+            self.scheduler.submit(req)
+        except ServerError as exc:
+            self.scheduler.count_rejected()
+            await context.abort(*status_of(exc))
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        first_sent_ns = 0
+        finished = False
+        try:
+            while not finished:
+                batch = [await events.get()]
+                while not events.empty():  # a slow reader gets several tokens per message
+                    batch.append(events.get_nowait())
+                failure = next((e for e in batch if isinstance(e, FailureEvent)), None)
+                if failure is not None:
+                    finished = True
+                    await context.abort(*status_of(failure.error))
+                tokens: list[TokenEvent] = batch
+                ids = [e.token_id for e in tokens]
+                msg = moe_pb2.GenerateResponse(token_ids=ids,
+                                               text=decoder.decode(tokenizer.token_bytes(ids)))
+                last = tokens[-1]
+                now_ns = time.monotonic_ns()
+                first_sent_ns = first_sent_ns or now_ns
+                if last.finish_reason:
+                    finished = True
+                    msg.text += decoder.decode(b"", final=True)
+                    msg.finish_reason = FINISH_REASONS[last.finish_reason]
+                    u = last.usage
+                    msg.usage.CopyFrom(moe_pb2.Usage(
+                        prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                        queue_us=u.queue_us, prefill_us=u.prefill_us, decode_us=u.decode_us,
+                        ttft_us=(first_sent_ns - received_ns) // 1000))
+                msg.server_elapsed_us = (now_ns - received_ns) // 1000
+                yield msg
+        finally:
+            if not finished:
+                self.scheduler.cancel(req)
+
+    async def GetStats(self, request, context):
+        snap = self.scheduler.snapshot()
+        c = snap.counters
+        args = self.scheduler.engine.args
+        return moe_pb2.EngineStats(
+            **self.info,
+            uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9,
+            window_s=snap.window_s,
+            requests_admitted=c.requests_admitted, requests_finished=c.requests_finished,
+            requests_aborted=c.requests_aborted, requests_rejected=c.requests_rejected,
+            steps=c.steps, tokens_generated=c.tokens_generated, prompt_tokens=c.prompt_tokens,
+            running=snap.running, waiting=snap.waiting, kv_slots_in_use=snap.kv_slots_in_use,
+            kv_slots_total=self.scheduler.engine.kv_slots,
+            mean_batch_size=c.batch_size_sum / c.steps if c.steps else 0.0,
+            step_time_mean_ms=c.step_ns_sum / c.steps / 1e6 if c.steps else 0.0,
+            num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
+            expert_tokens=[moe_pb2.LayerExpertTokens(tokens=t) for t in snap.expert_tokens],
+            max_batch_size=self.scheduler.max_batch_size, max_seq_len=args.max_seq_len)
+
+    async def ResetStats(self, request, context):
+        self.scheduler.reset_stats()
+        return moe_pb2.ResetStatsResponse(uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9)
+
+
+async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Server, int,
+                                                                      health.aio.HealthServicer]:
+    """Builds a started server on address ("host:port", port 0 = any free port)."""
+    server = grpc.aio.server()
+    moe_pb2_grpc.add_MoEInferenceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health_servicer
+
+
+async def drain(server: grpc.aio.Server, service: MoEService,
+                health_servicer: health.aio.HealthServicer, grace_s: float) -> None:
+    """Refuses new requests, gives in-flight streams grace_s to finish, then stops the engine."""
+    service.draining = True
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    service.scheduler.stop("server shut down before the request finished")
