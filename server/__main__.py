@@ -9,14 +9,10 @@ import os
 import signal
 import sys
 
-import torch
-
+from server.app import start
 from server.config import DTYPES, ConfigError, ServerConfig
-from server.engine import Engine
 from server.model import PRESETS
 from server.policies import POLICIES
-from server.scheduler import Scheduler
-from server.service import Limits, MoEService, create_server, drain
 
 log = logging.getLogger("server")
 
@@ -56,31 +52,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
 
 
 async def serve(config: ServerConfig) -> None:
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    device, dtype = config.resolved_device, config.resolved_dtype
-    log.info("building %s on %s (%s), seed %d", config.preset, device, dtype, config.seed)
-    engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed)
-    scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue)
-    scheduler.start()
-    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)
-    service = MoEService(scheduler, limits, {"policy": config.policy, "preset": config.preset,
-                                             "device": device, "dtype": dtype})
-    server, port, health_servicer = await create_server(service, f"{config.host}:{config.port}")
-    if config.port_file:
-        tmp = f"{config.port_file}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{port}\n")
-        os.replace(tmp, config.port_file)  # readers never see a half-written file
-    log.info("serving %s with policy %s on %s:%d", config.preset, config.policy, config.host, port)
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    app = await start(config)
+    if config.port_file:
+        tmp = f"{config.port_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{app.port}\n")
+        os.replace(tmp, config.port_file)  # readers never see a half-written file
+
     await stop.wait()
     log.info("draining: up to %.1f s for in-flight streams", config.grace_s)
-    await drain(server, service, health_servicer, config.grace_s)
+    await app.drain(config.grace_s)
     log.info("stopped")
 
 

@@ -1,0 +1,46 @@
+"""Wiring: a ServerConfig becomes an engine, a scheduler and a started gRPC server."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+import torch
+from grpc_health.v1 import health
+
+from server.config import DTYPES, ServerConfig
+from server.engine import Engine
+from server.policies import POLICIES
+from server.scheduler import Scheduler
+from server.service import Limits, MoEService, create_server, drain
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class App:
+    server: grpc.aio.Server
+    port: int
+    service: MoEService
+    health: health.aio.HealthServicer
+
+    async def drain(self, grace_s: float) -> None:
+        await drain(self.server, self.service, self.health, grace_s)
+
+
+async def start(config: ServerConfig) -> App:
+    """Builds the model and starts serving; call from the event loop that will serve."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    device, dtype = config.resolved_device, config.resolved_dtype
+    log.info("building %s on %s (%s), seed %d", config.preset, device, dtype, config.seed)
+    engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed)
+    scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue)
+    scheduler.start()
+    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)
+    service = MoEService(scheduler, limits, {"policy": config.policy, "preset": config.preset,
+                                             "device": device, "dtype": dtype})
+    server, port, health_servicer = await create_server(service, f"{config.host}:{config.port}")
+    log.info("serving %s with policy %s on %s:%d", config.preset, config.policy, config.host, port)
+    return App(server, port, service, health_servicer)
