@@ -34,6 +34,13 @@ class Engine:
         self.cache = KVCache(self.args, kv_slots, self.device, dtype)
         self.kv_slots = kv_slots
         self._free = list(range(kv_slots - 1, -1, -1))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One prefill and one decode step, so the first request does not pay torch's
+        one-time costs (about 100 ms on a CPU) in its TTFT. Slot 0 is overwritten later."""
+        (token,), _ = self.step([SeqInput(0, [0] * 8, 0)])
+        self.step([SeqInput(0, [token], 8)])
 
     @property
     def free_slots(self) -> int:

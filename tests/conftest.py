@@ -1,10 +1,15 @@
-"""Shared fixtures: a real server on 127.0.0.1:0 in a background event loop."""
+"""Shared helpers: a real server on 127.0.0.1:0, in this process or as a subprocess."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import threading
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
 import pytest
@@ -12,6 +17,8 @@ import pytest
 from proto import moe_pb2_grpc
 from server.app import start
 from server.config import ServerConfig
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
@@ -36,3 +43,35 @@ def running_server(**overrides):
 def server():
     with running_server(max_batch_size=4, max_tokens_limit=512) as served:
         yield served
+
+
+@contextmanager
+def server_process(tmp_path, *flags: str):
+    """Yields (process, port) of `python -m server` as a subprocess on 127.0.0.1:0."""
+    port_file = tmp_path / "server.port"
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "server", "--preset", "tiny", "--port", "0",
+                             "--port-file", str(port_file), "--torch-threads", "1", *flags],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            assert time.monotonic() < deadline, "server did not start in 60 s"
+            time.sleep(0.05)
+        yield proc, int(port_file.read_text())
+    finally:
+        stop_process(proc)
+        log.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 20) -> int:
+    """SIGTERM, then SIGKILL if it does not end in time (a hung gevent process ignores TERM)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,85 @@
+"""The server's own counters for a run, from the GetStats snapshots taken at its start and end."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# uptime_s - window_s is when the counters were last reset; it is read from two clocks a few
+# microseconds apart, so only a larger move means a ResetStats happened between the snapshots.
+RESET_TOLERANCE_S = 0.01
+
+
+@dataclass(frozen=True)
+class ServerView:
+    basis: str  # which snapshots the counters below come from
+    policy: str | None
+    preset: str | None
+    device: str | None
+    steps: int | None
+    tokens_generated: int | None
+    requests_finished: int | None
+    mean_batch_size: float | None
+    step_time_mean_ms: float | None
+    expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
+
+
+def server_view(server: dict) -> ServerView | None:
+    start, end = server.get("start") or {}, server.get("end") or {}
+    snap = end or start
+    if not snap:
+        return None
+    if start and end and not _reset_between(start, end):
+        base, basis = start, "end minus start snapshot"
+    elif start and end:
+        base, basis = {}, "end snapshot (counters were reset during the run)"
+    else:
+        base, basis = {}, "end snapshot" if end else "start snapshot only"
+    return ServerView(
+        basis=basis,
+        policy=snap.get("policy"),
+        preset=snap.get("preset"),
+        device=snap.get("device"),
+        steps=_delta(snap, base, "steps"),
+        tokens_generated=_delta(snap, base, "tokens_generated"),
+        requests_finished=_delta(snap, base, "requests_finished"),
+        mean_batch_size=_step_mean(snap, base, "mean_batch_size"),
+        step_time_mean_ms=_step_mean(snap, base, "step_time_mean_ms"),
+        expert_tokens=_expert_tokens(snap, base),
+    )
+
+
+def expert_shares(expert_tokens: np.ndarray) -> np.ndarray:
+    """[layer, expert] fraction of each layer's routed tokens that went to each expert."""
+    return expert_tokens / expert_tokens.sum(axis=1, keepdims=True)
+
+
+def _reset_between(start: dict, end: dict) -> bool:
+    if all(key in snap for snap in (start, end) for key in ("uptime_s", "window_s")):
+        moved_s = (end["uptime_s"] - end["window_s"]) - (start["uptime_s"] - start["window_s"])
+        if moved_s > RESET_TOLERANCE_S:
+            return True
+    return end.get("steps", 0) < start.get("steps", 0)
+
+
+def _delta(snap: dict, base: dict, key: str) -> int | None:
+    return snap[key] - base.get(key, 0) if key in snap else None
+
+
+def _step_mean(snap: dict, base: dict, key: str) -> float | None:
+    # GetStats means are averaged over all steps since the last reset; reweight to the window's steps.
+    if key not in snap or not base:
+        return snap.get(key)
+    steps_end, steps_start = snap.get("steps", 0), base.get("steps", 0)
+    if steps_end <= steps_start:
+        return None
+    return (snap[key] * steps_end - base.get(key, 0.0) * steps_start) / (steps_end - steps_start)
+
+
+def _expert_tokens(snap: dict, base: dict) -> np.ndarray | None:
+    if not snap.get("expert_tokens"):
+        return None
+    tokens = np.asarray(snap["expert_tokens"], dtype=np.int64)
+    if base.get("expert_tokens"):
+        tokens = tokens - np.asarray(base["expert_tokens"], dtype=np.int64)
+    # Every layer routes the same tokens, so a layer without any means the window saw no decoding.
+    return tokens if (tokens.sum(axis=1) > 0).all() else None

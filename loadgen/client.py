@@ -1,0 +1,65 @@
+"""One streaming Generate call, timed with a monotonic clock. Never raises for RPC errors:
+the result says what happened, so every request is accounted for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from proto import moe_pb2, moe_pb2_grpc
+
+
+@dataclass
+class StreamResult:
+    request_id: str
+    scheduled_ns: int
+    sent_ns: int = 0
+    recv_ns: list[int] = field(default_factory=list)  # arrival of each message
+    tokens: list[int] = field(default_factory=list)  # tokens in each message
+    status: str = "OK"  # "OK" or the gRPC status code name
+    details: str = ""
+    finish_reason: str = ""
+    usage: dict[str, int] = field(default_factory=dict)  # the server's own account
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+
+def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult, timeout_s: float,
+                    clock: Callable[[], int] = time.monotonic_ns) -> None:
+    """Sends request and fills result in place, so a caller that has to abandon the call
+    still holds what arrived before."""
+    result.sent_ns = clock()
+    try:
+        last = None
+        for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
+            result.recv_ns.append(clock())
+            result.tokens.append(len(msg.token_ids))
+            last = msg
+        if last is None or not last.finish_reason:
+            result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"
+        else:
+            result.finish_reason = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
+            u = last.usage
+            result.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                            "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us,
+                            "ttft_us": u.ttft_us}
+    except grpc.RpcError as exc:
+        result.status, result.details = exc.code().name, exc.details() or ""
+
+
+def server_stats(host: str) -> dict:
+    """GetStats as plain JSON types (expert_tokens as [layer][expert]), or why it could not
+    be had: the run goes on without it."""
+    try:
+        with grpc.insecure_channel(host) as channel:
+            reply = moe_pb2_grpc.MoEInferenceStub(channel).GetStats(moe_pb2.GetStatsRequest(), timeout=5)
+    except grpc.RpcError as exc:
+        return {"error": f"GetStats failed: {exc.code().name}: {exc.details()}"}
+    stats = {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields if f.name != "expert_tokens"}
+    stats["expert_tokens"] = [list(layer.tokens) for layer in reply.expert_tokens]
+    return stats

@@ -1,0 +1,52 @@
+"""Load-test configuration: one frozen dataclass, validated once, errors naming the flag."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from loadgen.arrivals import ARRIVALS
+
+MODES = ("fixed",)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    host: str = "127.0.0.1:50051"
+    mode: str = "fixed"
+    rate: float = 1.0  # offered requests/s, total
+    arrival: str = "poisson"
+    prompt_tokens: int = 64
+    max_tokens: int = 32
+    warmup_s: float = 0.0
+    seed: int = 0
+    run_dir: str = ""
+    request_timeout_s: float = 120.0
+    max_in_flight: int = 1000
+    drain_s: float = 30.0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+    def __post_init__(self):
+        def check(ok: bool, flag: str, message: str):
+            if not ok:
+                raise ConfigError(f"--{flag}: {message}")
+
+        check(self.mode in MODES, "mode", f"unknown {self.mode!r}; choose from {', '.join(MODES)}")
+        check(self.rate > 0, "rate", f"must be above 0 requests/s, got {self.rate}")
+        check(self.arrival in ARRIVALS, "arrival", f"unknown {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
+        check(self.prompt_tokens >= 1, "prompt-tokens", f"must be at least 1, got {self.prompt_tokens}")
+        check(self.max_tokens >= 1, "max-tokens", f"must be at least 1, got {self.max_tokens}")
+        check(self.warmup_s >= 0, "warmup-s", f"must be at least 0, got {self.warmup_s}")
+        check(self.request_timeout_s > 0, "request-timeout-s", f"must be above 0, got {self.request_timeout_s}")
+        check(self.max_in_flight >= 1, "max-in-flight", f"must be at least 1, got {self.max_in_flight}")
+        check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
+        for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms)):
+            check(slo is None or slo > 0, flag, f"must be above 0, got {slo}")
+        check(self.host.rpartition(":")[2].isdigit(), "host", f"must be HOST:PORT, got {self.host!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,31 @@
+"""The end-of-run summary a person reads in the terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e")
+
+
+def print_summary(summary: dict, run_dir: Path) -> None:
+    m, t, r = summary["metrics"], summary["throughput"], summary["requests"]
+    print(f"\nmoe-loadlab run: {run_dir}")
+    print(f"{'ms':<14}{'count':>8}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
+    for name in ROWS:
+        s = m[f"{name}_ms"]
+        if s["count"]:
+            print(f"{name:<14}{s['count']:>8}{s['p50']:>10.1f}{s['p90']:>10.1f}{s['p99']:>10.1f}{s['max']:>10.1f}")
+        else:
+            print(f"{name:<14}{0:>8}  no samples")
+    print(f"throughput: {t['output_tokens_per_s']:.1f} output tokens/s, {t['requests_per_s']:.2f} requests/s, "
+          f"goodput {t['goodput_requests_per_s']:.2f} requests/s over {t['window_s']:.1f} s")
+    failed = ", ".join(f"{k} {v}" for k, v in r["failed_by_code"].items()) or "none"
+    print(f"requests: sent {r['sent']} = ok {r['ok']} + failed {r['failed']} ({failed}); "
+          f"not sent {r['not_sent']}; warm-up {r['warmup']}")
+    for warning in summary["generator"]["warnings"]:
+        print(f"WARNING: {warning}")
+    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].get("p99"),
+                "tpot_p99_ms": m["tpot_ms"].get("p99"), "output_tokens_per_s": t["output_tokens_per_s"],
+                "sent": r["sent"], "ok": r["ok"], "failed": r["failed"]}
+    print(json.dumps(headline))

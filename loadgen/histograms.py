@@ -1,0 +1,46 @@
+"""HDR latency histograms: integer microseconds, 3 significant digits, nothing dropped.
+
+hdrhistogram silently drops values outside its range; here they are clamped into range
+and counted, so a summary can say how many there were.
+"""
+
+from __future__ import annotations
+
+from hdrh.histogram import HdrHistogram
+
+LOWEST_US = 1  # resolution; 0 is recordable too
+HIGHEST_US = 3_600_000_000  # one hour
+DIGITS = 3
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+class Histogram:
+    def __init__(self):
+        self.hdr = HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS)
+        self.clamped = 0
+
+    def record(self, value_us: float) -> None:
+        v = int(value_us)
+        if not 0 <= v <= HIGHEST_US:
+            self.clamped += 1
+            v = min(max(v, 0), HIGHEST_US)
+        self.hdr.record_value(v)
+
+    @property
+    def count(self) -> int:
+        return self.hdr.get_total_count()
+
+    def summary_ms(self) -> dict[str, float]:
+        """count, mean, p50..p999, max in milliseconds (count alone when empty)."""
+        if not self.count:
+            return {"count": 0}
+        values = self.hdr.get_percentile_to_value_dict(list(PERCENTILES.values()))
+        out = {"count": self.count, "mean": self.hdr.get_mean_value() / 1000}
+        out.update({k: values[p] / 1000 for k, p in PERCENTILES.items()})
+        out["max"] = self.hdr.get_max_value() / 1000
+        if self.clamped:
+            out["clamped"] = self.clamped
+        return out
+
+    def encode(self) -> str:
+        return self.hdr.encode().decode("ascii")

@@ -1,0 +1,163 @@
+"""Locust load generator for the moe.v1.MoEInference gRPC service.
+
+    locust -f loadgen/moe.py --host 127.0.0.1:50051                      # web UI
+    locust -f loadgen/moe.py --host 127.0.0.1:50051 --headless -t 30s \\
+           --mode fixed --rate 4 --prompt-tokens 64 --max-tokens 32 --run-dir runs/first
+
+--rate alone sets the offered load (open loop): users only dispatch the schedule, each over
+its own channel, so -u/-r are not needed. TTFT, TPOT and E2E also appear in Locust's own
+statistics; the truthful numbers (HDR, from the scheduled send) go to --run-dir.
+"""
+
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # before any channel exists, or the process hangs (NOTES.md)
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import grpc  # noqa: E402
+from locust import User, constant, events, task  # noqa: E402
+from locust.exception import StopUser  # noqa: E402
+
+from loadgen.arrivals import ARRIVALS  # noqa: E402
+from loadgen.client import server_stats  # noqa: E402
+from loadgen.config import MODES, ConfigError, LoadConfig  # noqa: E402
+from loadgen.console import print_summary  # noqa: E402
+from loadgen.run import Run  # noqa: E402
+from loadgen.rundir import write_run_dir  # noqa: E402
+from proto import moe_pb2_grpc  # noqa: E402
+
+log = logging.getLogger("loadgen")
+
+
+@events.init_command_line_parser.add_listener
+def add_options(parser):
+    d = LoadConfig()
+    g = parser  # Locust's own parser: only it knows include_in_web_ui
+    g.add_argument("--mode", choices=MODES, default=d.mode, include_in_web_ui=True,
+                   help="fixed: constant offered rate, open loop")
+    g.add_argument("--rate", type=float, default=d.rate, include_in_web_ui=True,
+                   help="offered requests/s, total across users and workers")
+    g.add_argument("--arrival", choices=ARRIVALS, default=d.arrival, include_in_web_ui=True,
+                   help="gaps between sends: poisson (exponential) or constant")
+    g.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, include_in_web_ui=True,
+                   help="prompt length of each request, in tokens")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens, include_in_web_ui=True,
+                   help="output tokens per request (sent with ignore_eos, so exact)")
+    g.add_argument("--warmup-s", type=float, default=d.warmup_s, include_in_web_ui=True,
+                   help="requests scheduled in the first seconds are sent but not measured")
+    g.add_argument("--seed", type=int, default=d.seed, include_in_web_ui=True,
+                   help="seed of the arrival schedule and prompts, so runs repeat")
+    g.add_argument("--run-dir", default="", include_in_web_ui=True,
+                   help="where summary.json and histograms go (default runs/<UTC time>)")
+    g.add_argument("--request-timeout-s", type=float, default=d.request_timeout_s,
+                   help="gRPC deadline of each request")
+    g.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                   help="open requests per process; arrivals beyond it are counted as not sent")
+    g.add_argument("--drain-s", type=float, default=d.drain_s,
+                   help="after the run, seconds in-flight requests get to finish before being cut off")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput")
+
+
+def load_config(environment) -> LoadConfig:
+    o = environment.parsed_options
+
+    def optional(value):
+        return None if value in (None, "") else float(value)
+
+    return LoadConfig(
+        host=environment.host or "", mode=o.mode, rate=float(o.rate), arrival=o.arrival,
+        prompt_tokens=int(o.prompt_tokens), max_tokens=int(o.max_tokens), warmup_s=float(o.warmup_s),
+        seed=int(o.seed), run_dir=o.run_dir or time.strftime("runs/%Y%m%d-%H%M%S", time.gmtime()),
+        request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
+        drain_s=float(o.drain_s), slo_ttft_ms=optional(o.slo_ttft_ms), slo_tpot_ms=optional(o.slo_tpot_ms))
+
+
+class MoEUser(User):
+    """Dispatches the run's open-loop arrivals over its own channel."""
+
+    wait_time = constant(0)
+
+    def on_start(self):
+        self.run: Run = self.environment.moe_run
+        channel = grpc.insecure_channel(self.environment.host)
+        self.run.channels.append(channel)  # closed after the drain, not when the user stops
+        self.stub = moe_pb2_grpc.MoEInferenceStub(channel)
+
+    @task
+    def send(self):
+        self.run.dispatch(self.stub)
+        raise StopUser()
+
+
+@events.init.add_listener
+def check_options(environment, **_):
+    """Bad flags end the process before any request, naming the flag."""
+    if environment.parsed_options is None:
+        return
+    if environment.parsed_options.master or environment.parsed_options.worker:
+        sys.exit("loadgen/moe.py: distributed runs (--master/--worker) are not supported yet; run one process")
+    if environment.host or environment.parsed_options.headless:
+        try:
+            load_config(environment)
+        except (ConfigError, ValueError) as exc:
+            sys.exit(f"loadgen/moe.py: {exc}")
+
+
+@events.test_start.add_listener
+def start_run(environment, **_):
+    try:
+        config = load_config(environment)
+    except (ConfigError, ValueError) as exc:  # set in the web UI
+        log.error("%s", exc)
+        environment.runner.stop()
+        return
+
+    def report(result, timing):
+        fire = environment.events.request.fire
+        if not result.ok:
+            fire(request_type="grpc", name="Generate", response_time=(result.recv_ns[-1] - result.sent_ns) / 1e6
+                 if result.recv_ns else 0, response_length=sum(result.tokens),
+                 exception=RuntimeError(f"{result.status}: {result.details}"), context={})
+            return
+        if timing is None:  # warm-up
+            return
+        fire(request_type="grpc", name="TTFT", response_time=timing.ttft_us / 1000, response_length=0,
+             exception=None, context={})
+        if timing.tpot_us is not None:
+            fire(request_type="grpc", name="TPOT", response_time=timing.tpot_us / 1000, response_length=0,
+                 exception=None, context={})
+        fire(request_type="grpc", name="E2E", response_time=timing.e2e_us / 1000,
+             response_length=timing.output_tokens, exception=None, context={})
+
+    environment.moe_server_start = server_stats(config.host)
+    if "error" in environment.moe_server_start:
+        log.warning("server at %s: %s", config.host, environment.moe_server_start["error"])
+    environment.moe_run = Run(config, report)
+    log.info("open loop: %.3g requests/s (%s), %d prompt + %d output tokens, results to %s",
+             config.rate, config.arrival, config.prompt_tokens, config.max_tokens, config.run_dir)
+
+
+@events.test_stopping.add_listener
+def stop_schedule(environment, **_):
+    run = getattr(environment, "moe_run", None)
+    if run is not None:
+        run.stop()
+
+
+@events.test_stop.add_listener
+def finish_run(environment, **_):
+    run: Run | None = getattr(environment, "moe_run", None)
+    if run is None:
+        return
+    environment.moe_run = None
+    run.drain()
+    for channel in run.channels:
+        channel.close()
+    summary = run.summary()
+    summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
+    path = write_run_dir(run.config.run_dir, summary, run.histograms(), run.request_rows())
+    print_summary(summary, path)

@@ -1,0 +1,124 @@
+"""One load-test run in one process, on gevent: an open-loop schedule shared by the
+process's users, a greenlet per request, and a drain at the end.
+
+Users only dispatch: at each scheduled time they start the request in its own greenlet and
+go on to the next arrival, so a slow server never delays a send (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gevent
+from gevent.pool import Group
+
+from loadgen.arrivals import arrival_offsets_s
+from loadgen.client import StreamResult, stream_generate
+from loadgen.config import LoadConfig
+from loadgen.recorder import Recorder
+from loadgen.timing import StreamTiming
+from loadgen.workload import make_request
+
+CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed out
+
+
+class Run:
+    def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None]):
+        self.config = config
+        self.on_result = on_result
+        self.start_ns = time.monotonic_ns()
+        self.started_at = time.time()
+        self.stop_ns: int | None = None
+        self.recorder = Recorder(self.start_ns, config.warmup_s, config.slo_ttft_ms, config.slo_tpot_ms)
+        self._schedule = enumerate(arrival_offsets_s(config.rate, config.arrival, config.seed))
+        self._inflight: dict[gevent.Greenlet, StreamResult] = {}
+        self._group = Group()
+        self.channels: list = []  # the users' channels, closed after the drain
+        self._cpu_start_s = time.process_time()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_ns is not None
+
+    def dispatch(self, stub) -> None:
+        """Sends this process's arrivals on stub until the run stops; several users may
+        share the schedule, each taking the next arrival."""
+        while not self.stopping:
+            index, offset_s = next(self._schedule)
+            due_ns = self.start_ns + int(offset_s * 1e9)
+            delay_s = (due_ns - time.monotonic_ns()) / 1e9
+            if delay_s > 0:
+                gevent.sleep(delay_s)
+            if self.stopping:
+                return
+            if len(self._inflight) >= self.config.max_in_flight:
+                self.recorder.not_sent += 1
+                continue
+            request = make_request(index, self.config)
+            result = StreamResult(request.request_id, due_ns)
+            greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
+            self._inflight[greenlet] = result
+            greenlet.link(self._finished)
+
+    def _finished(self, greenlet: gevent.Greenlet) -> None:
+        result = self._inflight.pop(greenlet)
+        self.on_result(result, self.recorder.add(result))
+
+    def stop(self) -> None:
+        """Ends the schedule: no request is sent after this moment."""
+        if self.stop_ns is None:
+            self.stop_ns = time.monotonic_ns()
+
+    def drain(self) -> None:
+        """Waits up to drain_s for in-flight requests, then cuts off the rest (counted)."""
+        self.stop()
+        self._group.join(timeout=self.config.drain_s)
+        for greenlet, result in list(self._inflight.items()):
+            greenlet.unlink(self._finished)
+            greenlet.kill(block=True)
+            del self._inflight[greenlet]
+            result.status = CUT_OFF
+            result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
+            self.recorder.add(result)
+
+    def summary(self) -> dict:
+        rec = self.recorder
+        wall_s = (self.stop_ns - self.start_ns) / 1e9
+        cpu_s = time.process_time() - self._cpu_start_s
+        throughput = rec.throughput(self.stop_ns)
+        return {
+            "schema": 1,
+            "run_dir": self.config.run_dir,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
+            "duration_s": wall_s,  # start -> end of the schedule
+            "window_s": throughput["window_s"],  # measured: end of warm-up -> end of the schedule
+            "config": self.config.as_dict(),
+            "metrics": {f"{name}_ms": h.summary_ms() for name, h in rec.client.items()},
+            "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
+            "throughput": throughput,
+            "requests": rec.accounting(),
+            "generator": {**rec.generator_health(), "cpu_percent": 100 * cpu_s / max(wall_s, 1e-9)},
+        }
+
+    def histograms(self) -> dict[str, str]:
+        hists = {**self.recorder.client, **{f"server_{k}": v for k, v in self.recorder.server.items()}}
+        return {name: h.encode() for name, h in hists.items()}
+
+    def request_rows(self) -> list[dict]:
+        """One row per request, times in ms from the run's start."""
+        rows = []
+        for r in self.recorder.results:
+            t = self.recorder.timings.get(r.request_id)
+            rows.append({
+                "request_id": r.request_id, "status": r.status, "details": r.details,
+                "warmup": self.recorder.is_warmup(r),
+                "scheduled_ms": (r.scheduled_ns - self.start_ns) / 1e6,
+                "sent_ms": (r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
+                "output_tokens": sum(r.tokens), "messages": len(r.tokens),
+                "ttft_ms": t.ttft_us / 1000 if t else None,
+                "tpot_ms": t.tpot_us / 1000 if t and t.tpot_us is not None else None,
+                "e2e_ms": t.e2e_us / 1000 if t else None,
+                **{f"server_{k}": v for k, v in r.usage.items()},
+            })
+        return rows

@@ -1,0 +1,145 @@
+"""`python -m analysis report` on a run directory built here from known values: the printed and
+JSON percentiles match what was recorded into real HDR histograms, report.md and the CDF PNG are
+written, bad or missing files exit 2 naming the file, server counters are reduced to the run's
+window, and the package imports nothing of ours."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hdrh.histogram import HdrHistogram
+
+from analysis.server_stats import server_view
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def encoded(values_ms) -> str:
+    hist = HdrHistogram(1, 3_600_000_000, 3)
+    for value_ms in values_ms:
+        assert hist.record_value(int(value_ms * 1000))  # False would mean the value was dropped
+    return hist.encode().decode("ascii")
+
+
+def stats(count: int) -> dict:
+    return {"count": count, "mean": 5.0, "p50": 4.0, "p90": 8.0, "p95": 9.0, "p99": 12.0, "p999": 15.0, "max": 20.0}
+
+
+def snapshot(uptime_s: float, steps: int, expert_tokens: list[list[int]], mean_batch_size: float) -> dict:
+    return {"policy": "fcfs", "preset": "tiny", "device": "cpu", "uptime_s": uptime_s, "window_s": uptime_s,
+            "steps": steps, "tokens_generated": 4 * steps, "requests_finished": steps // 8,
+            "mean_batch_size": mean_batch_size, "step_time_mean_ms": 5.0, "expert_tokens": expert_tokens}
+
+
+def write_run(run_dir: Path) -> None:
+    run_dir.mkdir()
+    summary = {
+        "schema": 1, "run_dir": str(run_dir), "started_at": "2026-11-30T14:00:00Z",
+        "duration_s": 30.2, "window_s": 25.0,
+        "config": {"mode": "fixed", "rate": 4.0, "arrival": "poisson", "prompt_tokens": 64, "max_tokens": 32,
+                   "warmup_s": 5.0, "seed": 0, "host": "127.0.0.1:50051", "slo_ttft_ms": None, "slo_tpot_ms": None},
+        "metrics": {},
+        "throughput": {"output_tokens_per_s": 120.5, "requests_per_s": 3.9, "goodput_requests_per_s": 3.9},
+        "requests": {"sent": 1002, "ok": 1000, "failed": 2, "not_sent": 0,
+                     "failed_by_code": {"RESOURCE_EXHAUSTED": 2}, "warmup": 20},
+        "generator": {"late_sends": 1, "late_threshold_ms": 5.0, "warnings": ["generator CPU above 80%"]},
+        "server_time_ms": {"queue": stats(1000), "prefill": stats(1000)},
+        "server": {"start": snapshot(100.0, 100, [[10, 10, 10, 10]], 2.0),
+                   "end": snapshot(130.0, 300, [[70, 30, 10, 10]], 3.0)},
+    }
+    histograms = {
+        "ttft": encoded(range(1, 1001)),  # 1..1000 ms uniformly: p50 500 ms, p99 990 ms
+        "tpot": encoded(np.linspace(20, 40, 1000)),
+        "itl": encoded([]),  # recorded nothing: reported as "no samples"
+        "e2e": encoded(np.linspace(600, 2000, 1000)),
+        "send_lag": encoded([0.1] * 999 + [7]),
+    }  # no ttft_service: a missing histogram is "no samples" too
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "histograms.json").write_text(json.dumps(histograms))
+
+
+def run_report(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_report_prints_recorded_percentiles_and_writes_files(tmp_path):
+    run_dir = tmp_path / "first"
+    write_run(run_dir)
+    result = run_report(run_dir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+
+    columns = next(line for line in lines if line.startswith("latency (ms)")).split()[2:]
+    ttft = dict(zip(columns, next(line for line in lines if line.startswith("ttft ")).split()[1:], strict=True))
+    assert float(ttft["count"]) == 1000
+    assert float(ttft["p50"]) == pytest.approx(500, rel=0.01)
+    assert float(ttft["p99"]) == pytest.approx(990, rel=0.01)
+    assert any(line.split() == ["ttft_service", "no", "samples"] for line in lines)
+    assert any(line.split() == ["itl", "no", "samples"] for line in lines)
+    assert "failed 2 (RESOURCE_EXHAUSTED 2)" in result.stdout
+
+    figures = json.loads(lines[-1])
+    assert figures["ttft_p50_ms"] == pytest.approx(500, rel=0.01)
+    assert figures["tpot_p50_ms"] == pytest.approx(30, rel=0.01)
+    assert figures["ok"] == 1000 and figures["failed"] == 2
+    assert lines[-2] == f"report: {run_dir / 'report.md'}"
+
+    report = (run_dir / "report.md").read_text()
+    assert report.startswith("# Run report: first")
+    assert "![latency CDF](latency_cdf.png)" in report
+    assert "generator CPU above 80%" in report
+    # Experts over the window: [70, 30, 10, 10] - [10, 10, 10, 10] -> expert 0 takes 60 of 80.
+    assert "| 0 | 80 | 0 | 0.750 | 3.00x | 0.750 0.250 0.000 0.000 |" in report
+    png = (run_dir / "latency_cdf.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+@pytest.mark.parametrize("broken, named", [
+    ("no_summary", "summary.json"),
+    ("bad_histogram", "histograms.json"),
+    ("no_histograms", "histograms.json"),
+])
+def test_missing_or_broken_file_exits_2_naming_it(tmp_path, broken, named):
+    run_dir = tmp_path / "run"
+    write_run(run_dir)
+    if broken == "no_summary":
+        (run_dir / "summary.json").unlink()
+    elif broken == "no_histograms":
+        (run_dir / "histograms.json").unlink()
+    else:
+        (run_dir / "histograms.json").write_text(json.dumps({"ttft": "not a histogram"}))
+    result = run_report(run_dir)
+    assert result.returncode == 2
+    assert str(run_dir / named) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_server_view_subtracts_start_snapshot():
+    view = server_view({"start": snapshot(100.0, 100, [[10, 10]], 2.0), "end": snapshot(130.0, 300, [[50, 30]], 3.0)})
+    assert view.steps == 200
+    assert view.mean_batch_size == pytest.approx(3.5)  # (3.0 * 300 - 2.0 * 100) / 200
+    assert view.expert_tokens.tolist() == [[40, 20]]
+
+
+def test_server_view_uses_end_snapshot_after_a_reset():
+    end = snapshot(130.0, 50, [[5, 15]], 3.0) | {"window_s": 10.0}  # reset at uptime 120 s, after the start
+    view = server_view({"start": snapshot(100.0, 100, [[10, 10]], 2.0), "end": end})
+    assert "reset" in view.basis
+    assert (view.steps, view.mean_batch_size, view.expert_tokens.tolist()) == (50, 3.0, [[5, 15]])
+
+
+def test_analysis_imports_nothing_of_ours():
+    for path in (REPO / "analysis").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(name.split(".")[0] in {"server", "loadgen", "proto"} for name in names), path

@@ -1,0 +1,92 @@
+"""End to end, as a user runs it: the server and Locust as subprocesses (locust is never
+imported here), a short headless open-loop run, summary.json checked against the server's
+own counts, the report produced; and a graceful SIGTERM while streams are open."""
+
+import json
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from proto import moe_pb2, moe_pb2_grpc
+from tests.conftest import REPO, server_process, stop_process
+
+pytestmark = pytest.mark.slow
+
+
+def locust(port: int, run_dir, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    cmd = [str(REPO / ".venv/bin/locust") if (REPO / ".venv/bin/locust").exists() else "locust",
+           "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}", "--headless", "--only-summary",
+           "--run-dir", str(run_dir), *flags]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_process(proc, timeout_s=5)
+        out, _ = proc.communicate()
+        pytest.fail(f"locust did not stop by itself:\n{out}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out)
+
+
+def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    with server_process(tmp_path) as (_, port):
+        done = locust(port, run_dir, "-t", "6s", "--mode", "fixed", "--rate", "5", "--arrival", "constant",
+                      "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-s", "1")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    req = summary["requests"]
+    assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0 and req["not_sent"] == 0
+    assert 25 <= req["sent"] <= 32  # 5/s for ~6 s, constant arrivals
+    assert req["warmup"] == 5
+    measured = req["sent"] - req["warmup"]
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        s = summary["metrics"][name]
+        assert s["count"] == measured
+        assert 0 < s["p50"] <= s["p90"] <= s["p99"] <= s["max"]
+    assert summary["metrics"]["itl_ms"]["count"] >= measured * 7 // 2  # tokens may share a message
+    assert summary["metrics"]["ttft_ms"]["p50"] >= summary["metrics"]["ttft_service_ms"]["p50"]
+    assert summary["throughput"]["output_tokens_per_s"] > 0
+    start, end = summary["server"]["start"], summary["server"]["end"]
+    assert end["requests_finished"] - start["requests_finished"] == req["ok"]
+    assert end["tokens_generated"] - start["tokens_generated"] == req["ok"] * 8
+    rows = (run_dir / "requests.jsonl").read_text().splitlines()
+    assert len(rows) == req["sent"] and all(json.loads(r)["output_tokens"] == 8 for r in rows)
+    assert set(json.loads((run_dir / "histograms.json").read_text())) >= {"ttft", "tpot", "itl", "e2e"}
+    assert "E2E" in done.stdout and "TTFT" in done.stdout  # Locust's own statistics
+
+    report = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert (run_dir / "report.md").exists() and (run_dir / "latency_cdf.png").stat().st_size > 0
+
+
+def test_full_queue_is_counted_by_status_code(tmp_path):
+    run_dir = tmp_path / "run"
+    with server_process(tmp_path, "--max-batch-size", "1", "--max-queue", "1") as (_, port):
+        done = locust(port, run_dir, "-t", "3s", "--rate", "40", "--prompt-tokens", "8", "--max-tokens", "40")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    req = summary["requests"]
+    assert done.returncode == 1  # Locust's exit code when requests failed
+    assert req["failed_by_code"].get("RESOURCE_EXHAUSTED", 0) > 0
+    assert req["sent"] == req["ok"] + sum(req["failed_by_code"].values())
+    assert summary["server"]["end"]["requests_rejected"] == req["failed_by_code"]["RESOURCE_EXHAUSTED"]
+
+
+def test_sigterm_finishes_open_streams_and_refuses_new_ones(tmp_path):
+    with server_process(tmp_path, "--grace-s", "10") as (proc, port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = moe_pb2_grpc.MoEInferenceStub(channel)
+            stream = stub.Generate(moe_pb2.GenerateRequest(prompt="drain", max_tokens=200, ignore_eos=True))
+            first = next(stream)
+            proc.send_signal(15)
+            time.sleep(0.3)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Generate(moe_pb2.GenerateRequest(prompt="late", max_tokens=2), timeout=5))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            rest = list(stream)
+        assert len(first.token_ids) + sum(len(m.token_ids) for m in rest) == 200
+        assert rest[-1].finish_reason == moe_pb2.GenerateResponse.LENGTH
+        assert proc.wait(timeout=20) == 0

@@ -1,0 +1,76 @@
+"""Load generator logic with scripted clocks: metric definitions, arrival schedules,
+histogram clamping and request accounting."""
+
+import itertools
+import statistics
+
+import pytest
+
+from loadgen.arrivals import arrival_offsets_s
+from loadgen.client import StreamResult
+from loadgen.histograms import HIGHEST_US, Histogram
+from loadgen.recorder import Recorder
+from loadgen.timing import stream_timing
+
+MS = 1_000_000  # ns
+
+
+def test_stream_timing_follows_the_definitions():
+    # Scheduled at 0, sent 3 ms late, messages at 50, 60, 75, 100 ms carrying 1, 1, 2, 1 tokens.
+    recv = [50 * MS, 60 * MS, 75 * MS, 100 * MS]
+    t = stream_timing(0, 3 * MS, recv, [1, 1, 2, 1])
+    assert t.ttft_us == 50_000 and t.ttft_service_us == 47_000
+    assert t.e2e_us == 100_000 and t.e2e_service_us == 97_000
+    assert t.itl_us == [10_000, 15_000, 25_000]
+    assert t.e2e_us - t.ttft_us == sum(t.itl_us)
+    assert t.tpot_us == (t.e2e_us - t.ttft_us) / (5 - 1)
+    assert t.output_tokens == 5 and t.send_lag_us == 3_000
+
+
+def test_one_token_request_has_no_tpot():
+    assert stream_timing(0, 0, [5 * MS], [1]).tpot_us is None
+
+
+def test_poisson_schedule_has_the_rate_and_repeats():
+    offsets = list(itertools.islice(arrival_offsets_s(20.0, "poisson", seed=1), 4000))
+    gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
+    assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 20, rel=0.1)  # exponential: sd = mean
+    assert offsets[:10] == list(itertools.islice(arrival_offsets_s(20.0, "poisson", seed=1), 10))
+
+
+def test_constant_schedule_is_evenly_spaced():
+    assert list(itertools.islice(arrival_offsets_s(4.0, "constant", seed=0), 4)) == [0, 0.25, 0.5, 0.75]
+
+
+def test_out_of_range_values_are_clamped_and_counted():
+    h = Histogram()
+    h.record(-5)
+    h.record(HIGHEST_US * 10)
+    h.record(1500)
+    assert h.count == 3 and h.clamped == 2
+
+
+def test_every_request_is_accounted_for_and_warmup_is_not_measured():
+    rec = Recorder(start_ns=0, warmup_s=1.0, slo_ttft_ms=100)
+
+    def result(rid, scheduled_ms, status="OK", first_ms=50):
+        r = StreamResult(rid, scheduled_ms * MS, sent_ns=scheduled_ms * MS, status=status)
+        if status == "OK":
+            r.recv_ns, r.tokens = [(scheduled_ms + first_ms) * MS, (scheduled_ms + first_ms + 10) * MS], [1, 1]
+        return r
+
+    rec.add(result("warm", 500))
+    rec.add(result("fast", 1500))
+    rec.add(result("slow", 1600, first_ms=300))
+    rec.add(result("refused", 1700, status="RESOURCE_EXHAUSTED"))
+    rec.not_sent = 2
+    acc = rec.accounting()
+    assert acc == {"sent": 4, "ok": 3, "failed": 1, "not_sent": 2,
+                   "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 1}
+    assert rec.client["ttft"].count == 2  # warm-up excluded
+    tp = rec.throughput(stop_ns=3000 * MS)
+    assert tp["window_s"] == 2.0
+    assert tp["requests_per_s"] == 1.0  # fast and slow completed in the window
+    assert tp["goodput_requests_per_s"] == 0.5  # slow missed the 100 ms TTFT objective
+    assert tp["output_tokens_per_s"] == 2.0  # 4 tokens in the window
