@@ -50,6 +50,8 @@ def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult
                             "ttft_us": u.ttft_us}
     except grpc.RpcError as exc:
         result.status, result.details = exc.code().name, exc.details() or ""
+    except Exception as exc:  # a bad reply or a client bug: counted, never lost
+        result.status, result.details = "CLIENT_ERROR", repr(exc)
 
 
 def server_stats(host: str) -> dict:

@@ -76,7 +76,7 @@ class Run:
         self._group.join(timeout=self.config.drain_s)
         for greenlet, result in list(self._inflight.items()):
             greenlet.unlink(self._finished)
-            greenlet.kill(block=True)
+            greenlet.kill(block=True, timeout=5)
             del self._inflight[greenlet]
             result.status = CUT_OFF
             result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"

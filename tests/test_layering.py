@@ -1,0 +1,50 @@
+"""The arrows of DESIGN.md hold: analysis imports nothing of ours, server and loadgen only
+share proto, only service.py and the wiring around it touch grpc inside the server, the
+engine side never imports upward, and only the locustfile imports locust."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def modules(package: str):
+    return sorted((REPO / package).glob("*.py"))
+
+
+def top(names: set[str]) -> set[str]:
+    return {n.split(".")[0] for n in names}
+
+
+@pytest.mark.parametrize("path", modules("analysis"), ids=str)
+def test_analysis_reads_files_only(path):
+    assert not top(imports(path)) & {"server", "loadgen", "proto"}
+
+
+@pytest.mark.parametrize("path", modules("loadgen"), ids=str)
+def test_loadgen_never_imports_the_server(path):
+    assert "server" not in top(imports(path))
+    if path.name != "moe.py":
+        assert "locust" not in top(imports(path)), "only the locustfile imports locust"
+
+
+@pytest.mark.parametrize("path", modules("server"), ids=str)
+def test_server_layers(path):
+    names = imports(path)
+    assert "loadgen" not in top(names) and "locust" not in top(names)
+    if path.name not in {"service.py", "app.py", "__main__.py"}:
+        assert not top(names) & {"grpc", "grpc_health", "grpc_reflection", "proto"}, "gRPC stays in the service"
+    if path.name in {"model.py", "engine.py", "scheduler.py", "policies.py", "tokenizer.py"}:
+        assert not names & {"server.service", "server.app"}, "the engine side never imports upward"
