@@ -15,7 +15,3 @@ class QueueFullError(ServerError):
 
 class UnavailableError(ServerError):
     """The server is draining for shutdown or its engine stopped (UNAVAILABLE)."""
-
-
-class EngineFailedError(ServerError):
-    """The engine raised while running the request (INTERNAL)."""

@@ -203,7 +203,7 @@ class Scheduler:
         for req in self._running:
             pos = len(req.prompt_ids) + len(req.output_ids) - 1
             seqs.append(SeqInput(req.slot, req.output_ids[-1:], pos, req.temperature, req.generator))
-        batch = admitted + self._running
+        batch = self._running = admitted + self._running  # running from here, should the step fail
 
         t0 = time.monotonic_ns()
         next_ids, expert_counts = self.engine.step(seqs)

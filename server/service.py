@@ -22,7 +22,6 @@ from grpc_reflection.v1alpha import reflection
 from proto import moe_pb2, moe_pb2_grpc
 from server import tokenizer
 from server.errors import (
-    EngineFailedError,
     InvalidRequestError,
     QueueFullError,
     ServerError,
@@ -47,12 +46,11 @@ class Limits:
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     codes = {InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
              QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-             UnavailableError: grpc.StatusCode.UNAVAILABLE,
-             EngineFailedError: grpc.StatusCode.INTERNAL}
+             UnavailableError: grpc.StatusCode.UNAVAILABLE}
     for kind, code in codes.items():
         if isinstance(error, kind):
             return code, str(error)
-    return grpc.StatusCode.INTERNAL, f"engine error: {error!r}"
+    return grpc.StatusCode.INTERNAL, f"engine failed: {error!r}; the server needs a restart"
 
 
 def prompt_ids_of(request: moe_pb2.GenerateRequest, limits: Limits) -> list[int]:

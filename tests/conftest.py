@@ -9,21 +9,29 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
 from proto import moe_pb2_grpc
-from server.app import start
+from server.app import App, start
 from server.config import ServerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@dataclass
+class Served:
+    port: int
+    stub: moe_pb2_grpc.MoEInferenceStub
+    app: App
+
+
 @contextmanager
 def running_server(**overrides):
-    """Yields (port, stub) of a real server in this process, drained on exit."""
+    """Yields a real server in this process, drained on exit."""
     config = ServerConfig(preset="tiny", port=0, torch_threads=1, **overrides)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -31,7 +39,7 @@ def running_server(**overrides):
     app = asyncio.run_coroutine_threadsafe(start(config), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{app.port}")
     try:
-        yield app.port, moe_pb2_grpc.MoEInferenceStub(channel)
+        yield Served(app.port, moe_pb2_grpc.MoEInferenceStub(channel), app)
     finally:
         channel.close()
         asyncio.run_coroutine_threadsafe(app.drain(0.5), loop).result(timeout=30)

@@ -32,7 +32,7 @@ def wait_until(predicate, timeout_s=5.0):
 
 
 def test_stream_gives_exactly_max_tokens(server):
-    _, stub = server
+    stub = server.stub
     msgs = list(stub.Generate(Req(prompt="hello, experts", max_tokens=10, ignore_eos=True)))
     assert sum(len(m.token_ids) for m in msgs) == 10
     assert all(m.token_ids for m in msgs)
@@ -46,7 +46,7 @@ def test_stream_gives_exactly_max_tokens(server):
 
 
 def test_greedy_is_deterministic_and_token_ids_match_text(server):
-    _, stub = server
+    stub = server.stub
     a = [t for m in stub.Generate(Req(prompt="abc", max_tokens=6, ignore_eos=True)) for t in m.token_ids]
     b = [t for m in stub.Generate(Req(prompt_token_ids=tokenizer.encode("abc"), max_tokens=6, ignore_eos=True))
          for t in m.token_ids]
@@ -65,7 +65,7 @@ def test_greedy_is_deterministic_and_token_ids_match_text(server):
     (Req(prompt="x", max_tokens=4, temperature=math.nan), "temperature must be a finite number >= 0"),
 ])
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(server, request_, details):
-    _, stub = server
+    stub = server.stub
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(request_))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -74,7 +74,7 @@ def test_bad_input_is_invalid_argument_and_server_keeps_serving(server, request_
 
 
 def test_cancel_mid_stream_frees_slot(server):
-    _, stub = server
+    stub = server.stub
     before = stats(stub).requests_aborted
     call = stub.Generate(Req(prompt="long", max_tokens=240, ignore_eos=True))
     next(call), next(call)
@@ -85,7 +85,7 @@ def test_cancel_mid_stream_frees_slot(server):
 
 
 def test_deadline_frees_slot(server):
-    _, stub = server
+    stub = server.stub
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(Req(prompt="long", max_tokens=240, ignore_eos=True), timeout=0.1))
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -93,7 +93,8 @@ def test_deadline_frees_slot(server):
 
 
 def test_full_queue_is_resource_exhausted():
-    with running_server(max_batch_size=1, max_queue=1) as (_, stub):
+    with running_server(max_batch_size=1, max_queue=1) as served:
+        stub = served.stub
         running = stub.Generate(Req(prompt="a", max_tokens=250, ignore_eos=True))
         next(running)
         queued = stub.Generate(Req(prompt="b", max_tokens=4, ignore_eos=True))
@@ -109,7 +110,7 @@ def test_full_queue_is_resource_exhausted():
 
 
 def test_stats_count_work_and_reset(server):
-    _, stub = server
+    stub = server.stub
     stub.ResetStats(moe_pb2.ResetStatsRequest())
     list(stub.Generate(Req(prompt="count me", max_tokens=5, ignore_eos=True)))
     s = stats(stub)
@@ -121,7 +122,7 @@ def test_stats_count_work_and_reset(server):
 
 
 def test_health_and_reflection(server):
-    port, _ = server
+    port = server.port
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moe.v1.MoEInference"))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -129,3 +130,19 @@ def test_health_and_reflection(server):
         answer = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
         names = {s.name for s in answer.list_services_response.service}
         assert {"moe.v1.MoEInference", "grpc.health.v1.Health"} <= names
+
+
+def test_engine_failure_fails_requests_instead_of_hanging():
+    with running_server() as served:
+        def broken_step(seqs):
+            raise RuntimeError("simulated kernel fault")
+
+        served.app.service.scheduler.engine.step = broken_step
+        with pytest.raises(grpc.RpcError) as err:
+            list(served.stub.Generate(Req(prompt="x", max_tokens=4), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert "simulated kernel fault" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            list(served.stub.Generate(Req(prompt="x", max_tokens=4), timeout=10))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "engine is not running" in err.value.details()
