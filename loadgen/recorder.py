@@ -17,6 +17,7 @@ from loadgen.timing import StreamTiming, stream_timing
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
+BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md): timing less exact
 
 
 @dataclass
@@ -85,9 +86,12 @@ class Recorder:
         return {"window_s": window_s, "output_tokens_per_s": tokens / window_s,
                 "requests_per_s": len(done) / window_s, "goodput_requests_per_s": len(good) / window_s}
 
-    def generator_health(self) -> dict:
+    def generator_health(self, cpu_percent: float) -> dict:
         lag = self.client["send_lag"].summary_ms()
         warnings = []
+        if cpu_percent > BUSY_CPU_PERCENT:
+            warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
+                            "receive timestamps lag (tens of ms at p99): lower the rate or add processes")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {len(self.results)} requests were sent more than "
@@ -101,4 +105,5 @@ class Recorder:
         clamped = sum(h.clamped for h in self.client.values())
         if clamped:
             warnings.append(f"{clamped} latency values fell outside the histogram range and were clamped")
-        return {"late_sends": self.late_sends, "late_threshold_ms": LATE_SEND_MS, "warnings": warnings}
+        return {"late_sends": self.late_sends, "late_threshold_ms": LATE_SEND_MS, "cpu_percent": cpu_percent,
+                "warnings": warnings}

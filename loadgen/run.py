@@ -85,7 +85,8 @@ class Run:
     def summary(self) -> dict:
         rec = self.recorder
         wall_s = (self.stop_ns - self.start_ns) / 1e9
-        cpu_s = time.process_time() - self._cpu_start_s
+        cpu_s = time.process_time() - self._cpu_start_s  # over the run and its drain
+        cpu_wall_s = (time.monotonic_ns() - self.start_ns) / 1e9
         throughput = rec.throughput(self.stop_ns)
         return {
             "schema": 1,
@@ -98,7 +99,7 @@ class Run:
             "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
             "throughput": throughput,
             "requests": rec.accounting(),
-            "generator": {**rec.generator_health(), "cpu_percent": 100 * cpu_s / max(wall_s, 1e-9)},
+            "generator": rec.generator_health(cpu_percent=100 * cpu_s / cpu_wall_s),
         }
 
     def histograms(self) -> dict[str, str]:

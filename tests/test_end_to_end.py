@@ -70,6 +70,7 @@ def test_full_queue_is_counted_by_status_code(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     req = summary["requests"]
     assert done.returncode == 1  # Locust's exit code when requests failed
+    assert req["sent"] >= 80  # ~120 due in 3 s: open loop keeps sending into a saturated server
     assert req["failed_by_code"].get("RESOURCE_EXHAUSTED", 0) > 0
     assert req["sent"] == req["ok"] + sum(req["failed_by_code"].values())
     assert summary["server"]["end"]["requests_rejected"] == req["failed_by_code"]["RESOURCE_EXHAUSTED"]
