@@ -41,6 +41,18 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                    help="torch intra-op threads; 0 = torch's default")
     p.add_argument("--grace-s", type=float, default=d.grace_s,
                    help="on SIGTERM, seconds in-flight streams get to finish (default %(default)s)")
+    g = p.add_argument_group("MoE layer")
+    g.add_argument("--router", default=d.router,
+                   help="topk, noisy_topk, balanced (least-loaded), or a custom module:Class (default %(default)s)")
+    g.add_argument("--noise-scale", type=float, default=d.noise_scale, help="noisy_topk noise multiplier")
+    g.add_argument("--routing-skew", default=d.routing_skew,
+                   help="uniform, zipf:S, hot:F or affinity:ALPHA, a logit bias on top of the router")
+    g.add_argument("--capacity-factor", type=float, default=None,
+                   help="expert capacity = ceil(tokens x k / experts x CF) per step; omit for dropless")
+    g.add_argument("--moe-kernel", default=d.moe_kernel, help="sorted, grouped_mm or reference (default %(default)s)")
+    g.add_argument("--expert-cache", type=int, default=d.expert_cache,
+                   help="experts per layer resident in fast memory, the rest in host memory; 0 = off")
+    g.add_argument("--cache-policy", default=d.cache_policy, help="lru, lfu or random eviction (default %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),

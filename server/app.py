@@ -35,7 +35,8 @@ async def start(config: ServerConfig) -> App:
         torch.set_num_threads(config.torch_threads)
     device, dtype = config.resolved_device, config.resolved_dtype
     log.info("building %s on %s (%s), seed %d", config.preset, device, dtype, config.seed)
-    engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed)
+    engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed,
+                    config.engine_options)
     scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from server import expert_cache, kernels, routing
+from server.engine import EngineOptions
 from server.model import PRESETS
 from server.policies import POLICIES
 
@@ -36,6 +38,13 @@ class ServerConfig:
     max_tokens_limit: int = 2048
     torch_threads: int = 0  # 0 = torch's default
     grace_s: float = 10.0
+    router: str = "topk"
+    noise_scale: float = 1.0
+    routing_skew: str = "uniform"
+    capacity_factor: float | None = None  # None = dropless
+    moe_kernel: str = "sorted"
+    expert_cache: int = 0  # 0 = off
+    cache_policy: str = "lru"
 
     def __post_init__(self):
         def check(ok: bool, flag: str, message: str):
@@ -44,6 +53,7 @@ class ServerConfig:
 
         check(0 <= self.port <= 65535, "port", f"must be 0..65535 (0 = any free port), got {self.port}")
         check(self.preset in PRESETS, "preset", f"unknown {self.preset!r}; choose from {', '.join(PRESETS)}")
+        args = PRESETS[self.preset]
         check(self.policy in POLICIES, "policy",
               f"unknown {self.policy!r}; choose from {', '.join(POLICIES)}")
         check(self.device in ("", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
@@ -58,6 +68,27 @@ class ServerConfig:
               f"must be at least 1, got {self.max_tokens_limit}")
         check(self.torch_threads >= 0, "torch-threads", f"must be at least 0, got {self.torch_threads}")
         check(self.grace_s >= 0, "grace-s", f"must be at least 0, got {self.grace_s}")
+        try:
+            routing.router_class(self.router)
+        except ValueError as exc:
+            check(False, "router", str(exc))
+        check(self.noise_scale >= 0, "noise-scale", f"must be at least 0, got {self.noise_scale}")
+        try:
+            routing.Skew.parse(self.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
+        except ValueError as exc:
+            check(False, "routing-skew", str(exc))
+        check(self.capacity_factor is None or self.capacity_factor > 0, "capacity-factor",
+              f"must be above 0 (omit it for dropless), got {self.capacity_factor}")
+        check(self.moe_kernel in kernels.KERNELS, "moe-kernel",
+              f"unknown {self.moe_kernel!r}; choose from {', '.join(kernels.KERNELS)}")
+        check(self.expert_cache >= 0, "expert-cache", f"must be at least 0 (0 = off), got {self.expert_cache}")
+        check(self.cache_policy in expert_cache.POLICIES, "cache-policy",
+              f"unknown {self.cache_policy!r}; choose from {', '.join(expert_cache.POLICIES)}")
+
+    @property
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(self.router, self.noise_scale, self.routing_skew, self.capacity_factor, self.moe_kernel,
+                             self.expert_cache, self.cache_policy)
 
     @property
     def resolved_device(self) -> str:

@@ -1,45 +1,104 @@
-"""The engine: a model, its KV cache pool and a sampler, one step at a time.
+"""The engine: a model, its KV cache pool, its MoE machinery and a sampler, one step at a time.
 
-It knows sequences as (slot, new tokens, start position, sampling settings) and nothing
-of requests, queues or gRPC. Each step returns one new token per sequence.
+It knows sequences as (slot, new tokens, start position, sampling settings, routing key)
+and nothing of requests, queues or gRPC. Each step returns one new token per sequence and
+what the step did: routing counts, drops, active experts, stage times.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from server.expert_cache import ExpertCache
+from server.kernels import resolve_kernel
 from server.model import PRESETS, KVCache, StepLayout, Transformer
+from server.moe import StepContext
+from server.routing import Skew
+from server.stages import StageTimer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    router: str = "topk"  # topk, noisy_topk, balanced or module:Class
+    noise_scale: float = 1.0  # noisy_topk only
+    skew: str = "uniform"  # uniform, zipf:S, hot:F, affinity:ALPHA
+    capacity_factor: float | None = None  # None = dropless
+    moe_kernel: str = "sorted"  # sorted, grouped_mm, reference
+    expert_cache: int = 0  # resident experts per layer; 0 = all resident, no cache
+    cache_policy: str = "lru"
 
 
 @dataclass
 class SeqInput:
     slot: int
-    token_ids: list[int]  # the whole prompt (prefill) or the last generated token (decode)
-    start_pos: int  # position of token_ids[0] in the sequence
+    token_ids: list[int]  # the prompt (prefill) or the last generated token (decode)
+    start_pos: int  # position of token_ids[0] in the sequence; 0 = a new sequence
     temperature: float = 0.0
     generator: torch.Generator | None = None  # required when temperature > 0
+    routing_key: int = 0  # seeds the request's affinity preference (affinity skew)
+
+
+@dataclass
+class StepResult:
+    next_ids: list[int]  # one per input sequence
+    routed: Tensor  # [L, E] (token, expert) pairs routed, on the CPU
+    dropped: Tensor | None  # [L, E] pairs over capacity; None when dropless
+    active: list[int]  # per layer: experts that computed
+    stage_ms: dict[str, float]
+    tokens: int  # tokens in the forward pass
+    kv_useful: int  # decode attention: cached positions needed
+    kv_computed: int  # decode attention: positions computed (padding included)
 
 
 class Engine:
-    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int):
-        self.args = PRESETS[preset]
+    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
+                 options: EngineOptions = EngineOptions()):
+        self.args = args = PRESETS[preset]
         self.device = torch.device(device)
         self.dtype = dtype
-        self.model = Transformer(self.args, self.device, dtype)
+        self.options = options
+        self.model = Transformer(args, self.device, dtype, options.router, {"noise_scale": options.noise_scale}
+                                 if options.router == "noisy_topk" else None, seed)
         self.model.init_random(seed)
         self.model.eval()
-        self.cache = KVCache(self.args, kv_slots, self.device, dtype)
+        self.skew = Skew.parse(options.skew)
+        layers = [block.moe for block in self.model.layers]
+        self.cache = self._build_cache(layers, seed) if options.expert_cache else None
+        kernel = resolve_kernel(options.moe_kernel, layers[0].w1, layers[0].w3, layers[0].w2, self.cache is not None)
+        for i, moe in enumerate(layers):
+            moe.kernel = kernel
+            moe.cache = self.cache
+            moe.capacity_factor = options.capacity_factor
+            bias = self.skew.layer_bias(args.n_experts, args.top_k, i, seed)
+            moe.skew_bias = None if bias is None else bias.to(self.device)
+        self.slot_bias = torch.zeros(kv_slots, args.n_layers, args.n_experts, device=self.device) \
+            if self.skew.kind == "affinity" else None
+        self.kv = KVCache(args, kv_slots, self.device, dtype)
         self.kv_slots = kv_slots
         self._free = list(range(kv_slots - 1, -1, -1))
+        self.timer = StageTimer(self.device)
         self._warm_up()
+
+    def _build_cache(self, layers, seed: int) -> ExpertCache:
+        """Moves expert weights to host memory (pinned on CUDA) behind a resident cache."""
+        host = []
+        for moe in layers:
+            for w in (moe.w1, moe.w3, moe.w2):
+                if self.device.type == "cuda":
+                    w.data = w.data.cpu().pin_memory()
+            host.append((moe.w1.data, moe.w3.data, moe.w2.data))
+        return ExpertCache(host, self.options.expert_cache, self.device, self.options.cache_policy, seed)
 
     def _warm_up(self) -> None:
         """One prefill and one decode step, so the first request does not pay torch's
         one-time costs (about 100 ms on a CPU) in its TTFT. Slot 0 is overwritten later."""
-        (token,), _ = self.step([SeqInput(0, [0] * 8, 0)])
+        token = self.step([SeqInput(0, [0] * 8, 0)]).next_ids[0]
         self.step([SeqInput(0, [token], 8)])
 
     @property
@@ -55,17 +114,28 @@ class Engine:
     def new_generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    def step(self, seqs: list[SeqInput]) -> tuple[list[int], Tensor]:
-        """Runs one forward pass over all seqs; returns the next token of each and the
-        tokens routed to each expert in this step [L, E] (on the engine's device)."""
-        tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long,
-                              device=self.device)
-        layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
-                                  self.device)
-        logits, expert_counts = self.model(tokens, layout, self.cache)  # [B, V], [L, E]
+    def step(self, seqs: list[SeqInput]) -> StepResult:
+        """Runs one forward pass over all seqs and samples the next token of each."""
+        self.timer.begin()
+        tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=self.device)
+        layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs], self.device)
+        token_bias = None
+        if self.slot_bias is not None:
+            for s in seqs:
+                if s.start_pos == 0:
+                    bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts, s.routing_key)
+                    self.slot_bias[s.slot] = bias.to(self.device)
+            token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
+        ctx = StepContext(layout.groups, self.timer, token_bias)
+        logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
         next_ids = logits.argmax(dim=-1)
         for i, s in enumerate(seqs):
             if s.temperature > 0:
                 probs = torch.softmax(logits[i] / s.temperature, dim=-1)
                 next_ids[i] = torch.multinomial(probs, 1, generator=s.generator)[0]
-        return next_ids.tolist(), expert_counts
+        ids = next_ids.tolist()  # the step's hand-off: every queued kernel and event has completed
+        self.timer.mark("decode")
+        if self.cache is not None:
+            self.cache.settle()
+        return StepResult(ids, torch.stack(ctx.routed).cpu(), torch.stack(ctx.dropped).cpu() if ctx.dropped else None,
+                          ctx.active, self.timer.end(), len(tokens), layout.kv_useful, layout.kv_computed)

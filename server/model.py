@@ -2,7 +2,7 @@
 
 One forward pass serves a whole engine step: the tokens of every sequence in the step are
 flattened into one row, so prefill chunks and single decode tokens share every matmul and
-the MoE layer sees all of the step's tokens at once.
+the MoE layer (server/moe.py) sees all of the step's tokens at once.
 
 Shape letters: N tokens in the step, D model dim, H query heads, G kv heads, K head dim,
 E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L layers.
@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from server.moe import MoELayer, StepContext
+from server.routing import router_class
 
 
 @dataclass(frozen=True)
@@ -69,22 +72,26 @@ class StepLayout:
 
     positions: Tensor  # [N] position of each token in its sequence
     token_slots: Tensor  # [N] KV cache slot of each token
+    groups: Tensor  # [N] index of each token's sequence in the step
     last_index: Tensor  # [B] index in N of each sequence's last token
     decode_index: Tensor  # [Bd] indices in N of the decode tokens
     decode_slots: Tensor  # [Bd]
     decode_lens: Tensor  # [Bd] cached length after this step
     decode_max_len: int
     prefills: list[tuple[int, int, int, int]]  # (first index in N, length, slot, start pos)
+    kv_useful: int  # cached positions the decode tokens attend to
+    kv_computed: int  # positions the batched decode attention computes (padded to the longest)
 
     @classmethod
     def build(cls, seqs: list[tuple[int, int, int]], device: torch.device) -> StepLayout:
         """seqs: (slot, start position, number of new tokens) per sequence, in step order."""
-        positions, token_slots, last_index = [], [], []
+        positions, token_slots, groups, last_index = [], [], [], []
         decode_index, decode_slots, decode_lens, prefills = [], [], [], []
         offset = 0
-        for slot, start, n in seqs:
+        for i, (slot, start, n) in enumerate(seqs):
             positions.extend(range(start, start + n))
             token_slots.extend([slot] * n)
+            groups.extend([i] * n)
             last_index.append(offset + n - 1)
             if n == 1:
                 decode_index.append(offset)
@@ -97,8 +104,9 @@ class StepLayout:
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=device)
 
-        return cls(t(positions), t(token_slots), t(last_index), t(decode_index), t(decode_slots),
-                   t(decode_lens), max(decode_lens, default=0), prefills)
+        longest = max(decode_lens, default=0)
+        return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index), t(decode_slots),
+                   t(decode_lens), longest, prefills, sum(decode_lens), longest * len(decode_lens))
 
 
 class KVCache(nn.Module):
@@ -181,71 +189,25 @@ class Attention(nn.Module):
         return self.wo(out.reshape(n, a.dim))
 
 
-class MoEFeedForward(nn.Module):
-    """Router (softmax top-k, renormalised) -> tokens sorted by expert -> one SwiGLU matmul
-    chain per active expert -> weighted combine. Experts are stacked [E, I, D] tensors."""
-
-    def __init__(self, args: ModelArgs, device, dtype):
-        super().__init__()
-        self.top_k = args.top_k
-        e, i, d = args.n_experts, args.expert_dim, args.dim
-        self.gate = nn.Linear(d, e, bias=False, device=device, dtype=dtype)
-        self.w1 = nn.Parameter(torch.empty(e, i, d, device=device, dtype=dtype))
-        self.w3 = nn.Parameter(torch.empty(e, i, d, device=device, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(e, d, i, device=device, dtype=dtype))
-
-    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Top-k experts [N, k] of each token and their renormalised weights [N, k]."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # [N, E]
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        return weights / weights.sum(dim=-1, keepdim=True), experts
-
-    def expert(self, e: int, h: Tensor) -> Tensor:
-        return (F.silu(h @ self.w1[e].T) * (h @ self.w3[e].T)) @ self.w2[e].T
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Returns the layer output [N, D] and the tokens routed to each expert [E]."""
-        weights, experts = self.route(x)
-        flat = experts.flatten()  # [N*k]
-        order = flat.argsort(stable=True)
-        token_of = order // self.top_k  # source token of each sorted (token, expert) pair
-        counts = torch.bincount(flat, minlength=self.w1.shape[0])  # [E]
-        xs = x[token_of]  # [N*k, D]
-        ys = torch.empty_like(xs)
-        start = 0
-        for e, end in enumerate(counts.cumsum(0).tolist()):  # one host sync per layer
-            if end > start:
-                ys[start:end] = self.expert(e, xs[start:end])
-            start = end
-        ys = ys * weights.flatten()[order, None].to(ys.dtype)
-        return torch.zeros_like(x).index_add_(0, token_of, ys), counts
-
-    def reference(self, x: Tensor) -> Tensor:
-        """The same layer computed token by token: slow, for tests."""
-        weights, experts = self.route(x)
-        out = torch.zeros_like(x)
-        for t in range(x.shape[0]):
-            for j in range(self.top_k):
-                e = int(experts[t, j])
-                out[t] += weights[t, j].to(x.dtype) * self.expert(e, x[t:t + 1])[0]
-        return out
-
-
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs, device, dtype):
+    def __init__(self, args: ModelArgs, layer: int, router: nn.Module, device, dtype):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.attention = Attention(args, device, dtype)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
-        self.moe = MoEFeedForward(args, device, dtype)
+        self.moe = MoELayer(args, layer, router, device, dtype)
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, device="cpu", dtype=torch.float32):
+    def __init__(self, args: ModelArgs, device="cpu", dtype=torch.float32, router: str = "topk",
+                 router_options: dict | None = None, seed: int = 0):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
-        self.layers = nn.ModuleList(Block(args, device, dtype) for _ in range(args.n_layers))
+        make_router = router_class(router)
+        self.layers = nn.ModuleList(
+            Block(args, i, make_router(args, i, seed, device, dtype, **(router_options or {})), device, dtype)
+            for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
         cos, sin = rope_tables(args, device)
@@ -264,16 +226,14 @@ class Transformer(nn.Module):
                     .mul_(1 / math.sqrt(fan_in)))
 
     @torch.no_grad()
-    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache) -> tuple[Tensor, Tensor]:
-        """Logits of each sequence's last token [B, V] and tokens per expert [L, E]."""
+    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache, step: StepContext) -> Tensor:
+        """Logits of each sequence's last token [B, V]; routing counts go into step."""
         cos = self.rope_cos[layout.positions]
         sin = self.rope_sin[layout.positions]
         x = self.tok_embeddings(tokens)  # [N, D]
-        counts = []
+        step.timer.mark("preprocess")
         for i, layer in enumerate(self.layers):
             x = x + layer.attention(layer.attention_norm(x), layout, cos, sin, cache.k[i], cache.v[i])
-            y, c = layer.moe(layer.ffn_norm(x))
-            x = x + y
-            counts.append(c)
-        logits = self.output(self.norm(x[layout.last_index]))
-        return logits.float(), torch.stack(counts)
+            step.timer.mark("attention")
+            x = x + layer.moe(layer.ffn_norm(x), step)  # marks routing, expert_compute, combine
+        return self.output(self.norm(x[layout.last_index])).float()

@@ -19,6 +19,7 @@ import torch
 
 from server.engine import Engine, SeqInput
 from server.errors import QueueFullError, UnavailableError
+from server.routing import request_key
 from server.tokenizer import EOS_ID
 
 log = logging.getLogger(__name__)
@@ -199,18 +200,19 @@ class Scheduler:
         for req in admitted:
             req.slot = self.engine.allocate_slot()
             req.admitted_ns = now
-            seqs.append(SeqInput(req.slot, req.prompt_ids, 0, req.temperature, req.generator))
+            seqs.append(SeqInput(req.slot, req.prompt_ids, 0, req.temperature, req.generator,
+                                 request_key(req.request_id, req.seed)))
         for req in self._running:
             pos = len(req.prompt_ids) + len(req.output_ids) - 1
             seqs.append(SeqInput(req.slot, req.output_ids[-1:], pos, req.temperature, req.generator))
         batch = self._running = admitted + self._running  # running from here, should the step fail
 
         t0 = time.monotonic_ns()
-        next_ids, expert_counts = self.engine.step(seqs)
+        result = self.engine.step(seqs)
         t1 = time.monotonic_ns()
 
         finished = 0
-        for req, token in zip(batch, next_ids, strict=True):
+        for req, token in zip(batch, result.next_ids, strict=True):
             req.output_ids.append(token)
             if len(req.output_ids) == 1:
                 req.first_token_ns = t1
@@ -238,7 +240,7 @@ class Scheduler:
             c.prompt_tokens += sum(len(r.prompt_ids) for r in admitted)
             c.batch_size_sum += len(batch)
             c.step_ns_sum += t1 - t0
-            self._expert_tokens += expert_counts.cpu()
+            self._expert_tokens += result.routed
 
     def _fail_all(self, error: Exception) -> None:
         with self._cond:

@@ -1,39 +1,33 @@
-"""The engine computes what the plain definitions say: the sorted-expert MoE layer equals a
-per-token reference, and batched continuous-batching decode equals one request at a time."""
+"""The engine computes what the plain definitions say: batched continuous-batching decode
+equals one request at a time, whatever the router, kernel or expert cache."""
 
+import pytest
 import torch
 
-from server.engine import Engine, SeqInput
-from server.model import PRESETS, MoEFeedForward, Transformer
+from server.engine import Engine, EngineOptions, SeqInput
+from server.model import PRESETS
 
 
-def greedy_alone(engine: Engine, prompt: list[int], n: int) -> list[int]:
+def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[int]:
     out = []
     tokens, pos = prompt, 0
     for _ in range(n):
-        (tok,), _ = engine.step([SeqInput(0, tokens, pos)])
+        (tok,) = engine.step([SeqInput(0, tokens, pos, routing_key=key)]).next_ids
         out.append(tok)
         pos += len(tokens)
         tokens = [tok]
     return out
 
 
-def test_sorted_moe_matches_per_token_reference():
-    torch.manual_seed(0)
-    model = Transformer(PRESETS["tiny"], dtype=torch.float64)
-    model.init_random(1)
-    moe: MoEFeedForward = model.layers[0].moe
-    x = torch.randn(37, PRESETS["tiny"].dim, dtype=torch.float64)
-    y, counts = moe(x)
-    torch.testing.assert_close(y, moe.reference(x))
-    assert counts.sum().item() == 37 * PRESETS["tiny"].top_k
-
-
-def test_batched_decode_matches_one_request_at_a_time():
-    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3)
+@pytest.mark.parametrize("options", [
+    EngineOptions(), EngineOptions(moe_kernel="reference"), EngineOptions(expert_cache=2),
+    EngineOptions(skew="affinity:0.1"), EngineOptions(skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
+], ids=str)
+def test_batched_decode_matches_one_request_at_a_time(options):
+    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3, options=options)
     prompts = [[256, *b"hello"], [256, *b"a much longer prompt, to mix lengths"], [256, 7]]
     n = 12
-    expected = [greedy_alone(engine, p, n) for p in prompts]
+    expected = [greedy_alone(engine, p, n, key) for key, p in enumerate(prompts)]
 
     # Continuous batching: requests join at different steps, prefill beside running decodes.
     joins = {0: 0, 1: 3, 2: 5}
@@ -44,11 +38,12 @@ def test_batched_decode_matches_one_request_at_a_time():
             if step < join or len(outs[i]) == n:
                 continue
             if not outs[i]:
-                seqs.append(SeqInput(i, prompts[i], 0))
+                seqs.append(SeqInput(i, prompts[i], 0, routing_key=i))
             else:
-                seqs.append(SeqInput(i, outs[i][-1:], len(prompts[i]) + len(outs[i]) - 1))
+                seqs.append(SeqInput(i, outs[i][-1:], len(prompts[i]) + len(outs[i]) - 1, routing_key=i))
             who.append(i)
-        toks, counts = engine.step(seqs)
+        result = engine.step(seqs)
+        toks, counts = result.next_ids, result.routed
         assert counts.shape == (PRESETS["tiny"].n_layers, PRESETS["tiny"].n_experts)
         for i, t in zip(who, toks, strict=True):
             outs[i].append(t)
@@ -60,8 +55,8 @@ def test_seeded_sampling_repeats():
 
     def sample(seed):
         gen = engine.new_generator(seed)
-        toks, _ = engine.step([SeqInput(0, [256, 1, 2, 3], 0, 1.0, gen),
-                               SeqInput(1, [256, 1, 2, 3], 0, 1.0, engine.new_generator(seed + 1))])
+        toks = engine.step([SeqInput(0, [256, 1, 2, 3], 0, 1.0, gen),
+                               SeqInput(1, [256, 1, 2, 3], 0, 1.0, engine.new_generator(seed + 1))]).next_ids
         return toks
 
     assert sample(5) == sample(5)

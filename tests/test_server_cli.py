@@ -14,6 +14,11 @@ from tests.conftest import REPO
     (["--policy", "lifo"], "--policy: unknown 'lifo'"),
     (["--port", "70000"], "--port: must be 0..65535"),
     (["--dtype", "int8"], "--dtype: must be one of"),
+    (["--routing-skew", "hot:0.9"], "--routing-skew: skew hot:0.9: one expert can hold at most 1/k"),
+    (["--router", "nope"], "--router: unknown router 'nope'"),
+    (["--moe-kernel", "fast"], "--moe-kernel: unknown 'fast'"),
+    (["--capacity-factor", "0"], "--capacity-factor: must be above 0"),
+    (["--cache-policy", "fifo"], "--cache-policy: unknown 'fifo'"),
 ])
 def test_bad_flag_exits_2_naming_it(flags, named):
     done = subprocess.run([sys.executable, "-m", "server", *flags], cwd=REPO, capture_output=True, text=True,

@@ -1,0 +1,86 @@
+"""Expert kernels: each expert's SwiGLU over its tokens, the tokens already sorted by expert.
+
+Every kernel takes (xs [M, D] sorted by group, counts: tokens per group (host ints),
+index: the weight row of each group, w1 [S, I, D], w3 [S, I, D], w2 [S, D, I]) and returns
+ys [M, D] in the same order. A group is one expert; S is the number of experts, or of
+resident slots when the expert cache is on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+def swiglu(h: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
+    return (F.silu(h @ w1.T) * (h @ w3.T)) @ w2.T
+
+
+def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
+                   w2: Tensor) -> Tensor:
+    """One matmul chain per non-empty group over its contiguous slice."""
+    ys = torch.empty_like(xs)
+    start = 0
+    for n, row in zip(counts, index, strict=True):
+        if n:
+            ys[start:start + n] = swiglu(xs[start:start + n], w1[row], w3[row], w2[row])
+        start += n
+    return ys
+
+
+def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
+                       w2: Tensor) -> Tensor:
+    """All groups in three torch._grouped_mm calls; groups must cover w's rows in order."""
+    if list(index) != list(range(w1.shape[0])):
+        raise ValueError("grouped_mm needs one group per weight row, in row order")
+    offs = torch.tensor(counts, dtype=torch.int32, device=xs.device).cumsum(0, dtype=torch.int32)
+    h = F.silu(torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)) * torch._grouped_mm(
+        xs, w3.transpose(1, 2), offs=offs)
+    return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+
+
+def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
+                      w2: Tensor) -> Tensor:
+    """Row by row: slow, the reference for tests."""
+    ys = torch.empty_like(xs)
+    start = 0
+    for n, row in zip(counts, index, strict=True):
+        for m in range(start, start + n):
+            ys[m] = swiglu(xs[m:m + 1], w1[row], w3[row], w2[row])[0]
+        start += n
+    return ys
+
+
+KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts, "reference": per_token_experts}
+
+
+def grouped_mm_unsupported(w1: Tensor, w3: Tensor, w2: Tensor) -> str | None:
+    """Why torch._grouped_mm cannot run these weights here, or None. Probes one real call,
+    since support depends on the torch build, the device, the dtype and alignment."""
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no _grouped_mm"
+    try:
+        x = torch.zeros(2, w1.shape[2], device=w1.device, dtype=w1.dtype)
+        counts = [2] + [0] * (w1.shape[0] - 1)
+        grouped_mm_experts(x, counts, range(w1.shape[0]), w1, w3, w2)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return None
+
+
+def resolve_kernel(name: str, w1: Tensor, w3: Tensor, w2: Tensor, cached: bool):
+    """The kernel to run for `name`, falling back to `sorted` with a logged reason."""
+    if name != "grouped_mm":
+        return KERNELS[name]
+    reason = "the expert cache is on (resident slots are not in expert order)" if cached \
+        else grouped_mm_unsupported(w1, w3, w2)
+    if reason:
+        log.warning("--moe-kernel grouped_mm unavailable, using sorted: %s", reason)
+        return sorted_experts
+    return grouped_mm_experts

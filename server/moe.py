@@ -1,0 +1,122 @@
+"""The MoE feed-forward layer: route -> capacity -> dispatch -> expert compute -> combine.
+
+Dispatch sorts the step's (token, expert) pairs by expert so each expert's tokens are one
+contiguous slice; combine scatters the weighted outputs back to their tokens. With expert
+parallelism these two are where the all-to-all exchange goes.
+
+Shape letters: N tokens, D model dim, E experts, I expert hidden dim, k experts per token,
+M kept (token, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from server.expert_cache import ExpertCache
+from server.kernels import swiglu
+from server.stages import StageTimer
+
+
+def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Slots per expert in one step: ceil(tokens x k / experts x CF)."""
+    return math.ceil(tokens * top_k / n_experts * capacity_factor)
+
+
+@dataclass
+class StepContext:
+    """What one forward pass needs beyond the tokens, and what it reports back."""
+
+    groups: Tensor  # [N] index of each token's sequence in the step
+    timer: StageTimer
+    token_bias: Tensor | None = None  # [N, L, E] per-request routing bias (affinity skew)
+    routed: list[Tensor] = field(default_factory=list)  # per layer [E]: (token, expert) pairs routed
+    dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
+    active: list[int] = field(default_factory=list)  # per layer: experts that computed
+
+
+class MoELayer(nn.Module):
+    def __init__(self, args, layer: int, router: nn.Module, device, dtype):
+        super().__init__()
+        self.layer = layer
+        self.top_k = args.top_k
+        self.n_experts = e = args.n_experts
+        self.router = router
+        self.w1 = nn.Parameter(torch.empty(e, args.expert_dim, args.dim, device=device, dtype=dtype))
+        self.w3 = nn.Parameter(torch.empty(e, args.expert_dim, args.dim, device=device, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(e, args.dim, args.expert_dim, device=device, dtype=dtype))
+        self.register_buffer("skew_bias", None, persistent=False)  # [E] layer-wide routing bias
+        self.capacity_factor: float | None = None  # None = dropless
+        self.kernel = None  # set by the engine (server.kernels)
+        self.cache: ExpertCache | None = None
+
+    def forward(self, x: Tensor, step: StepContext) -> Tensor:
+        weights, experts = self.route(x, step)
+        flat = experts.flatten()  # [N*k]
+        order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
+        counts = torch.bincount(flat, minlength=self.n_experts)  # [E]
+        keep = None
+        if self.capacity_factor is not None:
+            cap = expert_capacity(x.shape[0], self.top_k, self.n_experts, self.capacity_factor)
+            starts = counts.cumsum(0) - counts
+            rank = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
+            keep = rank < cap
+            order = order[keep]
+            kept = counts.clamp(max=cap)
+            step.dropped.append(counts - kept)
+        else:
+            kept = counts
+        kept_host = kept.tolist()  # the layer's one host sync
+        step.routed.append(counts)
+        step.active.append(sum(1 for n in kept_host if n))
+        step.timer.mark("routing")
+
+        token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
+        ys = self.compute(x[token_of], kept_host)
+        step.timer.mark("expert_compute")
+
+        out = self.combine(ys, token_of, weights.flatten()[order], x)
+        step.timer.mark("combine")
+        return out
+
+    def route(self, x: Tensor, step: StepContext) -> tuple[Tensor, Tensor]:
+        bias = self.skew_bias
+        if step.token_bias is not None:
+            layer_bias = step.token_bias[:, self.layer]
+            bias = layer_bias if bias is None else bias + layer_bias
+        return self.router(x, bias, step.groups)
+
+    def compute(self, xs: Tensor, counts: list[int]) -> Tensor:
+        if self.cache is None:
+            return self.kernel(xs, counts, range(self.n_experts), self.w1, self.w3, self.w2)
+        # Through the cache: waves of at most `capacity` experts resident together.
+        active = [e for e, n in enumerate(counts) if n]
+        ys = torch.empty_like(xs)
+        start = 0
+        for i in range(0, len(active), self.cache.capacity):
+            wave = active[i:i + self.cache.capacity]
+            slots = self.cache.ensure(self.layer, wave)
+            n = sum(counts[e] for e in wave)
+            ys[start:start + n] = self.kernel(xs[start:start + n], [counts[e] for e in wave], slots,
+                                              *self.cache.resident(self.layer))
+            start += n
+        return ys
+
+    @staticmethod
+    def combine(ys: Tensor, token_of: Tensor, weights: Tensor, x: Tensor) -> Tensor:
+        """Weighted sum of each token's expert outputs; dropped pairs add nothing."""
+        return torch.zeros_like(x).index_add_(0, token_of, ys * weights[:, None].to(ys.dtype))
+
+    def reference(self, x: Tensor, step: StepContext) -> Tensor:
+        """The same layer token by token, dropless: slow, for tests."""
+        weights, experts = self.route(x, step)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(self.top_k):
+                e = int(experts[t, j])
+                y = swiglu(x[t:t + 1], self.w1[e], self.w3[e], self.w2[e])
+                out[t] += weights[t, j].to(x.dtype) * y[0]
+        return out

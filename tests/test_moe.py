@@ -1,0 +1,230 @@
+"""The MoE layer's parts against plain definitions: expert kernels against the per-token
+reference (edge cases included), routers (k distinct experts, ties, noise, least-loaded
+balance, custom routers), routing skew, expert capacity and drops, the expert-weight cache
+(same output, real counters, eviction policies) and stage timing."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from server.engine import Engine, EngineOptions, SeqInput
+from server.expert_cache import ExpertCache, LayerCache
+from server.kernels import KERNELS, grouped_mm_unsupported
+from server.model import PRESETS, Transformer
+from server.moe import StepContext, expert_capacity
+from server.routing import BalancedRouter, NoisyTopKRouter, Skew, TopKRouter, hot_bias, request_key, router_class
+from server.stages import STAGES, StageTimer
+
+TINY = PRESETS["tiny"]
+E, K = TINY.n_experts, TINY.top_k
+
+
+def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(shape, generator=g) / shape[-1] ** 0.5 for shape in ((e, i, d), (e, i, d), (e, d, i)))
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 9, 0], [0, 1, 0, 0], [4, 4, 4, 4]],
+                         ids=["random", "one-expert", "single-token", "even"])
+@pytest.mark.parametrize("kernel", ["sorted", "grouped_mm"])
+def test_kernels_match_the_per_token_reference(kernel, counts):
+    w = weights()
+    if kernel == "grouped_mm" and grouped_mm_unsupported(*w):
+        pytest.skip(grouped_mm_unsupported(*w))
+    xs = torch.randn(sum(counts), TINY.dim, generator=torch.Generator().manual_seed(1))
+    expected = KERNELS["reference"](xs, counts, range(E), *w)
+    torch.testing.assert_close(KERNELS[kernel](xs, counts, range(E), *w), expected, rtol=1e-5, atol=1e-5)
+
+
+def moe_layer(router="topk", seed=0, dtype=torch.float32, **options):
+    model = Transformer(TINY, dtype=dtype, router=router, router_options=options or None, seed=seed)
+    model.init_random(seed)
+    layer = model.layers[0].moe
+    layer.kernel = KERNELS["sorted"]
+    return layer
+
+
+def context(n, groups=None):
+    return StepContext(torch.arange(n) if groups is None else groups, StageTimer(torch.device("cpu")))
+
+
+@pytest.mark.parametrize("kernel", ["sorted", "reference"])
+def test_layer_matches_reference(kernel):
+    layer = moe_layer(dtype=torch.float64)
+    layer.kernel = KERNELS[kernel]
+    x = torch.randn(23, TINY.dim, dtype=torch.float64)
+    step = context(23)
+    torch.testing.assert_close(layer(x, step), layer.reference(x, context(23)))
+    assert step.routed[0].sum() == 23 * K and step.active[0] <= E
+
+
+def test_topk_ties_go_to_the_lower_expert_id():
+    router = TopKRouter(TINY, 0, 0, "cpu", torch.float32)
+    nn.init.zeros_(router.gate.weight)  # every expert scores the same
+    weights_, experts = router(torch.randn(5, TINY.dim), None, torch.arange(5))
+    assert experts.tolist() == [[0, 1]] * 5
+    torch.testing.assert_close(weights_, torch.full((5, K), 1 / K))
+
+
+def test_noisy_topk_is_seeded_and_distinct():
+    def route(seed):
+        router = NoisyTopKRouter(TINY, 0, seed, "cpu", torch.float32, noise_scale=5.0)
+        nn.init.normal_(router.gate.weight, generator=torch.Generator().manual_seed(1))
+        nn.init.normal_(router.w_noise.weight, generator=torch.Generator().manual_seed(2))
+        return router(torch.randn(64, TINY.dim, generator=torch.Generator().manual_seed(3)), None, torch.arange(64))[1]
+
+    a, b, c = route(0), route(0), route(1)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert all(len(set(row)) == K for row in a.tolist())
+
+
+def test_balanced_router_spreads_groups_over_least_loaded_experts():
+    router = BalancedRouter(TINY, 0, 0, "cpu", torch.float32)
+    groups = torch.tensor([0, 0, 0, 1, 2, 3, 4, 5, 6])  # one 3-token prefill, six decodes
+    _, experts = router(torch.randn(9, TINY.dim), None, groups)
+    loads = torch.bincount(experts.flatten(), minlength=E).tolist()
+    assert sorted(loads) == [4, 4, 5, 5]  # 18 slots as even as groups allow
+    assert all(len(set(row)) == K for row in experts.tolist())
+    assert len({tuple(r) for r in experts[:3].tolist()}) == 1  # a group stays together
+
+
+class FirstExpertsRouter(nn.Module):
+    """A custom router for the test below: always experts 0..k-1, equal weights."""
+
+    def __init__(self, args, layer, seed, device, dtype, **_):
+        super().__init__()
+        self.top_k = args.top_k
+
+    def forward(self, x, bias, groups):
+        experts = torch.arange(self.top_k).expand(x.shape[0], -1)
+        return torch.full(experts.shape, 1 / self.top_k), experts
+
+
+def test_custom_router_loads_by_dotted_path():
+    assert router_class("tests.test_moe:FirstExpertsRouter") is FirstExpertsRouter
+    layer = moe_layer(router="tests.test_moe:FirstExpertsRouter")
+    step = context(6)
+    layer(torch.randn(6, TINY.dim), step)
+    assert step.routed[0].tolist() == [6, 6, 0, 0]
+    with pytest.raises(ValueError, match="cannot load router"):
+        router_class("tests.test_moe:Missing")
+
+
+def routed_share(layer, n=4096, groups=None):
+    step = context(n, groups)
+    layer(torch.randn(n, TINY.dim, generator=torch.Generator().manual_seed(7)), step)
+    return (step.routed[0] / step.routed[0].sum()).tolist()
+
+
+def test_zipf_skew_follows_popularity():
+    layer = moe_layer()
+    skew = Skew.parse("zipf:1.5")
+    layer.skew_bias = skew.layer_bias(E, K, 0, seed=0)
+    share = routed_share(layer)
+    popularity = layer.skew_bias.argsort(descending=True).tolist()
+    assert share[popularity[0]] > 0.3 > 1 / E and share[popularity[0]] > share[popularity[-1]] * 3
+
+
+def test_hot_skew_gives_the_hot_expert_its_fraction():
+    layer = moe_layer()
+    layer.skew_bias = Skew.parse("hot:0.4").layer_bias(E, K, 0, seed=0)
+    hot = int(layer.skew_bias.argmax())
+    assert routed_share(layer)[hot] == pytest.approx(0.4, abs=0.05)
+    with pytest.raises(ValueError, match="at most 1/k"):
+        Skew.parse("hot:0.6").layer_bias(E, K, 0, seed=0)
+    assert hot_bias(1 / E, E, K) == pytest.approx(0, abs=0.1)  # no bias for a uniform share
+
+
+def test_affinity_skew_is_per_request_and_stable():
+    skew = Skew.parse("affinity:0.05")
+    a1 = skew.request_bias(2, E, request_key("a", 0))
+    assert torch.equal(a1, skew.request_bias(2, E, request_key("a", 0)))
+    assert not torch.equal(a1, skew.request_bias(2, E, request_key("b", 0)))
+    layer = moe_layer()
+    step = context(2)
+    step.token_bias = torch.stack([a1, a1])  # both tokens from request "a"
+    layer(torch.randn(2, TINY.dim), step)
+    assert step.routed[0][int(a1[0].argmax())] == 2  # both go to the request's favourite
+
+
+@pytest.mark.parametrize("spec", ["zipf", "hot:2", "affinity:0", "zipf:-1", "heavy:1"])
+def test_bad_skew_is_refused(spec):
+    with pytest.raises(ValueError):
+        Skew.parse(spec)
+
+
+def test_capacity_drops_over_capacity_pairs_and_counts_them():
+    assert expert_capacity(tokens=10, top_k=2, n_experts=4, capacity_factor=1.0) == 5
+    assert expert_capacity(tokens=10, top_k=2, n_experts=4, capacity_factor=1.25) == 7
+    layer = moe_layer(router="tests.test_moe:FirstExpertsRouter")  # all 8 tokens to experts 0 and 1
+    layer.capacity_factor = 1.0  # capacity ceil(8*2/4) = 4 per expert
+    x = torch.randn(8, TINY.dim)
+    step = context(8)
+    out = layer(x, step)
+    assert step.dropped[0].tolist() == [4, 4, 0, 0] and step.active[0] == 2
+    torch.testing.assert_close(out[4:], torch.zeros_like(out[4:]))  # later tokens kept only their residual
+    layer.capacity_factor = None
+    torch.testing.assert_close(out[:4], layer(x, context(8))[:4])
+
+
+def test_expert_cache_gives_the_same_output_and_counts_copies():
+    x = torch.randn(40, TINY.dim, generator=torch.Generator().manual_seed(5))
+    plain = moe_layer()
+    expected = plain(x, context(40))
+    cached = moe_layer()
+    host = (cached.w1.data, cached.w3.data, cached.w2.data)
+    cached.cache = ExpertCache([host], capacity=2, device=torch.device("cpu"))
+    torch.testing.assert_close(cached(x, context(40)), expected)
+    cached.cache.settle()
+    c = cached.cache.layers[0].counters
+    expert_bytes = sum(w[0].numel() * 4 for w in host)
+    assert c.misses == E and c.evictions == E - 2 and c.bytes_copied == E * expert_bytes
+    assert c.copy_ms > 0 and c.wait_ms == c.copy_ms
+
+
+@pytest.mark.parametrize("policy, evicted", [("lru", 2), ("lfu", 1)])
+def test_eviction_policies(policy, evicted):
+    host = weights(e=4)
+    cache = LayerCache(host, capacity=2, device=torch.device("cpu"), policy=policy, rng=None)
+    clock, pending = ExpertCache([host], 2, torch.device("cpu")).clock, []
+    for wave in ([1], [2], [2], [2], [1]):  # expert 2 used more often, expert 1 more recently
+        cache.ensure(wave, clock, pending)
+    cache.ensure([3], clock, pending)
+    assert set(cache.slot_of) == {1, 2, 3} - {evicted}
+    assert torch.equal(cache.resident[0][cache.slot_of[3]], host[0][3])
+    assert (cache.counters.hits, cache.counters.misses, cache.counters.evictions) == (3, 3, 1)
+
+
+def test_random_eviction_is_seeded():
+    def evicted(seed):
+        cache = ExpertCache([weights(e=4)], capacity=2, device=torch.device("cpu"), policy="random", seed=seed)
+        for e in (0, 1, 2, 3, 0, 2, 1, 3):
+            cache.ensure(0, [e])
+        return list(cache.layers[0].slot_of)
+
+    assert evicted(0) == evicted(0)
+
+
+def test_stage_times_add_up_to_the_step():
+    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0)
+    seqs = [SeqInput(0, [1] * 40, 0), SeqInput(1, [2], 5), SeqInput(2, [3], 9)]
+    start = time.perf_counter()
+    result = engine.step(seqs)
+    wall_ms = (time.perf_counter() - start) * 1000
+    assert set(result.stage_ms) == set(STAGES) and all(v > 0 for v in result.stage_ms.values())
+    total = sum(result.stage_ms.values())
+    assert total <= wall_ms and total >= 0.8 * wall_ms - 0.5  # stated tolerance: 20% or 0.5 ms
+
+
+@pytest.mark.parametrize("options", [
+    EngineOptions(router="balanced"), EngineOptions(router="noisy_topk"), EngineOptions(capacity_factor=1.0),
+    EngineOptions(moe_kernel="grouped_mm"), EngineOptions(expert_cache=2, cache_policy="random"),
+    EngineOptions(skew="affinity:0.1"), EngineOptions(skew="hot:0.3"),
+], ids=str)
+def test_engine_runs_with_every_option(options):
+    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0, options=options)
+    result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11), SeqInput(1, [7] * 3, 0, routing_key=12)])
+    assert len(result.next_ids) == 2 and result.routed.sum() == 9 * K * TINY.n_layers
+    assert (result.dropped is not None) == (options.capacity_factor is not None)
