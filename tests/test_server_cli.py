@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from server.__main__ import parse_args
 from tests.conftest import REPO
 
 
@@ -20,8 +21,14 @@ from tests.conftest import REPO
     (["--capacity-factor", "0"], "--capacity-factor: must be above 0"),
     (["--cache-policy", "fifo"], "--cache-policy: unknown 'fifo'"),
 ])
-def test_bad_flag_exits_2_naming_it(flags, named):
-    done = subprocess.run([sys.executable, "-m", "server", *flags], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2
-    assert named in done.stderr
+def test_bad_flag_exits_2_naming_it(flags, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_entry_point_refuses_before_building_a_model():
+    done = subprocess.run([sys.executable, "-m", "server", "--max-batch-size", "0"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--max-batch-size: must be at least 1" in done.stderr
