@@ -62,6 +62,20 @@ def server_stats(host: str) -> dict:
             reply = moe_pb2_grpc.MoEInferenceStub(channel).GetStats(moe_pb2.GetStatsRequest(), timeout=5)
     except grpc.RpcError as exc:
         return {"error": f"GetStats failed: {exc.code().name}: {exc.details()}"}
-    stats = {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields if f.name != "expert_tokens"}
-    stats["expert_tokens"] = [list(layer.tokens) for layer in reply.expert_tokens]
+    stats = message_dict(reply)
+    stats["expert_tokens"] = [layer["tokens"] for layer in stats["expert_tokens"]]
     return stats
+
+
+def message_dict(msg) -> dict:
+    """A protobuf message as plain JSON types (64-bit ints stay numbers, unlike MessageToDict)."""
+    out = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if f.message_type is None:
+            out[f.name] = list(value) if f.is_repeated else value
+        elif f.is_repeated:
+            out[f.name] = [message_dict(v) for v in value]
+        elif msg.HasField(f.name):
+            out[f.name] = message_dict(value)
+    return out

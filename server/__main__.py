@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     g.add_argument("--expert-cache", type=int, default=d.expert_cache,
                    help="experts per layer resident in fast memory, the rest in host memory; 0 = off")
     g.add_argument("--cache-policy", default=d.cache_policy, help="lru, lfu or random eviction (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port at /metrics (0 = any free port); off by default")
+    p.add_argument("--step-log", default=None, help="append one JSON line per engine step to this file")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),

@@ -11,9 +11,11 @@ from grpc_health.v1 import health
 
 from server.config import DTYPES, ServerConfig
 from server.engine import Engine
+from server.metrics import serve_metrics
 from server.policies import POLICIES
 from server.scheduler import Scheduler
 from server.service import Limits, MoEService, create_server, drain
+from server.telemetry import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +26,13 @@ class App:
     port: int
     service: MoEService
     health: health.aio.HealthServicer
+    metrics_server: object | None = None  # the Prometheus HTTP server, when on
+    metrics_port: int | None = None
 
     async def drain(self, grace_s: float) -> None:
         await drain(self.server, self.service, self.health, grace_s)
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
 
 
 async def start(config: ServerConfig) -> App:
@@ -37,11 +43,16 @@ async def start(config: ServerConfig) -> App:
     log.info("building %s on %s (%s), seed %d", config.preset, device, dtype, config.seed)
     engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed,
                     config.engine_options)
-    scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue)
+    step_log = StepLog(config.step_log) if config.step_log else None
+    scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue, step_log)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)
     service = MoEService(scheduler, limits, {"policy": config.policy, "preset": config.preset,
                                              "device": device, "dtype": dtype})
     server, port, health_servicer = await create_server(service, f"{config.host}:{config.port}")
     log.info("serving %s with policy %s on %s:%d", config.preset, config.policy, config.host, port)
-    return App(server, port, service, health_servicer)
+    app = App(server, port, service, health_servicer)
+    if config.metrics_port is not None:
+        app.metrics_server, app.metrics_port = serve_metrics(scheduler, config.host, config.metrics_port)
+        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, app.metrics_port)
+    return app

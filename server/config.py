@@ -45,6 +45,8 @@ class ServerConfig:
     moe_kernel: str = "sorted"
     expert_cache: int = 0  # 0 = off
     cache_policy: str = "lru"
+    metrics_port: int | None = None  # Prometheus /metrics; None = off, 0 = any free port
+    step_log: str | None = None  # JSONL path, one line per engine step; None = off
 
     def __post_init__(self):
         def check(ok: bool, flag: str, message: str):
@@ -82,6 +84,8 @@ class ServerConfig:
         check(self.moe_kernel in kernels.KERNELS, "moe-kernel",
               f"unknown {self.moe_kernel!r}; choose from {', '.join(kernels.KERNELS)}")
         check(self.expert_cache >= 0, "expert-cache", f"must be at least 0 (0 = off), got {self.expert_cache}")
+        check(self.metrics_port is None or 0 <= self.metrics_port <= 65535, "metrics-port",
+              f"must be 0..65535 (0 = any free port), got {self.metrics_port}")
         check(self.cache_policy in expert_cache.POLICIES, "cache-policy",
               f"unknown {self.cache_policy!r}; choose from {', '.join(expert_cache.POLICIES)}")
 

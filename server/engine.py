@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from server.expert_cache import ExpertCache
-from server.kernels import resolve_kernel
+from server.kernels import KERNELS, resolve_kernel
 from server.model import PRESETS, KVCache, StepLayout, Transformer
 from server.moe import StepContext
 from server.routing import Skew
@@ -70,9 +70,10 @@ class Engine:
         self.skew = Skew.parse(options.skew)
         layers = [block.moe for block in self.model.layers]
         self.cache = self._build_cache(layers, seed) if options.expert_cache else None
-        kernel = resolve_kernel(options.moe_kernel, layers[0].w1, layers[0].w3, layers[0].w2, self.cache is not None)
+        self.kernel_name = resolve_kernel(options.moe_kernel, layers[0].w1, layers[0].w3, layers[0].w2,
+                                          self.cache is not None)
         for i, moe in enumerate(layers):
-            moe.kernel = kernel
+            moe.kernel = KERNELS[self.kernel_name]
             moe.cache = self.cache
             moe.capacity_factor = options.capacity_factor
             bias = self.skew.layer_bias(args.n_experts, args.top_k, i, seed)
@@ -100,6 +101,12 @@ class Engine:
         one-time costs (about 100 ms on a CPU) in its TTFT. Slot 0 is overwritten later."""
         token = self.step([SeqInput(0, [0] * 8, 0)]).next_ids[0]
         self.step([SeqInput(0, [token], 8)])
+
+    @property
+    def expert_bytes(self) -> int:
+        """Weight bytes of one expert (w1, w3, w2)."""
+        a = self.args
+        return 3 * a.dim * a.expert_dim * self.dtype.itemsize
 
     @property
     def free_slots(self) -> int:

@@ -74,13 +74,13 @@ def grouped_mm_unsupported(w1: Tensor, w3: Tensor, w2: Tensor) -> str | None:
     return None
 
 
-def resolve_kernel(name: str, w1: Tensor, w3: Tensor, w2: Tensor, cached: bool):
-    """The kernel to run for `name`, falling back to `sorted` with a logged reason."""
+def resolve_kernel(name: str, w1: Tensor, w3: Tensor, w2: Tensor, cached: bool) -> str:
+    """The name of the kernel to run for `name`: grouped_mm falls back to sorted, logging why."""
     if name != "grouped_mm":
-        return KERNELS[name]
+        return name
     reason = "the expert cache is on (resident slots are not in expert order)" if cached \
         else grouped_mm_unsupported(w1, w3, w2)
     if reason:
         log.warning("--moe-kernel grouped_mm unavailable, using sorted: %s", reason)
-        return sorted_experts
-    return grouped_mm_experts
+        return "sorted"
+    return name

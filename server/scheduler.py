@@ -19,7 +19,9 @@ import torch
 
 from server.engine import Engine, SeqInput
 from server.errors import QueueFullError, UnavailableError
+from server.expert_cache import CacheCounters
 from server.routing import request_key
+from server.telemetry import StepLog, Telemetry
 from server.tokenizer import EOS_ID
 
 log = logging.getLogger(__name__)
@@ -69,32 +71,16 @@ class Request:
 
 
 @dataclass
-class Counters:
-    """Cumulative since start or the last reset."""
-
-    requests_admitted: int = 0
-    requests_finished: int = 0
-    requests_aborted: int = 0
-    requests_rejected: int = 0
-    steps: int = 0
-    tokens_generated: int = 0
-    prompt_tokens: int = 0
-    batch_size_sum: int = 0
-    step_ns_sum: int = 0
-
-
-@dataclass
 class StatsSnapshot:
-    counters: Counters
-    window_s: float
+    telemetry: Telemetry
     running: int
     waiting: int
     kv_slots_in_use: int
-    expert_tokens: list[list[int]]  # [layer][expert]
+    cache: list[CacheCounters]  # per layer, since the window started; empty without a cache
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, policy, max_batch_size: int, max_queue: int):
+    def __init__(self, engine: Engine, policy, max_batch_size: int, max_queue: int, step_log: StepLog | None = None):
         self.engine = engine
         self.policy = policy
         self.max_batch_size = max_batch_size
@@ -105,10 +91,10 @@ class Scheduler:
         self._cancelled: list[Request] = []
         self._stopping = False
         self._failure: Exception | None = None
-        self._counters = Counters()
-        self._expert_tokens = torch.zeros(engine.args.n_layers, engine.args.n_experts,
-                                          dtype=torch.long)
-        self._window_start_ns = time.monotonic_ns()
+        self._telemetry = Telemetry(engine.args.n_layers, engine.args.n_experts,
+                                    cache_baseline=self._live_cache_counters())  # the engine's warm-up excluded
+        self.started_ns = time.monotonic_ns()
+        self._step_log = step_log
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -121,6 +107,8 @@ class Scheduler:
             self._cond.notify()
         self._thread.join()
         self._fail_all(UnavailableError(reason))
+        if self._step_log is not None:
+            self._step_log.close()
 
     def submit(self, req: Request) -> None:
         with self._cond:
@@ -144,21 +132,23 @@ class Scheduler:
 
     def count_rejected(self) -> None:
         with self._cond:
-            self._counters.requests_rejected += 1
+            self._telemetry.requests_rejected += 1
 
     def snapshot(self) -> StatsSnapshot:
         with self._cond:
-            c = Counters(**vars(self._counters))
-            return StatsSnapshot(c, (time.monotonic_ns() - self._window_start_ns) / 1e9,
-                                 len(self._running), len(self._waiting),
-                                 self.engine.kv_slots - self.engine.free_slots,
-                                 self._expert_tokens.tolist())
+            telemetry = self._telemetry.snapshot()
+            running, waiting = len(self._running), len(self._waiting)
+        cache = telemetry.cache_counters(self._live_cache_counters())
+        return StatsSnapshot(telemetry, running, waiting, self.engine.kv_slots - self.engine.free_slots, cache)
 
     def reset_stats(self) -> None:
         with self._cond:
-            self._counters = Counters()
-            self._expert_tokens.zero_()
-            self._window_start_ns = time.monotonic_ns()
+            self._telemetry = Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
+                                        cache_baseline=self._live_cache_counters())
+
+    def _live_cache_counters(self) -> list[CacheCounters]:
+        cache = self.engine.cache
+        return [CacheCounters(**vars(layer.counters)) for layer in cache.layers] if cache else []
 
     def _run(self) -> None:
         try:
@@ -186,7 +176,7 @@ class Scheduler:
             if req.done:
                 continue
             req.done = True
-            self._counters.requests_aborted += 1
+            self._telemetry.requests_aborted += 1
             if req.slot is None:
                 self._waiting.remove(req)
             else:
@@ -232,22 +222,19 @@ class Scheduler:
         self._running = [r for r in batch if not r.done]
 
         with self._cond:
-            c = self._counters
-            c.steps += 1
-            c.requests_admitted += len(admitted)
-            c.requests_finished += finished
-            c.tokens_generated += len(batch)
-            c.prompt_tokens += sum(len(r.prompt_ids) for r in admitted)
-            c.batch_size_sum += len(batch)
-            c.step_ns_sum += t1 - t0
-            self._expert_tokens += result.routed
+            self._telemetry.requests_finished += finished
+            self._telemetry.record_step(result, len(batch), [len(r.prompt_ids) for r in admitted], (t1 - t0) / 1e6,
+                                        self.engine.expert_bytes)
+            steps = self._telemetry.steps
+        if self._step_log is not None:
+            self._step_log.write(steps, result, len(batch), len(admitted))
 
     def _fail_all(self, error: Exception) -> None:
         with self._cond:
             pending = [r for r in (*self._waiting, *self._running) if not r.done]
             self._waiting.clear()
             self._running = []
-            self._counters.requests_aborted += len(pending)
+            self._telemetry.requests_aborted += len(pending)
         for req in pending:
             req.done = True
             if req.slot is not None:

@@ -28,6 +28,7 @@ from server.errors import (
     UnavailableError,
 )
 from server.scheduler import FailureEvent, Request, Scheduler, TokenEvent
+from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,6 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
         self.limits = limits
         self.info = info  # policy, preset, device, dtype
         self.draining = False
-        self.started_ns = time.monotonic_ns()
 
     async def Generate(self, request, context):
         received_ns = time.monotonic_ns()
@@ -154,27 +154,11 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
                 self.scheduler.cancel(req)
 
     async def GetStats(self, request, context):
-        snap = self.scheduler.snapshot()
-        c = snap.counters
-        args = self.scheduler.engine.args
-        return moe_pb2.EngineStats(
-            **self.info,
-            uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9,
-            window_s=snap.window_s,
-            requests_admitted=c.requests_admitted, requests_finished=c.requests_finished,
-            requests_aborted=c.requests_aborted, requests_rejected=c.requests_rejected,
-            steps=c.steps, tokens_generated=c.tokens_generated, prompt_tokens=c.prompt_tokens,
-            running=snap.running, waiting=snap.waiting, kv_slots_in_use=snap.kv_slots_in_use,
-            kv_slots_total=self.scheduler.engine.kv_slots,
-            mean_batch_size=c.batch_size_sum / c.steps if c.steps else 0.0,
-            step_time_mean_ms=c.step_ns_sum / c.steps / 1e6 if c.steps else 0.0,
-            num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
-            expert_tokens=[moe_pb2.LayerExpertTokens(tokens=t) for t in snap.expert_tokens],
-            max_batch_size=self.scheduler.max_batch_size, max_seq_len=args.max_seq_len)
+        return stats_message(self.scheduler.snapshot(), self.scheduler, self.info)
 
     async def ResetStats(self, request, context):
         self.scheduler.reset_stats()
-        return moe_pb2.ResetStatsResponse(uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9)
+        return moe_pb2.ResetStatsResponse(uptime_s=(time.monotonic_ns() - self.scheduler.started_ns) / 1e9)
 
 
 async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Server, int,
@@ -203,3 +187,47 @@ async def drain(server: grpc.aio.Server, service: MoEService,
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)
     service.scheduler.stop("server shut down before the request finished")
+
+
+def histogram_message(h) -> moe_pb2.Histogram:
+    return moe_pb2.Histogram(bounds=h.bounds, counts=h.counts, count=h.count, sum=h.sum, max=h.max)
+
+
+def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.EngineStats:
+    t = snap.telemetry
+    engine = scheduler.engine
+    args, options = engine.args, engine.options
+    layers = []
+    for i in range(args.n_layers):
+        tokens = t.expert_tokens[i].tolist()
+        max_over_mean, cv = imbalance(tokens)
+        layer = moe_pb2.LayerStats(expert_tokens=tokens, dropped=t.dropped[i].tolist(),
+                                   imbalance_max_over_mean=max_over_mean, imbalance_cv=cv,
+                                   active_experts_steps=t.active_steps[i].tolist())
+        if snap.cache:
+            layer.cache.CopyFrom(moe_pb2.CacheStats(**vars(snap.cache[i])))
+        layers.append(layer)
+    gpu_util, gpu_mem = gpu_stats(engine.device)
+    return moe_pb2.EngineStats(
+        **info,
+        uptime_s=(time.monotonic_ns() - scheduler.started_ns) / 1e9,
+        window_s=t.window_s,
+        requests_admitted=t.requests_admitted, requests_finished=t.requests_finished,
+        requests_aborted=t.requests_aborted, requests_rejected=t.requests_rejected,
+        steps=t.steps, tokens_generated=t.tokens_generated, prompt_tokens=t.prompt_tokens,
+        running=snap.running, waiting=snap.waiting, kv_slots_in_use=snap.kv_slots_in_use,
+        kv_slots_total=engine.kv_slots, mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
+        num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
+        expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
+        max_batch_size=scheduler.max_batch_size, max_seq_len=args.max_seq_len,
+        router=options.router, routing_skew=options.skew, capacity_factor=options.capacity_factor or 0.0,
+        moe_kernel=engine.kernel_name, expert_cache=options.expert_cache, cache_policy=options.cache_policy,
+        layers=layers,
+        stages=[moe_pb2.StageTime(stage=name, ms=histogram_message(h)) for name, h in t.stage_ms.items()],
+        step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),
+        tokens_per_step=histogram_message(t.tokens_per_step),
+        kv_positions_useful=t.kv_positions_useful, kv_positions_computed=t.kv_positions_computed,
+        expert_bytes_read=t.expert_bytes_read, expert_compute_ms=t.expert_compute_ms,
+        expert_bandwidth_gb_s=t.expert_bytes_read / t.expert_compute_ms / 1e6 if t.expert_compute_ms else 0.0,
+        process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
+        gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem)

@@ -1,0 +1,171 @@
+"""Engine telemetry, cumulative since start or the last reset, for GetStats and Prometheus;
+and the optional per-step log.
+
+The scheduler records each step under its lock; readers take a deep copy. Expert-cache
+counters live in the cache (the engine thread owns them); a reset stores their values as a
+baseline instead of writing across threads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from server.expert_cache import CacheCounters
+from server.stages import STAGES
+
+MS_BOUNDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+COUNT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass
+class Histogram:
+    """Fixed-bucket histogram: counts[i] holds values <= bounds[i] (and above the previous
+    bound); the last count holds values above every bound."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    count: int = 0
+    sum: float = 0.0
+    max: float = 0.0
+
+    def __post_init__(self):
+        self.counts = self.counts or [0] * (len(self.bounds) + 1)
+
+    def record(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+        self.max = max(self.max, value)
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else 0.0
+
+
+def imbalance(tokens: list[int]) -> tuple[float, float]:
+    """(max / mean, coefficient of variation) of one layer's per-expert token counts."""
+    t = torch.tensor(tokens, dtype=torch.float64)
+    mean = t.mean().item()
+    if mean == 0:
+        return 0.0, 0.0
+    return t.max().item() / mean, t.std(correction=0).item() / mean
+
+
+@dataclass
+class Telemetry:
+    n_layers: int
+    n_experts: int
+    requests_admitted: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    requests_rejected: int = 0
+    steps: int = 0
+    tokens_generated: int = 0
+    prompt_tokens: int = 0
+    kv_positions_useful: int = 0  # decode attention: cached positions the tokens needed
+    kv_positions_computed: int = 0  # ... and computed, padding to the longest sequence included
+    expert_bytes_read: int = 0  # expert weights the active experts read, summed over steps
+    expert_compute_ms: float = 0.0
+    step_ms: Histogram = field(default_factory=lambda: Histogram(MS_BOUNDS))
+    stage_ms: dict[str, Histogram] = field(default_factory=lambda: {s: Histogram(MS_BOUNDS) for s in STAGES})
+    batch_size: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
+    tokens_per_step: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
+    expert_tokens: torch.Tensor = None  # [L, E] (token, expert) pairs routed
+    dropped: torch.Tensor = None  # [L, E] pairs over capacity
+    active_steps: torch.Tensor = None  # [L, E + 1] steps in which that many experts computed
+    cache_baseline: list[CacheCounters] = field(default_factory=list)
+    window_start_ns: int = field(default_factory=time.monotonic_ns)
+    cpu_start_s: float = 0.0
+
+    def __post_init__(self):
+        shape = (self.n_layers, self.n_experts)
+        self.expert_tokens = torch.zeros(shape, dtype=torch.long)
+        self.dropped = torch.zeros(shape, dtype=torch.long)
+        self.active_steps = torch.zeros(self.n_layers, self.n_experts + 1, dtype=torch.long)
+        self.cpu_start_s = process_cpu_s()
+
+    def record_step(self, result, batch: int, admitted: list[int], step_ms: float, expert_bytes: int) -> None:
+        """admitted: prompt lengths of the requests that joined in this step."""
+        self.steps += 1
+        self.requests_admitted += len(admitted)
+        self.prompt_tokens += sum(admitted)
+        self.tokens_generated += batch
+        self.batch_size.record(batch)
+        self.tokens_per_step.record(result.tokens)
+        self.step_ms.record(step_ms)
+        for stage, ms in result.stage_ms.items():
+            self.stage_ms[stage].record(ms)
+        self.kv_positions_useful += result.kv_useful
+        self.kv_positions_computed += result.kv_computed
+        self.expert_tokens += result.routed
+        if result.dropped is not None:
+            self.dropped += result.dropped
+        self.active_steps[torch.arange(self.n_layers), torch.tensor(result.active)] += 1
+        self.expert_bytes_read += sum(result.active) * expert_bytes
+        self.expert_compute_ms += result.stage_ms["expert_compute"]
+
+    def snapshot(self) -> Telemetry:
+        return copy.deepcopy(self)
+
+    @property
+    def window_s(self) -> float:
+        return (time.monotonic_ns() - self.window_start_ns) / 1e9
+
+    @property
+    def cpu_percent(self) -> float:
+        """Process CPU over the window, in % of one core."""
+        return 100 * (process_cpu_s() - self.cpu_start_s) / max(self.window_s, 1e-9)
+
+    def cache_counters(self, live: list[CacheCounters]) -> list[CacheCounters]:
+        """The cache's counters since the window started."""
+        base = self.cache_baseline or [CacheCounters() for _ in live]
+        return [CacheCounters(**{k: getattr(now, k) - getattr(b, k) for k in vars(now)}) for now, b in zip(live, base,
+                                                                                                         strict=True)]
+
+
+def process_cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def process_rss_bytes() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def gpu_stats(device: torch.device) -> tuple[float, int]:
+    """(utilisation %, bytes allocated) of the engine's GPU; (-1, 0) where there is none
+    and -1 utilisation where NVML is not available."""
+    if device.type != "cuda":
+        return -1.0, 0
+    try:
+        utilization = float(torch.cuda.utilization(device))
+    except (RuntimeError, ModuleNotFoundError, ImportError):
+        utilization = -1.0
+    return utilization, torch.cuda.memory_allocated(device)
+
+
+class StepLog:
+    """One JSON line per engine step (--step-log): wall and monotonic timestamps, so steps
+    line up with a load generator's records on the same host."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1)
+
+    def write(self, step: int, result, batch: int, admitted: int) -> None:
+        record = {"t_unix_s": time.time(), "t_monotonic_s": time.monotonic(), "step": step, "batch": batch,
+                  "admitted": admitted, "tokens": result.tokens,
+                  "stage_ms": {k: round(v, 4) for k, v in result.stage_ms.items()},
+                  "active_experts": result.active, "expert_tokens": result.routed.tolist()}
+        if result.dropped is not None:
+            record["dropped"] = int(result.dropped.sum())
+        self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,88 @@
+"""GetStats telemetry, the Prometheus endpoint and the step log, on a real server with
+capacity, the expert cache and every counter switched on."""
+
+import json
+import urllib.request
+
+import pytest
+
+from proto import moe_pb2
+from tests.conftest import running_server
+
+Req = moe_pb2.GenerateRequest
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("steps") / "steps.jsonl"
+    with running_server(capacity_factor=0.5, expert_cache=2, cache_policy="lru", metrics_port=0,
+                        step_log=str(log_path), routing_skew="zipf:1.0") as served:
+        calls = [served.stub.Generate(Req(prompt=f"request {i}" * 3, max_tokens=6, ignore_eos=True)) for i in range(5)]
+        for call in calls:
+            list(call)
+        yield served, served.stub.GetStats(moe_pb2.GetStatsRequest()), log_path
+
+
+def test_stats_describe_every_step(busy):
+    _, s, _ = busy
+    assert (s.router, s.routing_skew, s.capacity_factor, s.moe_kernel, s.expert_cache) == \
+        ("topk", "zipf:1.0", 0.5, "sorted", 2)
+    assert s.requests_finished == 5 and s.tokens_generated == 30
+    assert s.step_ms.count == s.steps and s.batch_size.count == s.steps
+    assert sum(s.batch_size.counts) == s.steps and s.batch_size.sum == s.tokens_generated
+    assert s.tokens_per_step.sum == s.prompt_tokens + s.tokens_generated - 5  # last tokens are never fed back
+    stages = {st.stage: st.ms for st in s.stages}
+    assert set(stages) == {"preprocess", "attention", "routing", "expert_compute", "combine", "decode"}
+    assert all(h.count == s.steps for h in stages.values())
+    assert sum(h.sum for h in stages.values()) <= s.step_ms.sum  # stages partition the engine call
+    assert 0 < s.kv_positions_useful <= s.kv_positions_computed
+    assert s.process_cpu_percent > 0 and s.process_rss_bytes > 0 and s.gpu_utilization_percent == -1
+
+
+def test_layer_stats_count_routing_drops_and_cache(busy):
+    _, s, _ = busy
+    assert len(s.layers) == s.num_layers
+    routed_pairs = (s.prompt_tokens + s.tokens_generated - 5) * s.top_k
+    active_total = 0
+    for layer in s.layers:
+        assert sum(layer.expert_tokens) == routed_pairs
+        assert sum(layer.dropped) > 0  # capacity factor 0.5 cannot hold every pair
+        assert layer.imbalance_max_over_mean >= 1 and layer.imbalance_cv >= 0
+        assert sum(layer.active_experts_steps) == s.steps
+        active_total += sum(n * steps for n, steps in enumerate(layer.active_experts_steps))
+        c = layer.cache
+        assert c.hits + c.misses == sum(n * steps for n, steps in enumerate(layer.active_experts_steps))
+        assert c.misses > 0 and c.bytes_copied > 0 and c.copy_ms > 0
+    expert_bytes = 3 * 64 * 128 * 4  # tiny preset, fp32
+    assert s.expert_bytes_read == active_total * expert_bytes
+    assert s.expert_bandwidth_gb_s > 0
+
+
+def test_reset_zeroes_counters_including_the_cache(busy):
+    served, _, _ = busy
+    served.stub.ResetStats(moe_pb2.ResetStatsRequest())
+    s = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    assert s.steps == 0 and s.layers[0].cache.misses == 0 and sum(s.layers[0].expert_tokens) == 0
+    list(served.stub.Generate(Req(prompt="again", max_tokens=3, ignore_eos=True)))
+    s = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    assert s.steps == 3 and s.layers[0].cache.hits + s.layers[0].cache.misses > 0
+
+
+def test_prometheus_endpoint_serves_the_same_counts(busy):
+    served, _, _ = busy
+    s = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    text = urllib.request.urlopen(f"http://127.0.0.1:{served.app.metrics_port}/metrics", timeout=5).read().decode()
+    assert f'moe_requests_total{{outcome="finished"}} {float(s.requests_finished)}' in text
+    assert f"moe_steps_total {float(s.steps)}" in text
+    assert 'moe_stage_seconds_bucket{le="+Inf",stage="attention"}' in text
+    assert 'moe_cache_misses_total{layer="0"}' in text and 'moe_expert_tokens_total{expert="0",layer="0"}' in text
+    assert "process_resident_memory_bytes" in text
+
+
+def test_step_log_has_one_line_per_step(busy):
+    _, s, log_path = busy
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert len(lines) >= s.steps  # the engine's two warm-up steps are not logged; later steps may be
+    first = lines[0]
+    assert {"t_unix_s", "t_monotonic_s", "batch", "tokens", "stage_ms", "active_experts", "expert_tokens"} <= set(first)
+    assert len(first["active_experts"]) == s.num_layers and "dropped" in first
