@@ -39,7 +39,7 @@ load: install
 
 # One server per policy on a free port, a short open-loop run against it, a report per run.
 demo: install
-	@set -eu; rm -rf $(DEMO_DIR); mkdir -p $(DEMO_DIR); \
+	@set -eu; rm -rf $(DEMO_DIR); mkdir -p $(DEMO_DIR); status=0; \
 	for policy in $(DEMO_POLICIES); do \
 	  run=$(DEMO_DIR)/$$policy; mkdir -p $$run; \
 	  echo "== $$policy: serving preset $(DEMO_PRESET)"; \
@@ -51,10 +51,11 @@ demo: install
 	  [ -s $$run/server.port ] || { echo "server did not start: see $$run/server.log"; exit 1; }; \
 	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) \
 	    --headless --only-summary -t $(DEMO_RUN_S)s --mode fixed --rate $(DEMO_RATE) \
-	    --prompt-tokens 64 --max-tokens 32 --warmup-s 5 --run-dir $$run; \
+	    --prompt-tokens 64 --max-tokens 32 --warmup-s 5 --run-dir $$run || status=$$?; \
 	  kill -TERM $$pid; wait $$pid; trap - EXIT; \
 	  $(PY) -m analysis report $$run; \
-	done
+	done; \
+	[ $$status -eq 0 ] || echo "some requests failed (locust exit $$status): see the reports above"; exit $$status
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: install

@@ -17,6 +17,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import gevent  # noqa: E402
 import grpc  # noqa: E402
 from locust import User, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
@@ -82,14 +83,17 @@ class MoEUser(User):
     wait_time = constant(0)
 
     def on_start(self):
-        self.run: Run = self.environment.moe_run
+        self.run: Run | None = getattr(self.environment, "moe_run", None)
+        if self.run is None:  # the test was refused at start; send() stops this user
+            return
         channel = grpc.insecure_channel(self.environment.host)
         self.run.channels.append(channel)  # closed after the drain, not when the user stops
         self.stub = moe_pb2_grpc.MoEInferenceStub(channel)
 
     @task
     def send(self):
-        self.run.dispatch(self.stub)
+        if self.run is not None:
+            self.run.dispatch(self.stub)
         raise StopUser()
 
 
@@ -113,7 +117,8 @@ def start_run(environment, **_):
         config = load_config(environment)
     except (ConfigError, ValueError) as exc:  # set in the web UI
         log.error("%s", exc)
-        environment.runner.stop()
+        environment.moe_run = None
+        gevent.spawn(environment.runner.stop)  # not from inside the spawning greenlet
         return
 
     def report(result, timing):
@@ -159,5 +164,5 @@ def finish_run(environment, **_):
         channel.close()
     summary = run.summary()
     summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
-    path = write_run_dir(run.config.run_dir, summary, run.histograms(), run.request_rows())
+    path = write_run_dir(run.config.run_dir, summary, run.histograms(), run.recorder.rows)
     print_summary(summary, path)

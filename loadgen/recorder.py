@@ -1,8 +1,9 @@
 """Accounting and latency recording for one run, and the numbers of its summary.
 
 Every request the schedule produced ends in exactly one bucket: not sent (the generator's
-own in-flight limit), ok, or failed by status code. Requests scheduled during warm-up are
-counted but kept out of latency and throughput.
+own in-flight limit, or due just as the run stopped), ok, or failed by status code.
+Requests scheduled during warm-up are counted but kept out of the latency histograms;
+throughput counts what completed inside the measured window, whenever it was scheduled.
 """
 
 from __future__ import annotations
@@ -22,46 +23,76 @@ BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md
 
 @dataclass
 class Recorder:
+    """Requests are folded in as they finish and only a row each is kept, so memory grows
+    with requests, not with tokens, however long the run."""
+
     start_ns: int
     warmup_s: float
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    stop_ns: int | None = None  # end of the schedule, set when the run stops
     client: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
-    results: list[StreamResult] = field(default_factory=list)
-    timings: dict[str, StreamTiming] = field(default_factory=dict)  # measured ok requests by id
+    rows: list[dict] = field(default_factory=list)  # one per request sent
+    statuses: Counter = field(default_factory=Counter)
     not_sent: int = 0
     late_sends: int = 0
+    warmup: int = 0
+    window_tokens: int = 0  # output tokens received inside the measured window
+    window_ok: int = 0  # ok requests that completed inside it (whenever scheduled)
+    window_good: int = 0  # ... and met the SLOs
 
     @property
     def warmup_end_ns(self) -> int:
         return self.start_ns + int(self.warmup_s * 1e9)
 
-    def is_warmup(self, result: StreamResult) -> bool:
-        return result.scheduled_ns < self.warmup_end_ns
+    def in_window(self, t_ns: int) -> bool:
+        return self.warmup_end_ns <= t_ns and (self.stop_ns is None or t_ns <= self.stop_ns)
 
     def add(self, result: StreamResult) -> StreamTiming | None:
         """Accounts for a finished request; returns its timing when it is measured and ok."""
-        self.results.append(result)
-        if (result.sent_ns - result.scheduled_ns) / 1e6 > LATE_SEND_MS:
+        self.statuses[result.status] += 1
+        lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
+        if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
             self.late_sends += 1
-        if self.is_warmup(result):
+        self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True) if self.in_window(t))
+        timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens) \
+            if result.ok else None
+        if timing and self.in_window(result.recv_ns[-1]):
+            self.window_ok += 1
+            self.window_good += self.meets_slo(timing)
+        warmup = result.scheduled_ns < self.warmup_end_ns
+        self.warmup += warmup
+        self.rows.append(self.row(result, timing, warmup))
+        if warmup:
             return None
-        self.client["send_lag"].record((result.sent_ns - result.scheduled_ns) // 1000)
-        if not result.ok:
+        if lag_us is not None:
+            self.client["send_lag"].record(lag_us)
+        if timing is None:
             return None
-        t = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens)
-        self.timings[result.request_id] = t
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
-            self.client[name].record(getattr(t, f"{name}_us"))
-        for itl in t.itl_us:
+            self.client[name].record(getattr(timing, f"{name}_us"))
+        for itl in timing.itl_us:
             self.client["itl"].record(itl)
-        if t.tpot_us is not None:
-            self.client["tpot"].record(t.tpot_us)
+        if timing.tpot_us is not None:
+            self.client["tpot"].record(timing.tpot_us)
         for name in SERVER_METRICS:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
-        return t
+        return timing
+
+    def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> dict:
+        """The request's line in requests.jsonl, times in ms from the run's start."""
+        return {
+            "request_id": r.request_id, "status": r.status, "details": r.details, "warmup": warmup,
+            "scheduled_ms": (r.scheduled_ns - self.start_ns) / 1e6,
+            "sent_ms": (r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
+            "output_tokens": sum(r.tokens), "messages": len(r.tokens),
+            "ttft_ms": t.ttft_us / 1000 if t else None,
+            "tpot_ms": t.tpot_us / 1000 if t and t.tpot_us is not None else None,
+            "e2e_ms": t.e2e_us / 1000 if t else None,
+            **{f"server_{k}": v for k, v in r.usage.items()},
+        }
 
     def meets_slo(self, t: StreamTiming) -> bool:
         ttft_ok = self.slo_ttft_ms is None or t.ttft_us <= self.slo_ttft_ms * 1000
@@ -69,22 +100,16 @@ class Recorder:
         return ttft_ok and tpot_ok
 
     def accounting(self) -> dict:
-        failed = Counter(r.status for r in self.results if not r.ok)
-        ok = len(self.results) - sum(failed.values())
-        return {"sent": len(self.results), "ok": ok, "failed": sum(failed.values()),
-                "not_sent": self.not_sent, "failed_by_code": dict(sorted(failed.items())),
-                "warmup": sum(self.is_warmup(r) for r in self.results)}
+        failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}
+        return {"sent": sum(self.statuses.values()), "ok": self.statuses["OK"], "failed": sum(failed.values()),
+                "not_sent": self.not_sent, "failed_by_code": failed, "warmup": self.warmup}
 
-    def throughput(self, stop_ns: int) -> dict:
+    def throughput(self) -> dict:
         """Rates over the measured window [end of warm-up, stop]: output tokens received in
-        it, and measured ok requests (meeting the SLOs, for goodput) that completed in it."""
-        lo, hi = self.warmup_end_ns, stop_ns
-        window_s = max(hi - lo, 1) / 1e9
-        tokens = sum(n for r in self.results for t, n in zip(r.recv_ns, r.tokens, strict=True) if lo <= t <= hi)
-        done = [r for r in self.results if r.request_id in self.timings and r.recv_ns[-1] <= hi]
-        good = [r for r in done if self.meets_slo(self.timings[r.request_id])]
-        return {"window_s": window_s, "output_tokens_per_s": tokens / window_s,
-                "requests_per_s": len(done) / window_s, "goodput_requests_per_s": len(good) / window_s}
+        it, and ok requests (meeting the SLOs, for goodput) that completed in it."""
+        window_s = max(self.stop_ns - self.warmup_end_ns, 1) / 1e9
+        return {"window_s": window_s, "output_tokens_per_s": self.window_tokens / window_s,
+                "requests_per_s": self.window_ok / window_s, "goodput_requests_per_s": self.window_good / window_s}
 
     def generator_health(self, cpu_percent: float) -> dict:
         lag = self.client["send_lag"].summary_ms()
@@ -94,7 +119,7 @@ class Recorder:
                             "receive timestamps lag (tens of ms at p99): lower the rate or add processes")
         if self.late_sends:
             warnings.append(
-                f"{self.late_sends} of {len(self.results)} requests were sent more than "
+                f"{self.late_sends} of {len(self.rows)} requests were sent more than "
                 f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.get('p99', 0):.1f} ms, "
                 f"max {lag.get('max', 0):.1f} ms): "
                 "the load generator could not keep up; latencies still count from the schedule, "

@@ -51,6 +51,8 @@ class Run:
             if delay_s > 0:
                 gevent.sleep(delay_s)
             if self.stopping:
+                if due_ns <= self.stop_ns:  # due inside the run, but the stop came first
+                    self.recorder.not_sent += 1
                 return
             if len(self._inflight) >= self.config.max_in_flight:
                 self.recorder.not_sent += 1
@@ -68,7 +70,7 @@ class Run:
     def stop(self) -> None:
         """Ends the schedule: no request is sent after this moment."""
         if self.stop_ns is None:
-            self.stop_ns = time.monotonic_ns()
+            self.stop_ns = self.recorder.stop_ns = time.monotonic_ns()
 
     def drain(self) -> None:
         """Waits up to drain_s for in-flight requests, then cuts off the rest (counted)."""
@@ -80,14 +82,14 @@ class Run:
             del self._inflight[greenlet]
             result.status = CUT_OFF
             result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
-            self.recorder.add(result)
+            self.on_result(result, self.recorder.add(result))
 
     def summary(self) -> dict:
         rec = self.recorder
         wall_s = (self.stop_ns - self.start_ns) / 1e9
         cpu_s = time.process_time() - self._cpu_start_s  # over the run and its drain
         cpu_wall_s = (time.monotonic_ns() - self.start_ns) / 1e9
-        throughput = rec.throughput(self.stop_ns)
+        throughput = rec.throughput()
         return {
             "schema": 1,
             "run_dir": self.config.run_dir,
@@ -105,21 +107,3 @@ class Run:
     def histograms(self) -> dict[str, str]:
         hists = {**self.recorder.client, **{f"server_{k}": v for k, v in self.recorder.server.items()}}
         return {name: h.encode() for name, h in hists.items()}
-
-    def request_rows(self) -> list[dict]:
-        """One row per request, times in ms from the run's start."""
-        rows = []
-        for r in self.recorder.results:
-            t = self.recorder.timings.get(r.request_id)
-            rows.append({
-                "request_id": r.request_id, "status": r.status, "details": r.details,
-                "warmup": self.recorder.is_warmup(r),
-                "scheduled_ms": (r.scheduled_ns - self.start_ns) / 1e6,
-                "sent_ms": (r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
-                "output_tokens": sum(r.tokens), "messages": len(r.tokens),
-                "ttft_ms": t.ttft_us / 1000 if t else None,
-                "tpot_ms": t.tpot_us / 1000 if t and t.tpot_us is not None else None,
-                "e2e_ms": t.e2e_us / 1000 if t else None,
-                **{f"server_{k}": v for k, v in r.usage.items()},
-            })
-        return rows

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
 import grpc
 import torch
-from grpc_health.v1 import health
+from grpc_health.v1 import health, health_pb2
 
 from server.config import DTYPES, ServerConfig
 from server.engine import Engine
 from server.metrics import serve_metrics
 from server.policies import POLICIES
 from server.scheduler import Scheduler
-from server.service import Limits, MoEService, create_server, drain
+from server.service import SERVICE_NAME, Limits, MoEService, create_server, drain
 from server.telemetry import StepLog
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ class App:
     health: health.aio.HealthServicer
     metrics_server: object | None = None  # the Prometheus HTTP server, when on
     metrics_port: int | None = None
+
+    async def not_serving(self) -> None:
+        """Tells health checks the engine is gone, so load balancers stop sending here."""
+        log.error("engine failed: health set to NOT_SERVING")
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def drain(self, grace_s: float) -> None:
         await drain(self.server, self.service, self.health, grace_s)
@@ -52,6 +59,8 @@ async def start(config: ServerConfig) -> App:
     server, port, health_servicer = await create_server(service, f"{config.host}:{config.port}")
     log.info("serving %s with policy %s on %s:%d", config.preset, config.policy, config.host, port)
     app = App(server, port, service, health_servicer)
+    loop = asyncio.get_running_loop()
+    scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
     if config.metrics_port is not None:
         app.metrics_server, app.metrics_port = serve_metrics(scheduler, config.host, config.metrics_port)
         log.info("Prometheus metrics on http://%s:%d/metrics", config.host, app.metrics_port)

@@ -65,7 +65,7 @@ class ServerConfig:
         check(self.dtype in ("", *DTYPES), "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check(self.max_batch_size >= 1, "max-batch-size", f"must be at least 1, got {self.max_batch_size}")
         check(self.kv_slots >= 0, "kv-slots", f"must be at least 1 (0 = --max-batch-size), got {self.kv_slots}")
-        check(self.max_queue >= 0, "max-queue", f"must be at least 0, got {self.max_queue}")
+        check(self.max_queue >= 1, "max-queue", f"must be at least 1, got {self.max_queue}")
         check(self.max_tokens_limit >= 1, "max-tokens-limit",
               f"must be at least 1, got {self.max_tokens_limit}")
         check(self.torch_threads >= 0, "torch-threads", f"must be at least 0, got {self.torch_threads}")

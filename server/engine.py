@@ -138,7 +138,8 @@ class Engine:
         next_ids = logits.argmax(dim=-1)
         for i, s in enumerate(seqs):
             if s.temperature > 0:
-                probs = torch.softmax(logits[i] / s.temperature, dim=-1)
+                # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
+                probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
                 next_ids[i] = torch.multinomial(probs, 1, generator=s.generator)[0]
         ids = next_ids.tolist()  # the step's hand-off: every queued kernel and event has completed
         self.timer.mark("decode")

@@ -27,6 +27,7 @@ from server.tokenizer import EOS_ID
 log = logging.getLogger(__name__)
 
 LENGTH, STOP = "LENGTH", "STOP"
+STOP_TIMEOUT_S = 30  # a step that takes longer at shutdown is hung (a stuck device)
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Scheduler:
                                     cache_baseline=self._live_cache_counters())  # the engine's warm-up excluded
         self.started_ns = time.monotonic_ns()
         self._step_log = step_log
+        self.on_failure: Callable[[], None] | None = None  # called on the engine thread if a step raises
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -105,7 +107,9 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        self._thread.join()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("engine step still running after %d s; shutting down without it", STOP_TIMEOUT_S)
         self._fail_all(UnavailableError(reason))
         if self._step_log is not None:
             self._step_log.close()
@@ -163,6 +167,7 @@ class Scheduler:
                     admitted = self.policy.select(self._waiting, capacity) if capacity > 0 else []
                     for req in admitted:
                         self._waiting.remove(req)
+                    self._telemetry.record_admitted([len(r.prompt_ids) for r in admitted])
                 if admitted or self._running:
                     self._step(admitted)
         except Exception as exc:  # the engine is broken: no request may hang on it
@@ -170,6 +175,8 @@ class Scheduler:
             with self._cond:
                 self._failure = exc
             self._fail_all(exc)
+            if self.on_failure is not None:
+                self.on_failure()
 
     def _reap_cancelled(self) -> None:
         for req in self._cancelled:
@@ -223,8 +230,7 @@ class Scheduler:
 
         with self._cond:
             self._telemetry.requests_finished += finished
-            self._telemetry.record_step(result, len(batch), [len(r.prompt_ids) for r in admitted], (t1 - t0) / 1e6,
-                                        self.engine.expert_bytes)
+            self._telemetry.record_step(result, len(batch), (t1 - t0) / 1e6, self.engine.expert_bytes)
             steps = self._telemetry.steps
         if self._step_log is not None:
             self._step_log.write(steps, result, len(batch), len(admitted))

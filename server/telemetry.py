@@ -91,11 +91,12 @@ class Telemetry:
         self.active_steps = torch.zeros(self.n_layers, self.n_experts + 1, dtype=torch.long)
         self.cpu_start_s = process_cpu_s()
 
-    def record_step(self, result, batch: int, admitted: list[int], step_ms: float, expert_bytes: int) -> None:
-        """admitted: prompt lengths of the requests that joined in this step."""
+    def record_admitted(self, prompt_lengths: list[int]) -> None:
+        self.requests_admitted += len(prompt_lengths)
+        self.prompt_tokens += sum(prompt_lengths)
+
+    def record_step(self, result, batch: int, step_ms: float, expert_bytes: int) -> None:
         self.steps += 1
-        self.requests_admitted += len(admitted)
-        self.prompt_tokens += sum(admitted)
         self.tokens_generated += batch
         self.batch_size.record(batch)
         self.tokens_per_step.record(result.tokens)

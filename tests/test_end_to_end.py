@@ -1,11 +1,15 @@
 """End to end, as a user runs it: the server and Locust as subprocesses (locust is never
 imported here), a short headless open-loop run, summary.json checked against the server's
-own counts, the report produced; and a graceful SIGTERM while streams are open."""
+own counts, the report produced; the web UI driven over HTTP; and a graceful SIGTERM while
+streams are open."""
 
 import json
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 
 import grpc
 import pytest
@@ -91,3 +95,54 @@ def test_sigterm_finishes_open_streams_and_refuses_new_ones(tmp_path):
         assert len(first.token_ids) + sum(len(m.token_ids) for m in rest) == 200
         assert rest[-1].finish_reason == moe_pb2.GenerateResponse.LENGTH
         assert proc.wait(timeout=20) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
+    web = free_port()
+    with server_process(tmp_path) as (_, port):
+        ui = subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}",
+                               "--web-host", "127.0.0.1", "--web-port", str(web)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            base = f"http://127.0.0.1:{web}"
+            assert wait_for(lambda: urllib.request.urlopen(base, timeout=1).status == 200)
+
+            def post(path, **form):
+                data = urllib.parse.urlencode(form).encode()
+                return json.loads(urllib.request.urlopen(base + path, data=data, timeout=60).read())
+
+            def state():
+                return json.loads(urllib.request.urlopen(base + "/stats/requests", timeout=5).read())["state"]
+
+            post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=0)
+            assert wait_for(lambda: state() == "stopped")
+            run_dir = tmp_path / "web"
+            post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=8, max_tokens=4,
+                 prompt_tokens=8, run_dir=str(run_dir))
+            time.sleep(2)
+            post("/stop")
+            assert wait_for(lambda: (run_dir / "summary.json").exists())
+        finally:
+            stop_process(ui)
+            out = ui.stdout.read()
+    assert "--rate: must be above 0" in out and "Traceback" not in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["requests"]["ok"] == summary["requests"]["sent"] >= 8
+
+
+def wait_for(predicate, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False

@@ -60,17 +60,27 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
             r.recv_ns, r.tokens = [(scheduled_ms + first_ms) * MS, (scheduled_ms + first_ms + 10) * MS], [1, 1]
         return r
 
-    rec.add(result("warm", 500))
+    rec.add(result("warm", 500))  # completes before the window
+    rec.add(result("warm-late", 900, first_ms=300))  # scheduled in warm-up, completes in the window
     rec.add(result("fast", 1500))
     rec.add(result("slow", 1600, first_ms=300))
     rec.add(result("refused", 1700, status="RESOURCE_EXHAUSTED"))
     rec.not_sent = 2
-    acc = rec.accounting()
-    assert acc == {"sent": 4, "ok": 3, "failed": 1, "not_sent": 2,
-                   "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 1}
-    assert rec.client["ttft"].count == 2  # warm-up excluded
-    tp = rec.throughput(stop_ns=3000 * MS)
+    rec.stop_ns = 3000 * MS
+    assert rec.accounting() == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
+                                "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2}
+    assert rec.client["ttft"].count == 2  # warm-up kept out of the latency histograms
+    tp = rec.throughput()
     assert tp["window_s"] == 2.0
-    assert tp["requests_per_s"] == 1.0  # fast and slow completed in the window
-    assert tp["goodput_requests_per_s"] == 0.5  # slow missed the 100 ms TTFT objective
-    assert tp["output_tokens_per_s"] == 2.0  # 4 tokens in the window
+    assert tp["requests_per_s"] == 1.5  # warm-late, fast and slow completed in the window
+    assert tp["goodput_requests_per_s"] == 0.5  # only fast met the 100 ms TTFT objective
+    assert tp["output_tokens_per_s"] == 3.0  # 6 tokens in the window
+    assert [r["request_id"] for r in rec.rows] == ["warm", "warm-late", "fast", "slow", "refused"]
+    assert rec.rows[2]["ttft_ms"] == 50 and rec.rows[4]["ttft_ms"] is None
+
+
+def test_tokens_after_the_stop_are_outside_the_window():
+    rec = Recorder(start_ns=0, warmup_s=0, stop_ns=100 * MS)
+    r = StreamResult("straddles", 50 * MS, sent_ns=50 * MS, recv_ns=[80 * MS, 120 * MS], tokens=[1, 1])
+    rec.add(r)
+    assert rec.window_tokens == 1 and rec.window_ok == 0  # completed during the drain

@@ -20,6 +20,7 @@ from tests.conftest import REPO
     (["--moe-kernel", "fast"], "--moe-kernel: unknown 'fast'"),
     (["--capacity-factor", "0"], "--capacity-factor: must be above 0"),
     (["--cache-policy", "fifo"], "--cache-policy: unknown 'fifo'"),
+    (["--max-queue", "0"], "--max-queue: must be at least 1"),
 ])
 def test_bad_flag_exits_2_naming_it(flags, named, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -146,3 +146,17 @@ def test_engine_failure_fails_requests_instead_of_hanging():
             list(served.stub.Generate(Req(prompt="x", max_tokens=4), timeout=10))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "engine is not running" in err.value.details()
+        with grpc.insecure_channel(f"127.0.0.1:{served.port}") as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            assert wait_until(lambda: health.Check(health_pb2.HealthCheckRequest()).status
+                              == health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-6, 1e30])
+def test_extreme_temperatures_sample_without_hurting_the_engine(server, temperature):
+    stub = server.stub
+    msgs = list(stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True, temperature=temperature, seed=1)))
+    assert sum(len(m.token_ids) for m in msgs) == 4
+    greedy = [t for m in stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True)) for t in m.token_ids]
+    if temperature < 1e-5:
+        assert [t for m in msgs for t in m.token_ids] == greedy
