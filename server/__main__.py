@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     g.add_argument("--router", default=d.router,
                    help="topk, noisy_topk, balanced (least-loaded), or a custom module:Class (default %(default)s)")
     g.add_argument("--noise-scale", type=float, default=d.noise_scale, help="noisy_topk noise multiplier")
+    g.add_argument("--renormalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="renormalise top-k router weights to sum to 1 (default: as the preset's model does)")
     g.add_argument("--routing-skew", default=d.routing_skew,
                    help="uniform, zipf:S, hot:F or affinity:ALPHA, a logit bias on top of the router")
     g.add_argument("--capacity-factor", type=float, default=None,

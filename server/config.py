@@ -40,6 +40,7 @@ class ServerConfig:
     grace_s: float = 10.0
     router: str = "topk"
     noise_scale: float = 1.0
+    renormalize: bool | None = None  # None = the preset's choice
     routing_skew: str = "uniform"
     capacity_factor: float | None = None  # None = dropless
     moe_kernel: str = "sorted"
@@ -91,8 +92,8 @@ class ServerConfig:
 
     @property
     def engine_options(self) -> EngineOptions:
-        return EngineOptions(self.router, self.noise_scale, self.routing_skew, self.capacity_factor, self.moe_kernel,
-                             self.expert_cache, self.cache_policy)
+        return EngineOptions(self.router, self.noise_scale, self.renormalize, self.routing_skew, self.capacity_factor,
+                             self.moe_kernel, self.expert_cache, self.cache_policy)
 
     @property
     def resolved_device(self) -> str:

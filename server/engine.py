@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 class EngineOptions:
     router: str = "topk"  # topk, noisy_topk, balanced or module:Class
     noise_scale: float = 1.0  # noisy_topk only
+    renormalize: bool | None = None  # None = the preset's choice
     skew: str = "uniform"  # uniform, zipf:S, hot:F, affinity:ALPHA
     capacity_factor: float | None = None  # None = dropless
     moe_kernel: str = "sorted"  # sorted, grouped_mm, reference
@@ -63,8 +64,7 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = dtype
         self.options = options
-        self.model = Transformer(args, self.device, dtype, options.router, {"noise_scale": options.noise_scale}
-                                 if options.router == "noisy_topk" else None, seed)
+        self.model = Transformer(args, self.device, dtype, options.router, self._router_options(), seed)
         self.model.init_random(seed)
         self.model.eval()
         self.skew = Skew.parse(options.skew)
@@ -85,6 +85,15 @@ class Engine:
         self._free = list(range(kv_slots - 1, -1, -1))
         self.timer = StageTimer(self.device)
         self._warm_up()
+
+    def _router_options(self) -> dict:
+        """Only what was asked for, so custom routers see no options they never declared."""
+        options = {}
+        if self.options.router == "noisy_topk":
+            options["noise_scale"] = self.options.noise_scale
+        if self.options.renormalize is not None:
+            options["renormalize"] = self.options.renormalize
+        return options
 
     def _build_cache(self, layers, seed: int) -> ExpertCache:
         """Moves expert weights to host memory (pinned on CUDA) behind a resident cache."""

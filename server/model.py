@@ -34,6 +34,7 @@ class ModelArgs:
     max_seq_len: int = 256
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    renormalize: bool = True  # router weights renormalised over the chosen k (Mixtral); Qwen1.5-MoE does not
 
     def __post_init__(self):
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -58,7 +59,7 @@ PRESETS: dict[str, ModelArgs] = {
                               rope_base=1e6),
     "qwen1.5-moe-a2.7b": ModelArgs(vocab_size=151936, dim=2048, n_layers=24, n_heads=16,
                                    n_kv_heads=16, n_experts=60, top_k=4, expert_dim=1408,
-                                   max_seq_len=4096, rope_base=1e6),
+                                   max_seq_len=4096, rope_base=1e6, renormalize=False),
 }
 
 

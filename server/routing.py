@@ -31,13 +31,13 @@ def top_k_distinct(scores: Tensor, k: int) -> Tensor:
 
 
 class TopKRouter(nn.Module):
-    """Softmax over a linear gate in fp32, top-k, optionally renormalised over the chosen k
-    (Mixtral/Qwen style)."""
+    """Softmax over a linear gate in fp32, top-k, renormalised over the chosen k or not
+    (Mixtral does, Qwen1.5-MoE does not: the preset decides unless --[no-]renormalize)."""
 
-    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool = True, **_):
+    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None, **_):
         super().__init__()
         self.top_k = args.top_k
-        self.renormalize = renormalize
+        self.renormalize = args.renormalize if renormalize is None else renormalize
         self.gate = nn.Linear(args.dim, args.n_experts, bias=False, device=device, dtype=dtype)
 
     def scores(self, x: Tensor) -> Tensor:

@@ -228,3 +228,16 @@ def test_engine_runs_with_every_option(options):
     result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11), SeqInput(1, [7] * 3, 0, routing_key=12)])
     assert len(result.next_ids) == 2 and result.routed.sum() == 9 * K * TINY.n_layers
     assert (result.dropped is not None) == (options.capacity_factor is not None)
+
+
+def test_renormalisation_follows_the_preset_unless_overridden():
+    x = torch.randn(6, TINY.dim)
+    plain = TopKRouter(TINY, 0, 0, "cpu", torch.float32)
+    assert torch.allclose(plain(x, None, torch.arange(6))[0].sum(-1), torch.ones(6))
+    qwen_like = TopKRouter(TINY.__class__(**{**vars(TINY), "renormalize": False}), 0, 0, "cpu", torch.float32)
+    qwen_like.gate.load_state_dict(plain.gate.state_dict())
+    assert (qwen_like(x, None, torch.arange(6))[0].sum(-1) < 1).all()
+    forced = TopKRouter(TINY, 0, 0, "cpu", torch.float32, renormalize=False)
+    forced.gate.load_state_dict(plain.gate.state_dict())
+    assert torch.equal(forced(x, None, torch.arange(6))[0], qwen_like(x, None, torch.arange(6))[0])
+    assert not PRESETS["qwen1.5-moe-a2.7b"].renormalize and PRESETS["mixtral-8x7b"].renormalize
