@@ -99,7 +99,8 @@ class ExpertCache:
         return self.layers[layer].resident
 
     def settle(self) -> None:
-        """Adds the step's copy times; call after the step's host sync."""
+        """Adds the step's copy times; call after the step's host sync (every copy event of
+        the step has completed by then)."""
         for counters, start, end in self._pending:
             ms = self.clock.elapsed_ms(start, end)
             counters.copy_ms += ms
