@@ -75,7 +75,7 @@ class MoELayer(nn.Module):
         step.timer.mark("routing")
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
-        ys = self.compute(x[token_of], kept_host)
+        ys = self.compute(self.dispatch(x, token_of), kept_host)
         step.timer.mark("expert_compute")
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)
@@ -104,6 +104,11 @@ class MoELayer(nn.Module):
                                               *self.cache.resident(self.layer))
             start += n
         return ys
+
+    @staticmethod
+    def dispatch(x: Tensor, token_of: Tensor) -> Tensor:
+        """Each kept (token, expert) pair's input, grouped by expert [M, D]."""
+        return x[token_of]
 
     @staticmethod
     def combine(ys: Tensor, token_of: Tensor, weights: Tensor, x: Tensor) -> Tensor:
