@@ -31,6 +31,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--policy", default=d.policy, help=f"batching policy: {', '.join(POLICIES)}")
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size,
                    help="most requests in one engine step (default %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms,
+                   help="static/dynamic: longest wait for a batch to fill; expert_aware: age bound "
+                        "(default %(default)s)")
+    p.add_argument("--max-step-tokens", type=int, default=d.max_step_tokens,
+                   help="latency_sensitive: tokens per step, decodes first, then prompt chunks (default %(default)s)")
     p.add_argument("--kv-slots", type=int, default=d.kv_slots,
                    help="sequences the KV cache pool holds (default: --max-batch-size)")
     p.add_argument("--max-queue", type=int, default=d.max_queue,

@@ -51,7 +51,7 @@ async def start(config: ServerConfig) -> App:
     engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed,
                     config.engine_options)
     step_log = StepLog(config.step_log) if config.step_log else None
-    scheduler = Scheduler(engine, POLICIES[config.policy](), config.max_batch_size, config.max_queue, step_log)
+    scheduler = Scheduler(engine, POLICIES[config.policy](config.policy_config), config.max_queue, step_log)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)
     service = MoEService(scheduler, limits, {"policy": config.policy, "preset": config.preset,

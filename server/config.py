@@ -9,7 +9,7 @@ import torch
 from server import expert_cache, kernels, routing
 from server.engine import EngineOptions
 from server.model import PRESETS
-from server.policies import POLICIES
+from server.policies import POLICIES, PolicyConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,6 +34,8 @@ class ServerConfig:
     policy: str = "fcfs"
     max_batch_size: int = 32
     kv_slots: int = 0  # 0 = max_batch_size
+    max_wait_ms: float = 50.0  # static/dynamic: longest wait for a batch; expert_aware: age bound
+    max_step_tokens: int = 512  # latency_sensitive: token budget per step
     max_queue: int = 1024
     max_tokens_limit: int = 2048
     torch_threads: int = 0  # 0 = torch's default
@@ -65,6 +67,10 @@ class ServerConfig:
               "cuda requested but torch sees no CUDA device; use --device cpu")
         check(self.dtype in ("", *DTYPES), "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check(self.max_batch_size >= 1, "max-batch-size", f"must be at least 1, got {self.max_batch_size}")
+        check(self.max_wait_ms >= 0, "max-wait-ms", f"must be at least 0, got {self.max_wait_ms}")
+        check(self.max_step_tokens >= self.max_batch_size, "max-step-tokens",
+              f"must be at least --max-batch-size ({self.max_batch_size}) so every running decode fits, "
+              f"got {self.max_step_tokens}")
         check(self.kv_slots >= 0, "kv-slots", f"must be at least 1 (0 = --max-batch-size), got {self.kv_slots}")
         check(self.max_queue >= 1, "max-queue", f"must be at least 1, got {self.max_queue}")
         check(self.max_tokens_limit >= 1, "max-tokens-limit",
@@ -89,6 +95,10 @@ class ServerConfig:
               f"must be 0..65535 (0 = any free port), got {self.metrics_port}")
         check(self.cache_policy in expert_cache.POLICIES, "cache-policy",
               f"unknown {self.cache_policy!r}; choose from {', '.join(expert_cache.POLICIES)}")
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(self.max_batch_size, self.max_wait_ms, self.max_step_tokens)
 
     @property
     def engine_options(self) -> EngineOptions:

@@ -51,10 +51,13 @@ class StepResult:
     routed: Tensor  # [L, E] (token, expert) pairs routed, on the CPU
     dropped: Tensor | None  # [L, E] pairs over capacity; None when dropless
     active: list[int]  # per layer: experts that computed
+    seq_experts: Tensor  # [B, L, E] bool: the experts each sequence's tokens were routed to
     stage_ms: dict[str, float]
     tokens: int  # tokens in the forward pass
     kv_useful: int  # decode attention: cached positions needed
     kv_computed: int  # decode attention: positions computed (padding included)
+    prefill_tokens: int  # prompt tokens prefilled
+    prefill_padded: int  # padding the batched prefill attention added to them
 
 
 class Engine:
@@ -142,7 +145,7 @@ class Engine:
                     bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts, s.routing_key)
                     self.slot_bias[s.slot] = bias.to(self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
-        ctx = StepContext(layout.groups, self.timer, token_bias)
+        ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)
         logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
         next_ids = logits.argmax(dim=-1)
         for i, s in enumerate(seqs):
@@ -154,5 +157,7 @@ class Engine:
         self.timer.mark("decode")
         if self.cache is not None:
             self.cache.settle()
-        return StepResult(ids, torch.stack(ctx.routed).cpu(), torch.stack(ctx.dropped).cpu() if ctx.dropped else None,
-                          ctx.active, self.timer.end(), len(tokens), layout.kv_useful, layout.kv_computed)
+        dropped = torch.stack(ctx.dropped).cpu() if ctx.dropped else None
+        return StepResult(ids, torch.stack(ctx.routed).cpu(), dropped, ctx.active,
+                          torch.stack(ctx.seq_experts, dim=1).cpu(), self.timer.end(), len(tokens),
+                          layout.kv_useful, layout.kv_computed, layout.prefill_tokens, layout.prefill_padded)

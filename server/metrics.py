@@ -37,6 +37,8 @@ class EngineCollector:
                           ("prompt_tokens", "Prompt tokens prefilled"),
                           ("kv_positions_useful", "Decode attention: cached positions needed"),
                           ("kv_positions_computed", "Decode attention: positions computed, padding included"),
+                          ("prefill_tokens", "Prompt tokens prefilled"),
+                          ("prefill_padded_tokens", "Padding added by batched prefill attention"),
                           ("expert_bytes_read", "Weight bytes of the experts that computed")):
             yield CounterMetricFamily(f"moe_{name}", doc, value=getattr(t, name))
         yield CounterMetricFamily("moe_expert_compute_seconds", "Time in expert compute",

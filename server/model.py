@@ -67,8 +67,9 @@ PRESETS: dict[str, ModelArgs] = {
 class StepLayout:
     """Where each sequence's tokens sit in the flattened step, and where its cache lives.
 
-    Decode sequences (one new token) are attended in one batched call; prefill chunks, one
-    call each.
+    Attention runs in two batched calls: decode sequences (one new token) padded to the
+    longest cached length, and prefill chunks padded to the longest chunk, as a padded
+    batching engine would; the padding is counted, so batching efficiency is measured.
     """
 
     positions: Tensor  # [N] position of each token in its sequence
@@ -79,15 +80,22 @@ class StepLayout:
     decode_slots: Tensor  # [Bd]
     decode_lens: Tensor  # [Bd] cached length after this step
     decode_max_len: int
-    prefills: list[tuple[int, int, int, int]]  # (first index in N, length, slot, start pos)
-    kv_useful: int  # cached positions the decode tokens attend to
-    kv_computed: int  # positions the batched decode attention computes (padded to the longest)
+    prefill_index: Tensor  # [P, T] indices in N of each prefill chunk's tokens, padded with its first
+    prefill_valid: Tensor  # [P, T] False where padded
+    prefill_slots: Tensor  # [P]
+    prefill_starts: Tensor  # [P] position of each chunk's first token
+    prefill_max_len: int  # cached length the longest chunk reaches
+    kv_useful: int  # decode attention: cached positions needed
+    kv_computed: int  # decode attention: positions computed (padded to the longest)
+    prefill_tokens: int  # prefill chunks: tokens
+    prefill_padded: int  # prefill chunks: padding added to reach the longest chunk
 
     @classmethod
     def build(cls, seqs: list[tuple[int, int, int]], device: torch.device) -> StepLayout:
         """seqs: (slot, start position, number of new tokens) per sequence, in step order."""
         positions, token_slots, groups, last_index = [], [], [], []
-        decode_index, decode_slots, decode_lens, prefills = [], [], [], []
+        decode_index, decode_slots, decode_lens = [], [], []
+        chunks = []  # (first index in N, length, slot, start)
         offset = 0
         for i, (slot, start, n) in enumerate(seqs):
             positions.extend(range(start, start + n))
@@ -99,15 +107,22 @@ class StepLayout:
                 decode_slots.append(slot)
                 decode_lens.append(start + 1)
             else:
-                prefills.append((offset, n, slot, start))
+                chunks.append((offset, n, slot, start))
             offset += n
+        width = max((n for _, n, _, _ in chunks), default=0)
+        prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in chunks]
+        prefill_valid = [[t < n for t in range(width)] for _, n, _, _ in chunks]
 
-        def t(xs):
-            return torch.tensor(xs, dtype=torch.long, device=device)
+        def t(xs, dtype=torch.long):
+            return torch.tensor(xs, dtype=dtype, device=device)
 
         longest = max(decode_lens, default=0)
+        useful = sum(n for _, n, _, _ in chunks)
         return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index), t(decode_slots),
-                   t(decode_lens), longest, prefills, sum(decode_lens), longest * len(decode_lens))
+                   t(decode_lens), longest, t(prefill_index).reshape(len(chunks), width),
+                   t(prefill_valid, torch.bool).reshape(len(chunks), width), t([c[2] for c in chunks]),
+                   t([c[3] for c in chunks]), max((start + n for _, n, _, start in chunks), default=0),
+                   sum(decode_lens), longest * len(decode_lens), useful, len(chunks) * width - useful)
 
 
 class KVCache(nn.Module):
@@ -175,18 +190,17 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=mask[:, None, None, :],
                                                enable_gqa=True)
             out[layout.decode_index] = o.squeeze(2)
-        for first, length, slot, start in layout.prefills:
-            end = start + length
-            keys = k_cache[slot, :, :end].unsqueeze(0)  # [1, G, S, K]
-            values = v_cache[slot, :, :end].unsqueeze(0)
-            qp = q[first:first + length].transpose(0, 1).unsqueeze(0)  # [1, H, T, K]
-            if start == 0:
-                o = F.scaled_dot_product_attention(qp, keys, values, is_causal=True, enable_gqa=True)
-            else:
-                rows = torch.arange(start, end, device=x.device)[:, None]
-                mask = torch.arange(end, device=x.device)[None, :] <= rows  # [T, S]
-                o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, enable_gqa=True)
-            out[first:first + length] = o.squeeze(0).transpose(0, 1)
+        if layout.prefill_slots.numel():
+            s = layout.prefill_max_len
+            width = layout.prefill_index.shape[1]
+            keys = k_cache[layout.prefill_slots, :, :s]  # [P, G, S, K]
+            values = v_cache[layout.prefill_slots, :, :s]
+            rows = layout.prefill_starts[:, None] + torch.arange(width, device=x.device)[None, :]  # [P, T]
+            mask = torch.arange(s, device=x.device)[None, None, :] <= rows[:, :, None]  # [P, T, S] causal
+            qp = q[layout.prefill_index].transpose(1, 2)  # [P, H, T, K]
+            o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+            valid = layout.prefill_valid
+            out[layout.prefill_index[valid]] = o.transpose(1, 2)[valid]
         return self.wo(out.reshape(n, a.dim))
 
 

@@ -31,8 +31,10 @@ class StepContext:
     """What one forward pass needs beyond the tokens, and what it reports back."""
 
     groups: Tensor  # [N] index of each token's sequence in the step
+    n_seqs: int
     timer: StageTimer
     token_bias: Tensor | None = None  # [N, L, E] per-request routing bias (affinity skew)
+    seq_experts: list[Tensor] = field(default_factory=list)  # per layer [B, E]: experts each sequence used
     routed: list[Tensor] = field(default_factory=list)  # per layer [E]: (token, expert) pairs routed
     dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
     active: list[int] = field(default_factory=list)  # per layer: experts that computed
@@ -71,6 +73,9 @@ class MoELayer(nn.Module):
             kept = counts
         kept_host = kept.tolist()  # the layer's one host sync
         step.routed.append(counts)
+        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.bool, device=x.device)
+        step.seq_experts.append(used.index_put_((step.groups.repeat_interleave(self.top_k), flat),
+                                                torch.ones_like(flat, dtype=torch.bool)))
         step.active.append(sum(1 for n in kept_host if n))
         step.timer.mark("routing")
 

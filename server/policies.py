@@ -1,31 +1,211 @@
-"""Batching policies: each step, which waiting requests join the running batch.
+"""Batching policies (seed 5.2): each step, which requests run and how much of each prompt
+is prefilled.
 
-A policy sees the wait queue (oldest first) and how many requests may join now (bounded by
-free KV slots and batch places); it returns the ones to admit. Running requests always
-decode. The scheduler and the engine never ask which policy runs.
+All policies sit on one continuous-batching loop (server/batcher.py). A policy sees a
+`View`: the time, the wait queue (arrival order), the resident requests (holding a KV
+slot: prefilling or decoding, in admission order) and the free KV slots. It returns a
+`StepPlan`: prompt chunks to prefill (a waiting request in it gets a KV slot) and resident
+requests to decode, or nothing and when to ask again. Policies never preempt: a full KV
+pool makes admission wait. The engine and the service never ask which policy runs.
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
 
 
-class Policy(Protocol):
-    name: str
+@dataclass
+class StepPlan:
+    prefill: list[tuple[object, int]] = field(default_factory=list)  # (request, prompt tokens this step)
+    decode: list = field(default_factory=list)
+    wake_in_s: float | None = None  # with an empty plan: ask again after this long, or on new work
 
-    def select(self, waiting: Sequence, capacity: int) -> list:
-        """Requests to admit this step, at most capacity of them, taken from waiting."""
+    def __bool__(self) -> bool:
+        return bool(self.prefill or self.decode)
+
+
+@dataclass(frozen=True)
+class View:
+    now_ns: int
+    waiting: Sequence  # not yet admitted, oldest first
+    resident: Sequence  # hold a KV slot, in admission order
+    free_slots: int
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    max_batch_size: int = 32  # sequences per step
+    max_wait_ms: float = 50.0  # static/dynamic: longest wait for a batch; expert_aware: age bound
+    max_step_tokens: int = 512  # latency_sensitive: tokens per step (decodes first, then prefill chunks)
+
+
+def age_ms(req, now_ns: int) -> float:
+    return (now_ns - req.received_ns) / 1e6
+
+
+def decoding(resident: Sequence) -> list:
+    return [r for r in resident if r.prompt_left == 0]
 
 
 class FcfsPolicy:
-    """Admit in arrival order while KV slots and batch places allow: the baseline."""
+    """Continuous batching in arrival order: every step decodes the resident requests and
+    admits waiting ones, whole prompts, while KV slots and batch places allow."""
 
     name = "fcfs"
 
-    def select(self, waiting: Sequence, capacity: int) -> list:
-        return list(itertools.islice(waiting, capacity))
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+
+    def knobs(self) -> dict[str, float]:
+        return {"max_batch_size": self.config.max_batch_size}
+
+    def plan(self, v: View) -> StepPlan:
+        plan = StepPlan(decode=decoding(v.resident)[:self.config.max_batch_size])
+        room = self.config.max_batch_size - len(plan.decode)
+        resuming = [r for r in v.resident if r.prompt_left][:room]
+        plan.prefill = [(r, r.prompt_left) for r in resuming]
+        room -= len(resuming)
+        plan.prefill += [(r, r.prompt_left) for r in list(v.waiting)[:max(0, min(room, v.free_slots))]]
+        return plan
 
 
-POLICIES: dict[str, type] = {"fcfs": FcfsPolicy}
+class StaticPolicy(FcfsPolicy):
+    """Pre-Orca static batching: gather up to max_batch_size requests or wait max_wait_ms,
+    prefill them together, decode until every one of them finishes; arrivals wait for the
+    next batch."""
+
+    name = "static"
+
+    def knobs(self) -> dict[str, float]:
+        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+
+    def plan(self, v: View) -> StepPlan:
+        if v.resident:
+            return StepPlan(decode=decoding(v.resident))
+        size = min(self.config.max_batch_size, v.free_slots)
+        if not v.waiting or size == 0:
+            return StepPlan()
+        wait_left_ms = self.config.max_wait_ms - age_ms(v.waiting[0], v.now_ns)
+        if len(v.waiting) < size and wait_left_ms > 0:
+            return StepPlan(wake_in_s=wait_left_ms / 1e3)
+        return StepPlan(prefill=[(r, r.prompt_left) for r in list(v.waiting)[:size]])
+
+
+def length_bucket(tokens: int) -> int:
+    """Prompt-length bucket: powers of two, so a bucket's prompts differ by at most 2x."""
+    return math.ceil(math.log2(max(tokens, 1)))
+
+
+class DynamicPolicy(FcfsPolicy):
+    """Continuous batching whose admissions merge requests of similar prompt length: waiting
+    requests are grouped into power-of-two length buckets, and the oldest request's bucket
+    is admitted together once it fills the free batch places or its oldest member has
+    waited max_wait_ms. Less padding in the batched prefill."""
+
+    name = "dynamic"
+
+    def knobs(self) -> dict[str, float]:
+        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+
+    def plan(self, v: View) -> StepPlan:
+        plan = StepPlan(decode=decoding(v.resident)[:self.config.max_batch_size])
+        room = min(self.config.max_batch_size - len(plan.decode), v.free_slots)
+        if not v.waiting or room <= 0:
+            return plan
+        buckets: dict[int, list] = {}
+        for r in v.waiting:
+            buckets.setdefault(length_bucket(len(r.prompt_ids)), []).append(r)
+        # Any bucket full enough goes now; else the oldest request's bucket once it waited long enough.
+        ready = next((b for b in buckets.values() if len(b) >= room), None)
+        oldest = buckets[length_bucket(len(v.waiting[0].prompt_ids))]
+        wait_left_ms = self.config.max_wait_ms - age_ms(oldest[0], v.now_ns)
+        if ready is None and wait_left_ms <= 0:
+            ready = oldest
+        if ready is None:
+            plan.wake_in_s = wait_left_ms / 1e3
+            return plan
+        plan.prefill = [(r, r.prompt_left) for r in ready[:room]]
+        return plan
+
+
+class ExpertAwarePolicy(FcfsPolicy):
+    """When more requests are resident than fit in a step, decode the set that activates the
+    fewest distinct experts: greedy, starting from the oldest, each time adding the request
+    whose expert signature (experts its last step used, per layer) adds the fewest experts
+    not yet active. A request that has not run for max_wait_ms goes first (no starvation).
+    Requests not yet prefilled have no signature; they are prefilled in arrival order into
+    places the decodes leave."""
+
+    name = "expert_aware"
+
+    def knobs(self) -> dict[str, float]:
+        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+
+    def plan(self, v: View) -> StepPlan:
+        size = self.config.max_batch_size
+        ready = decoding(v.resident)
+        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.config.max_wait_ms]
+        chosen = overdue[:size]
+        if len(ready) > size:
+            chosen += self.fewest_experts([r for r in ready if r not in chosen], size - len(chosen), chosen)
+        else:
+            chosen = ready
+        plan = StepPlan(decode=chosen)
+        room = size - len(chosen)
+        prefilling = [r for r in v.resident if r.prompt_left] + list(v.waiting)[:max(0, v.free_slots)]
+        plan.prefill = [(r, r.prompt_left) for r in prefilling[:max(0, room)]]
+        return plan
+
+    @staticmethod
+    def fewest_experts(candidates: list, n: int, chosen: list) -> list:
+        """Greedy: oldest first when nothing is chosen yet, then the smallest new-expert count
+        (ties to the older request)."""
+        if n <= 0 or not candidates:
+            return []
+        picked = []
+        active = None
+        for r in chosen:
+            active = r.signature.clone() if active is None else active | r.signature
+        pool = list(candidates)  # admission order = age order
+        while pool and len(picked) < n:
+            if active is None:
+                best = pool[0]
+            else:
+                best = min(pool, key=lambda r: int((r.signature & ~active).sum()))
+            pool.remove(best)
+            picked.append(best)
+            active = best.signature.clone() if active is None else active | best.signature
+        return picked
+
+
+class LatencySensitivePolicy(FcfsPolicy):
+    """Caps the batch and the tokens of each step (max_step_tokens): running decodes always
+    go first, one token each; the rest of the budget prefills prompts in chunks (Sarathi
+    style), so a long prompt never stalls running decodes; higher priority is admitted first,
+    then arrival order."""
+
+    name = "latency_sensitive"
+
+    def knobs(self) -> dict[str, float]:
+        return {"max_batch_size": self.config.max_batch_size, "max_step_tokens": self.config.max_step_tokens}
+
+    def plan(self, v: View) -> StepPlan:
+        size, budget = self.config.max_batch_size, self.config.max_step_tokens
+        plan = StepPlan(decode=decoding(v.resident)[:min(size, budget)])
+        budget -= len(plan.decode)
+        room = size - len(plan.decode)
+        waiting = sorted(v.waiting, key=lambda r: -r.priority)[:max(0, v.free_slots)]  # stable: arrival order
+        for r in [r for r in v.resident if r.prompt_left] + waiting:
+            if budget <= 0 or room <= 0:
+                break
+            chunk = min(r.prompt_left, budget)
+            plan.prefill.append((r, chunk))
+            budget -= chunk
+            room -= 1
+        return plan
+
+
+POLICIES: dict[str, type] = {p.name: p for p in (StaticPolicy, FcfsPolicy, DynamicPolicy, ExpertAwarePolicy,
+                                                  LatencySensitivePolicy)}

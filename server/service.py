@@ -21,13 +21,14 @@ from grpc_reflection.v1alpha import reflection
 
 from proto import moe_pb2, moe_pb2_grpc
 from server import tokenizer
+from server.batcher import FailureEvent, Request, TokenEvent
 from server.errors import (
     InvalidRequestError,
     QueueFullError,
     ServerError,
     UnavailableError,
 )
-from server.scheduler import FailureEvent, Request, Scheduler, TokenEvent
+from server.scheduler import Scheduler
 from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,8 @@ def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.E
         kv_slots_total=engine.kv_slots, mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
         num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
         expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
-        max_batch_size=scheduler.max_batch_size, max_seq_len=args.max_seq_len,
+        max_batch_size=scheduler.policy.config.max_batch_size, max_seq_len=args.max_seq_len,
+        policy_knobs=scheduler.policy.knobs(),
         router=options.router, routing_skew=options.skew, capacity_factor=options.capacity_factor or 0.0,
         moe_kernel=engine.kernel_name, expert_cache=options.expert_cache, cache_policy=options.cache_policy,
         layers=layers,
@@ -227,6 +229,7 @@ def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.E
         step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),
         tokens_per_step=histogram_message(t.tokens_per_step),
         kv_positions_useful=t.kv_positions_useful, kv_positions_computed=t.kv_positions_computed,
+        prefill_tokens=t.prefill_tokens, prefill_padded_tokens=t.prefill_padded_tokens,
         expert_bytes_read=t.expert_bytes_read, expert_compute_ms=t.expert_compute_ms,
         expert_bandwidth_gb_s=t.expert_bytes_read / t.expert_compute_ms / 1e6 if t.expert_compute_ms else 0.0,
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),

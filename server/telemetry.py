@@ -71,6 +71,8 @@ class Telemetry:
     prompt_tokens: int = 0
     kv_positions_useful: int = 0  # decode attention: cached positions the tokens needed
     kv_positions_computed: int = 0  # ... and computed, padding to the longest sequence included
+    prefill_tokens: int = 0  # prompt tokens prefilled (chunks included)
+    prefill_padded_tokens: int = 0  # padding the batched prefill attention added to them
     expert_bytes_read: int = 0  # expert weights the active experts read, summed over steps
     expert_compute_ms: float = 0.0
     step_ms: Histogram = field(default_factory=lambda: Histogram(MS_BOUNDS))
@@ -95,9 +97,11 @@ class Telemetry:
         self.requests_admitted += len(prompt_lengths)
         self.prompt_tokens += sum(prompt_lengths)
 
-    def record_step(self, result, batch: int, step_ms: float, expert_bytes: int) -> None:
+    def record_step(self, result, batch: int, generated: int, step_ms: float, expert_bytes: int) -> None:
+        """batch: sequences in the step; generated: tokens it produced (a prompt chunk that
+        does not end its prompt produces none)."""
         self.steps += 1
-        self.tokens_generated += batch
+        self.tokens_generated += generated
         self.batch_size.record(batch)
         self.tokens_per_step.record(result.tokens)
         self.step_ms.record(step_ms)
@@ -105,6 +109,8 @@ class Telemetry:
             self.stage_ms[stage].record(ms)
         self.kv_positions_useful += result.kv_useful
         self.kv_positions_computed += result.kv_computed
+        self.prefill_tokens += result.prefill_tokens
+        self.prefill_padded_tokens += result.prefill_padded
         self.expert_tokens += result.routed
         if result.dropped is not None:
             self.dropped += result.dropped

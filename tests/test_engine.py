@@ -60,3 +60,31 @@ def test_seeded_sampling_repeats():
         return toks
 
     assert sample(5) == sample(5)
+
+
+def test_chunked_prefill_beside_another_prefill_matches_whole_prefill():
+    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float64, seed=5)
+    a = [256, *b"a long prompt that is prefilled in two chunks"]
+    b = [256, *b"short"]
+    n = 6
+    expected = [greedy_alone(engine, p, n, key) for key, p in enumerate((a, b))]
+    first = engine.step([SeqInput(0, a[:12], 0, routing_key=0), SeqInput(1, b, 0, routing_key=1)])
+    assert first.tokens == 12 + len(b)
+    outs = [[], [first.next_ids[1]]]  # a's first chunk yields no token yet
+    second = engine.step([SeqInput(0, a[12:], 12, routing_key=0), SeqInput(1, outs[1][-1:], len(b), routing_key=1)])
+    outs[0].append(second.next_ids[0])
+    outs[1].append(second.next_ids[1])
+    while len(outs[0]) < n or len(outs[1]) < n:
+        seqs = [SeqInput(i, outs[i][-1:], len(p) + len(outs[i]) - 1, routing_key=i)
+                for i, p in enumerate((a, b)) if len(outs[i]) < n]
+        who = [i for i in (0, 1) if len(outs[i]) < n]
+        for i, tok in zip(who, engine.step(seqs).next_ids, strict=True):
+            outs[i].append(tok)
+    assert outs == expected
+
+
+def test_prefill_padding_is_counted():
+    engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0)
+    result = engine.step([SeqInput(0, [1] * 10, 0), SeqInput(1, [2] * 4, 0), SeqInput(2, [3], 7)])
+    assert (result.prefill_tokens, result.prefill_padded) == (14, 6)  # the 4-token prompt padded to 10
+    assert (result.kv_useful, result.kv_computed) == (8, 8)

@@ -47,7 +47,8 @@ def moe_layer(router="topk", seed=0, dtype=torch.float32, **options):
 
 
 def context(n, groups=None):
-    return StepContext(torch.arange(n) if groups is None else groups, StageTimer(torch.device("cpu")))
+    groups = torch.arange(n) if groups is None else groups
+    return StepContext(groups, int(groups.max()) + 1, StageTimer(torch.device("cpu")))
 
 
 @pytest.mark.parametrize("kernel", ["sorted", "reference"])

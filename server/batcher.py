@@ -1,0 +1,200 @@
+"""The continuous-batching loop, one step at a time, without threads: plan (the policy),
+run (the engine), apply (tokens to requests). server/scheduler.py runs it on the engine
+thread; tests drive it directly with a fake clock and a fake engine.
+
+`plan` and `apply` change shared state and run under the scheduler's lock; `run` only
+touches the engine and runs outside it, so submits, cancels and stats never wait for a
+step.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from server.engine import SeqInput, StepResult
+from server.errors import QueueFullError
+from server.expert_cache import CacheCounters
+from server.policies import StepPlan, View
+from server.routing import request_key
+from server.telemetry import StepLog, Telemetry
+from server.tokenizer import EOS_ID
+
+LENGTH, STOP = "LENGTH", "STOP"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    queue_us: int
+    prefill_us: int
+    decode_us: int
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    finish_reason: str | None = None  # LENGTH or STOP on the request's last token
+    usage: Usage | None = None  # on the last token only
+
+
+@dataclass
+class FailureEvent:
+    error: Exception  # a ServerError subclass or the engine's exception; ends the request
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sink: Callable[[TokenEvent | FailureEvent], None]  # called under the scheduler's lock: must not block
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    seed: int = 0
+    priority: int = 0
+    received_ns: int = field(default_factory=time.monotonic_ns)
+    output_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    prefilled: int = 0  # prompt tokens in the KV cache
+    admitted_ns: int = 0
+    first_token_ns: int = 0
+    last_run_ns: int = 0  # last step that included it (expert_aware's age bound)
+    prefill_us: int = 0  # engine time of the steps that prefilled it
+    signature: torch.Tensor | None = None  # [L, E] experts its last step used
+    done: bool = False
+    generator: torch.Generator | None = None
+
+    @property
+    def prompt_left(self) -> int:
+        return len(self.prompt_ids) - self.prefilled
+
+
+class Batcher:
+    def __init__(self, engine, policy, max_queue: int, clock: Callable[[], int] = time.monotonic_ns,
+                 step_log: StepLog | None = None):
+        self.engine = engine
+        self.policy = policy
+        self.max_queue = max_queue
+        self.clock = clock
+        self.step_log = step_log
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.resident: list[Request] = []  # hold a KV slot, in admission order
+        self.cancelled: list[Request] = []
+        self.telemetry = self.new_telemetry()  # the engine's warm-up excluded
+
+    def new_telemetry(self) -> Telemetry:
+        return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts, cache_baseline=self.cache_counters())
+
+    def cache_counters(self) -> list[CacheCounters]:
+        cache = self.engine.cache
+        return [CacheCounters(**vars(layer.counters)) for layer in cache.layers] if cache else []
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.resident or self.cancelled)
+
+    def submit(self, req: Request) -> None:
+        if len(self.waiting) >= self.max_queue:
+            raise QueueFullError(f"wait queue full ({self.max_queue} requests, --max-queue); "
+                                 "retry later or send at a lower rate")
+        if req.temperature > 0:
+            req.generator = self.engine.new_generator(req.seed)
+        req.last_run_ns = req.received_ns
+        self.waiting.append(req)
+
+    def cancel(self, req: Request) -> None:
+        if not req.done:
+            self.cancelled.append(req)
+
+    def plan(self) -> StepPlan:
+        """Frees cancelled requests, asks the policy, gives newly admitted requests a slot."""
+        self._reap_cancelled()
+        now = self.clock()
+        plan = self.policy.plan(View(now, self.waiting, self.resident, self.engine.free_slots))
+        admitted = []
+        for req, _ in plan.prefill:
+            if req.slot is None:
+                req.slot = self.engine.allocate_slot()
+                req.admitted_ns = now
+                self.waiting.remove(req)
+                self.resident.append(req)
+                admitted.append(len(req.prompt_ids))
+        self.telemetry.record_admitted(admitted)
+        return plan
+
+    def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
+        """One engine step for the plan; returns the result and its start and end times."""
+        seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled, req.temperature,
+                         req.generator, request_key(req.request_id, req.seed)) for req, n in plan.prefill]
+        seqs += [SeqInput(req.slot, req.output_ids[-1:], len(req.prompt_ids) + len(req.output_ids) - 1,
+                          req.temperature, req.generator) for req in plan.decode]
+        t0 = self.clock()
+        result = self.engine.step(seqs)
+        return result, t0, self.clock()
+
+    def apply(self, plan: StepPlan, result: StepResult, t0: int, t1: int) -> None:
+        """Hands out the step's tokens, finishes requests, records telemetry, then delivers:
+        a client that saw its last token finds it counted in GetStats."""
+        deliveries = []
+        finished = 0
+        ran = [(req, n) for req, n in plan.prefill] + [(req, 0) for req in plan.decode]
+        for i, ((req, chunk), token) in enumerate(zip(ran, result.next_ids, strict=True)):
+            req.last_run_ns = t1
+            req.signature = result.seq_experts[i]
+            if req.done:  # cancelled while the step ran; reaped before the next one
+                continue
+            if chunk:
+                req.prefilled += chunk
+                req.prefill_us += (t1 - t0) // 1000
+                if req.prompt_left:
+                    continue  # a prompt chunk: its logits are not a token yet
+                req.first_token_ns = t1
+            req.output_ids.append(token)
+            finish = (LENGTH if len(req.output_ids) >= req.max_tokens
+                      else STOP if token == EOS_ID and not req.ignore_eos else None)
+            usage = None
+            if finish:
+                req.done = True
+                finished += 1
+                self.engine.free_slot(req.slot)
+                usage = Usage(len(req.prompt_ids), len(req.output_ids), (req.admitted_ns - req.received_ns) // 1000,
+                              req.prefill_us, (t1 - req.first_token_ns) // 1000)
+            deliveries.append((req.sink, TokenEvent(token, finish, usage)))
+        self.resident = [r for r in self.resident if not r.done]
+        self.telemetry.requests_finished += finished
+        self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6, self.engine.expert_bytes)
+        if self.step_log is not None:
+            self.step_log.write(self.telemetry.steps, result, len(ran), len(plan.prefill))
+        for sink, event in deliveries:
+            sink(event)
+
+    def _reap_cancelled(self) -> None:
+        for req in self.cancelled:
+            if req.done:
+                continue
+            req.done = True
+            self.telemetry.requests_aborted += 1
+            if req.slot is None:
+                self.waiting.remove(req)
+            else:
+                self.resident.remove(req)
+                self.engine.free_slot(req.slot)
+        self.cancelled.clear()
+
+    def fail_all(self, error: Exception) -> None:
+        """Ends every unfinished request with error and frees its slot."""
+        pending = [r for r in (*self.waiting, *self.resident) if not r.done]
+        self.waiting.clear()
+        self.resident = []
+        self.telemetry.requests_aborted += len(pending)
+        for req in pending:
+            req.done = True
+            if req.slot is not None:
+                self.engine.free_slot(req.slot)
+            req.sink(FailureEvent(error))
