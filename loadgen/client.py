@@ -74,6 +74,8 @@ def message_dict(msg) -> dict:
         value = getattr(msg, f.name)
         if f.message_type is None:
             out[f.name] = list(value) if f.is_repeated else value
+        elif f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(value)
         elif f.is_repeated:
             out[f.name] = [message_dict(v) for v in value]
         elif msg.HasField(f.name):
