@@ -133,10 +133,12 @@ class DynamicPolicy(FcfsPolicy):
 class ExpertAwarePolicy(FcfsPolicy):
     """When more requests are resident than fit in a step, decode the set that activates the
     fewest distinct experts: greedy, starting from the oldest, each time adding the request
-    whose expert signature (experts its last step used, per layer) adds the fewest experts
-    not yet active. A request that has not run for max_wait_ms goes first (no starvation).
-    Requests not yet prefilled have no signature; they are prefilled in arrival order into
-    places the decodes leave."""
+    whose expert signature (the experts its last step used, per layer) adds the fewest
+    experts not yet active. A request that has not run for max_wait_ms goes first, so nobody
+    starves. New requests have no signature until prefilled: they are prefilled in arrival
+    order, into the places decodes leave, and into a quarter of the batch even when every
+    place could decode, so the KV pool (--kv-slots above --max-batch-size) holds more
+    requests than a step runs and the choice exists."""
 
     name = "expert_aware"
 
@@ -146,16 +148,16 @@ class ExpertAwarePolicy(FcfsPolicy):
     def plan(self, v: View) -> StepPlan:
         size = self.config.max_batch_size
         ready = decoding(v.resident)
-        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.config.max_wait_ms]
-        chosen = overdue[:size]
-        if len(ready) > size:
-            chosen += self.fewest_experts([r for r in ready if r not in chosen], size - len(chosen), chosen)
-        else:
-            chosen = ready
-        plan = StepPlan(decode=chosen)
-        room = size - len(chosen)
         prefilling = [r for r in v.resident if r.prompt_left] + list(v.waiting)[:max(0, v.free_slots)]
-        plan.prefill = [(r, r.prompt_left) for r in prefilling[:max(0, room)]]
+        n_prefill = min(len(prefilling), max(size - len(ready), max(1, size // 4)))
+        plan = StepPlan(prefill=[(r, r.prompt_left) for r in prefilling[:n_prefill]])
+        places = size - n_prefill
+        if len(ready) <= places:
+            plan.decode = ready
+            return plan
+        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.config.max_wait_ms][:places]
+        rest = [r for r in ready if r not in overdue]
+        plan.decode = overdue + self.fewest_experts(rest, places - len(overdue), overdue)
         return plan
 
     @staticmethod

@@ -12,9 +12,9 @@ sort, not topk, whose tie order is unspecified.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import importlib
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,6 +183,7 @@ def hot_bias(fraction: float, n_experts: int, top_k: int, samples: int = 8192) -
 
 
 def request_key(request_id: str, seed: int) -> int:
-    """A stable 63-bit key for a request's affinity draw."""
-    return (zlib.crc32(request_id.encode()) << 31 ^ seed) & (2**63 - 1) or 1
+    """A stable, well-mixed 63-bit key for a request's affinity draw."""
+    digest = hashlib.blake2b(f"{request_id}:{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 

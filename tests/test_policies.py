@@ -1,0 +1,227 @@
+"""Batching policy invariants, driving the real batcher with a deterministic fake clock and
+a fake engine whose step time grows with tokens and with distinct experts: static never
+admits mid-batch, fcfs keeps arrival order, dynamic's buckets respect the wait bound,
+expert_aware activates fewer experts than fcfs under affinity and still serves everyone
+within its age bound, latency_sensitive keeps the token budget and never skips a running
+decode, and every request finishes exactly once under every policy."""
+
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from server.batcher import Batcher, Request, TokenEvent
+from server.engine import StepResult
+from server.policies import POLICIES, PolicyConfig, length_bucket
+from server.routing import request_key
+from server.stages import STAGES
+
+MS = 1_000_000
+N_LAYERS, N_EXPERTS = 2, 8
+
+
+class FakeClock:
+    def __init__(self):
+        self.now_ns = 0
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+class FakeEngine:
+    """Each request routes to two experts fixed by its routing key (strong affinity); a step
+    costs 0.05 ms per token plus 1 ms per distinct expert per layer."""
+
+    args = SimpleNamespace(n_layers=N_LAYERS, n_experts=N_EXPERTS, top_k=2)
+    cache = None
+    expert_bytes = 1
+
+    def __init__(self, clock: FakeClock, kv_slots: int):
+        self.clock = clock
+        self.kv_slots = kv_slots
+        self._free = list(range(kv_slots))
+        self.key_of: dict[int, int] = {}
+        self.active_per_step: list[int] = []
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def allocate_slot(self) -> int:
+        return self._free.pop()
+
+    def free_slot(self, slot: int) -> None:
+        assert slot not in self._free, "slot freed twice"
+        self._free.append(slot)
+
+    def new_generator(self, seed):
+        return None
+
+    def step(self, seqs) -> StepResult:
+        used = torch.zeros(len(seqs), N_LAYERS, N_EXPERTS, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            if s.start_pos == 0:
+                self.key_of[s.slot] = s.routing_key
+            key = self.key_of[s.slot]
+            used[i, :, [key % N_EXPERTS, (key // N_EXPERTS) % N_EXPERTS]] = True
+        active = used.any(dim=0).sum(dim=1).tolist()
+        tokens = sum(len(s.token_ids) for s in seqs)
+        self.active_per_step.append(sum(active))
+        self.clock.now_ns += 50_000 * tokens + MS * sum(active)
+        routed = used.sum(dim=0).long()
+        return StepResult([7] * len(seqs), routed, None, active, used, dict.fromkeys(STAGES, 0.0), tokens, 0, 0,
+                          0, 0)
+
+
+@dataclass
+class Run:
+    engine: FakeEngine
+    requests: list[Request]
+    events: dict[str, list] = field(default_factory=dict)
+    views: list = field(default_factory=list)  # (resident before the plan, ids decoding then, plan, time)
+
+
+class Recording:
+    """Wraps a policy to keep what it saw and what it planned."""
+
+    def __init__(self, policy, run: Run):
+        self.policy, self.run = policy, run
+        self.config = policy.config
+
+    def plan(self, v):
+        plan = self.policy.plan(v)
+        decoding = {r.request_id for r in v.resident if r.prompt_left == 0}  # state now, not at the end
+        self.run.views.append((list(v.resident), decoding, plan, v.now_ns))
+        return plan
+
+
+def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) -> Run:
+    """arrivals: (time ms, prompt tokens, max tokens, priority) per request."""
+    clock = FakeClock()
+    engine = FakeEngine(clock, kv_slots)
+    run = Run(engine, [])
+    policy = Recording(POLICIES[policy_name](PolicyConfig(max_batch_size=max_batch_size, **knobs)), run)
+    batcher = Batcher(engine, policy, max_queue=10_000, clock=clock)
+    pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
+    for _ in range(100_000):
+        while pending and pending[0][1][0] * MS <= clock.now_ns:
+            i, (t_ms, prompt, max_tokens, priority) = pending.pop(0)
+            rid = f"r{i}"
+            run.events[rid] = []
+            req = Request(rid, [1] * prompt, max_tokens, run.events[rid].append, ignore_eos=True, priority=priority,
+                          received_ns=int(t_ms * MS))
+            run.requests.append(req)
+            batcher.submit(req)
+        if batcher.idle and not pending:
+            return run
+        plan = batcher.plan()
+        if not plan:
+            wake = clock.now_ns + int(plan.wake_in_s * 1e9) if plan.wake_in_s is not None else None
+            nxt = int(pending[0][1][0] * MS) if pending else None
+            assert wake is not None or nxt is not None, "stuck: nothing planned, nothing to wait for"
+            clock.now_ns = max(clock.now_ns + 1, min(t for t in (wake, nxt) if t is not None))
+            continue
+        batcher.apply(plan, *batcher.run(plan))
+    raise AssertionError("simulation did not finish")
+
+
+def poisson_arrivals(n, rate_per_ms, prompts=(8, 64), max_tokens=(4, 16), seed=0, priorities=(0,)):
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rng.expovariate(rate_per_ms)
+        out.append((t, rng.randint(*prompts), rng.randint(*max_tokens), rng.choice(priorities)))
+    return out
+
+
+def assert_each_finished_once(run: Run, arrivals):
+    for i, (_, _, max_tokens, _) in enumerate(arrivals):
+        events = run.events[f"r{i}"]
+        assert len(events) == max_tokens and all(isinstance(e, TokenEvent) for e in events)
+        assert [e.finish_reason is not None for e in events] == [False] * (max_tokens - 1) + [True]
+    assert run.engine.free_slots == run.engine.kv_slots
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_request_finishes_exactly_once(policy):
+    arrivals = poisson_arrivals(60, rate_per_ms=0.2, priorities=(0, 1))
+    run = simulate(policy, arrivals, max_wait_ms=20, max_step_tokens=48)
+    assert_each_finished_once(run, arrivals)
+
+
+def test_static_never_admits_mid_batch():
+    arrivals = poisson_arrivals(40, rate_per_ms=0.5)
+    run = simulate("static", arrivals, max_wait_ms=10)
+    assert_each_finished_once(run, arrivals)
+    for resident, _, plan, _ in run.views:
+        if plan.prefill:
+            assert not resident
+        assert len(plan.prefill) <= 4
+
+
+def test_static_waits_for_a_full_batch_or_the_wait_bound():
+    run = simulate("static", [(0, 8, 4, 0), (1, 8, 4, 0), (30, 8, 4, 0)], max_wait_ms=10)
+    admitted = [(v[3], [r.request_id for r, _ in v[2].prefill]) for v in run.views if v[2].prefill]
+    assert admitted[0] == (10 * MS, ["r0", "r1"])  # batch not full: went when r0 had waited 10 ms
+
+
+def test_fcfs_keeps_arrival_order():
+    arrivals = poisson_arrivals(40, rate_per_ms=0.5)
+    run = simulate("fcfs", arrivals)
+    order = [r.request_id for _, _, plan, _ in run.views for r, _ in plan.prefill]
+    assert order == [f"r{i}" for i in sorted(range(40), key=lambda i: arrivals[i][0])]
+
+
+def test_dynamic_admits_one_bucket_at_a_time_within_the_wait_bound():
+    # Room for everyone, so only the policy's own waiting can delay an admission.
+    arrivals = poisson_arrivals(60, rate_per_ms=0.3, prompts=(2, 200))
+    run = simulate("dynamic", arrivals, kv_slots=64, max_batch_size=64, max_wait_ms=15)
+    assert_each_finished_once(run, arrivals)
+    longest_step_ms = 0.05 * 64 * 200 + 2 * N_EXPERTS
+    for _, _, plan, now in run.views:
+        assert len({length_bucket(len(r.prompt_ids)) for r, _ in plan.prefill}) <= 1
+        for r, _ in plan.prefill:
+            assert (now - r.received_ns) / MS <= 15 + longest_step_ms
+
+
+def test_expert_aware_activates_fewer_experts_and_serves_everyone_within_the_age_bound():
+    arrivals = poisson_arrivals(80, rate_per_ms=0.4, prompts=(4, 8), max_tokens=(20, 30))
+    fcfs = simulate("fcfs", arrivals, kv_slots=8, max_batch_size=4, max_wait_ms=40)
+    aware = simulate("expert_aware", arrivals, kv_slots=8, max_batch_size=4, max_wait_ms=40)
+    assert_each_finished_once(aware, arrivals)
+
+    def mean_active(run):
+        return sum(run.engine.active_per_step) / len(run.engine.active_per_step)
+
+    assert mean_active(aware) < 0.9 * mean_active(fcfs)
+    longest_step_ms = 0.05 * 4 * 8 + 2 * N_EXPERTS
+    last_run = {}
+    for _, _, plan, now in aware.views:
+        for r in plan.decode:
+            if r.request_id in last_run:
+                assert (now - last_run[r.request_id]) / MS <= 40 + 2 * longest_step_ms
+            last_run[r.request_id] = now
+
+
+def test_latency_sensitive_keeps_the_budget_and_never_skips_a_decode():
+    arrivals = poisson_arrivals(50, rate_per_ms=0.2, prompts=(4, 300), priorities=(0, 5))
+    run = simulate("latency_sensitive", arrivals, kv_slots=8, max_batch_size=8, max_step_tokens=64)
+    assert_each_finished_once(run, arrivals)
+    for _, decoding, plan, _ in run.views:
+        tokens = sum(n for _, n in plan.prefill) + len(plan.decode)
+        assert tokens <= 64
+        assert decoding == {r.request_id for r in plan.decode}
+
+
+def test_latency_sensitive_admits_higher_priority_first():
+    run = simulate("latency_sensitive", [(0, 100, 4, 0), (0, 100, 4, 0), (0, 100, 4, 9)], kv_slots=1,
+                   max_batch_size=1, max_step_tokens=64)
+    first = next(plan for _, _, plan, _ in run.views if plan.prefill)
+    assert first.prefill[0][0].request_id == "r2"
+
+
+def test_routing_keys_give_distinct_signatures():
+    assert len({request_key(f"r{i}", 0) % N_EXPERTS for i in range(32)}) > 4
