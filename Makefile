@@ -13,7 +13,7 @@ DEMO_RUN_S ?= 30
 DEMO_RATE ?= 2
 DEMO_DIR ?= runs/demo
 
-.PHONY: install proto serve load demo test lint clean
+.PHONY: install proto serve load demo test bench-engine bench lint clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -60,6 +60,11 @@ demo: install
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: install
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+bench-engine: install
+	$(PY) -m server.bench_engine
+
+bench: bench-engine
 
 lint: install
 	$(VENV)/bin/ruff check .

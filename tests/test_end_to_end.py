@@ -42,7 +42,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     req = summary["requests"]
-    assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0 and req["not_sent"] == 0
+    assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0
+    assert req["not_sent"] <= 1  # one due just as the run stopped may miss its send, and is counted
     assert 25 <= req["sent"] <= 32  # 5/s for ~6 s, constant arrivals
     assert req["warmup"] == 5
     measured = req["sent"] - req["warmup"]
