@@ -3,8 +3,9 @@
 Per MoE layer at most `capacity` experts are resident in fast memory (GPU memory on CUDA;
 a separate resident buffer on a CPU); all experts live in host memory (pinned on CUDA).
 A miss copies the expert's three weight matrices in for real and evicts a resident expert
-not needed by the same wave, chosen by the policy: lru, lfu (ties to the least recently
-used) or random (seeded).
+not needed by the same call, chosen by the policy: lru, lfu (ties to the least recently
+used) or random (seeded). The MoE layer visits a step's resident experts before the
+missing ones, so a miss never evicts an expert the step still needs while others would do.
 
 Copies run on the compute stream (non-blocking from pinned memory on CUDA), so the time
 compute waits for them equals their copy time; on a CPU the copy is synchronous and the

@@ -97,17 +97,17 @@ class MoELayer(nn.Module):
     def compute(self, xs: Tensor, counts: list[int]) -> Tensor:
         if self.cache is None:
             return self.kernel(xs, counts, range(self.n_experts), self.w1, self.w3, self.w2)
-        # Through the cache: waves of at most `capacity` experts resident together.
-        active = [e for e, n in enumerate(counts) if n]
+        # Through the cache, expert by expert, resident ones first: visiting the same experts in
+        # id order every step is a scan that makes LRU evict exactly the expert needed next.
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        resident = self.cache.layers[self.layer].slot_of
         ys = torch.empty_like(xs)
-        start = 0
-        for i in range(0, len(active), self.cache.capacity):
-            wave = active[i:i + self.cache.capacity]
-            slots = self.cache.ensure(self.layer, wave)
-            n = sum(counts[e] for e in wave)
-            ys[start:start + n] = self.kernel(xs[start:start + n], [counts[e] for e in wave], slots,
-                                              *self.cache.resident(self.layer))
-            start += n
+        for e in sorted((e for e, n in enumerate(counts) if n), key=lambda e: e not in resident):
+            a, b = starts[e], starts[e + 1]
+            (slot,) = self.cache.ensure(self.layer, [e])
+            ys[a:b] = self.kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident(self.layer))
         return ys
 
     @staticmethod

@@ -3,7 +3,8 @@ a fake engine whose step time grows with tokens and with distinct experts: stati
 admits mid-batch, fcfs keeps arrival order, dynamic's buckets respect the wait bound,
 expert_aware activates fewer experts than fcfs under affinity and still serves everyone
 within its age bound, latency_sensitive keeps the token budget and never skips a running
-decode, and every request finishes exactly once under every policy."""
+decode, and every request finishes exactly once under every policy; plus each policy on a
+real server streaming exact token counts."""
 
 import random
 from dataclasses import dataclass, field
@@ -12,11 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from proto import moe_pb2
 from server.batcher import Batcher, Request, TokenEvent
 from server.engine import StepResult
 from server.policies import POLICIES, PolicyConfig, length_bucket
 from server.routing import request_key
 from server.stages import STAGES
+from tests.conftest import running_server
 
 MS = 1_000_000
 N_LAYERS, N_EXPERTS = 2, 8
@@ -225,3 +228,16 @@ def test_latency_sensitive_admits_higher_priority_first():
 
 def test_routing_keys_give_distinct_signatures():
     assert len({request_key(f"r{i}", 0) % N_EXPERTS for i in range(32)}) > 4
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_real_server_streams_exact_token_counts(policy):
+    with running_server(policy=policy, max_batch_size=4, kv_slots=6, max_wait_ms=5, max_step_tokens=16) as served:
+        calls = [served.stub.Generate(moe_pb2.GenerateRequest(prompt="p" * (3 + 9 * i), max_tokens=5 + i,
+                                                              ignore_eos=True, priority=i % 2), timeout=60)
+                 for i in range(8)]
+        counts = [sum(len(m.token_ids) for m in call) for call in calls]
+        stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    assert counts == [5 + i for i in range(8)]
+    assert stats.policy == policy and stats.requests_finished == 8 and stats.running == 0
+    assert stats.policy_knobs["max_batch_size"] == 4
