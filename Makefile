@@ -7,13 +7,21 @@ PROTO_OUT := proto/moe_pb2.py proto/moe_pb2_grpc.py
 
 PRESET ?= small
 PORT ?= 50051
-DEMO_POLICIES ?= fcfs
+POLICIES := static fcfs dynamic expert_aware latency_sensitive
+DEMO_POLICIES ?= $(POLICIES)
 DEMO_PRESET ?= small
-DEMO_RUN_S ?= 30
+DEMO_RUN_S ?= 20
 DEMO_RATE ?= 2
 DEMO_DIR ?= runs/demo
+COMPARE_DIR ?= runs/compare
+COMPARE_RUN_S ?= 30
+COMPARE_RATE ?= 1.5
+COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots 12 --max-wait-ms 100 \
+	--max-step-tokens 128 --routing-skew affinity:0.1
+COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 16 --prompt-tokens-max 384 \
+	--max-tokens 32 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo test bench-engine bench lint clean
+.PHONY: install proto serve load demo compare test bench-engine bench lint clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -37,25 +45,37 @@ serve: install
 load: install
 	$(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$(PORT)
 
-# One server per policy on a free port, a short open-loop run against it, a report per run.
-demo: install
-	@set -eu; rm -rf $(DEMO_DIR); mkdir -p $(DEMO_DIR); status=0; \
-	for policy in $(DEMO_POLICIES); do \
-	  run=$(DEMO_DIR)/$$policy; mkdir -p $$run; \
-	  echo "== $$policy: serving preset $(DEMO_PRESET)"; \
-	  $(PY) -m server --preset $(DEMO_PRESET) --policy $$policy --port 0 \
-	    --port-file $$run/server.port >$$run/server.log 2>&1 & pid=$$!; \
+# $(call policy_runs,OUT_DIR,POLICIES,SERVER_FLAGS,LOCUST_FLAGS): for each policy a fresh server
+# on a free port, one headless open-loop run into OUT_DIR/POLICY, its report; then a comparison.
+# A run with failed requests still gets its report; the exit status says it failed.
+define policy_runs
+	@set -eu; rm -rf $(1); mkdir -p $(1); status=0; \
+	for policy in $(2); do \
+	  run=$(1)/$$policy; mkdir -p $$run; \
+	  echo "== $$policy: python -m server --policy $$policy $(3)"; \
+	  $(PY) -m server --policy $$policy $(3) --port 0 --port-file $$run/server.port >$$run/server.log 2>&1 & pid=$$!; \
 	  trap "kill $$pid 2>/dev/null" EXIT; \
 	  for i in $$(seq 600); do [ -s $$run/server.port ] && break; \
 	    kill -0 $$pid 2>/dev/null || { cat $$run/server.log; exit 1; }; sleep 0.1; done; \
 	  [ -s $$run/server.port ] || { echo "server did not start: see $$run/server.log"; exit 1; }; \
-	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) \
-	    --headless --only-summary -t $(DEMO_RUN_S)s --mode fixed --rate $(DEMO_RATE) \
-	    --prompt-tokens 64 --max-tokens 32 --warmup-s 5 --run-dir $$run || status=$$?; \
+	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) --headless --only-summary \
+	    --run-dir $$run $(4) || status=$$?; \
 	  kill -TERM $$pid; wait $$pid; trap - EXIT; \
-	  $(PY) -m analysis report $$run; \
+	  $(PY) -m analysis report $$run >/dev/null; \
 	done; \
-	[ $$status -eq 0 ] || echo "some requests failed (locust exit $$status): see the reports above"; exit $$status
+	$(PY) -m analysis compare $(addprefix $(1)/,$(2)); \
+	[ $$status -eq 0 ] || echo "some requests failed (locust exit $$status): see the reports"; exit $$status
+endef
+
+# A short open-loop test of the small preset under every batching policy.
+demo: install
+	$(call policy_runs,$(DEMO_DIR),$(DEMO_POLICIES),--preset $(DEMO_PRESET),\
+	  -t $(DEMO_RUN_S)s --rate $(DEMO_RATE) --prompt-tokens 64 --max-tokens 32 --warmup-s 5)
+
+# The batching-policy comparison (issue 4): one seeded workload of mixed prompt lengths with
+# per-request expert affinity against each policy, same server settings, goodput at stated SLOs.
+compare: install
+	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 test: install

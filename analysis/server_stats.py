@@ -21,6 +21,8 @@ class ServerView:
     mean_batch_size: float | None
     step_time_mean_ms: float | None
     expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
+    distinct_experts_per_step: float | None  # experts a step activated, mean over steps and layers
+    prefill_padded_share: float | None  # padding / (prompt tokens + padding) in batched prefill attention
 
 
 def server_view(server: dict) -> ServerView | None:
@@ -45,6 +47,8 @@ def server_view(server: dict) -> ServerView | None:
         mean_batch_size=_step_mean(snap, base, "mean_batch_size"),
         step_time_mean_ms=_step_mean(snap, base, "step_time_mean_ms"),
         expert_tokens=_expert_tokens(snap, base),
+        distinct_experts_per_step=_distinct_experts(snap, base),
+        prefill_padded_share=_padded_share(snap, base),
     )
 
 
@@ -83,3 +87,22 @@ def _expert_tokens(snap: dict, base: dict) -> np.ndarray | None:
         tokens = tokens - np.asarray(base["expert_tokens"], dtype=np.int64)
     # Every layer routes the same tokens, so a layer without any means the window saw no decoding.
     return tokens if (tokens.sum(axis=1) > 0).all() else None
+
+
+def _distinct_experts(snap: dict, base: dict) -> float | None:
+    """From each layer's histogram of steps by number of experts that computed."""
+    layers = snap.get("layers")
+    if not layers:
+        return None
+    steps = np.asarray([layer["active_experts_steps"] for layer in layers], dtype=np.int64)  # [L, E + 1]
+    if base.get("layers"):
+        steps = steps - np.asarray([layer["active_experts_steps"] for layer in base["layers"]], dtype=np.int64)
+    total = steps.sum()
+    return float((steps * np.arange(steps.shape[1])).sum() / total) if total else None
+
+
+def _padded_share(snap: dict, base: dict) -> float | None:
+    useful, padded = _delta(snap, base, "prefill_tokens"), _delta(snap, base, "prefill_padded_tokens")
+    if useful is None or padded is None or useful + padded == 0:
+        return None
+    return padded / (useful + padded)

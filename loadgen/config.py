@@ -20,6 +20,7 @@ class LoadConfig:
     rate: float = 1.0  # offered requests/s, total
     arrival: str = "poisson"
     prompt_tokens: int = 64
+    prompt_tokens_max: int = 0  # above 0: prompt lengths uniform in [prompt_tokens, prompt_tokens_max]
     max_tokens: int = 32
     warmup_s: float = 0.0
     seed: int = 0
@@ -39,6 +40,9 @@ class LoadConfig:
         check(self.rate > 0, "rate", f"must be above 0 requests/s, got {self.rate}")
         check(self.arrival in ARRIVALS, "arrival", f"unknown {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
         check(self.prompt_tokens >= 1, "prompt-tokens", f"must be at least 1, got {self.prompt_tokens}")
+        check(self.prompt_tokens_max == 0 or self.prompt_tokens_max >= self.prompt_tokens, "prompt-tokens-max",
+              f"must be 0 (fixed length) or at least --prompt-tokens ({self.prompt_tokens}), "
+              f"got {self.prompt_tokens_max}")
         check(self.max_tokens >= 1, "max-tokens", f"must be at least 1, got {self.max_tokens}")
         check(self.warmup_s >= 0, "warmup-s", f"must be at least 0, got {self.warmup_s}")
         check(self.request_timeout_s > 0, "request-timeout-s", f"must be above 0, got {self.request_timeout_s}")

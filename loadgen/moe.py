@@ -45,6 +45,8 @@ def add_options(parser):
                    help="gaps between sends: poisson (exponential) or constant")
     g.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, include_in_web_ui=True,
                    help="prompt length of each request, in tokens")
+    g.add_argument("--prompt-tokens-max", type=int, default=d.prompt_tokens_max, include_in_web_ui=True,
+                   help="above 0: prompt lengths uniform between --prompt-tokens and this")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, include_in_web_ui=True,
                    help="output tokens per request (sent with ignore_eos, so exact)")
     g.add_argument("--warmup-s", type=float, default=d.warmup_s, include_in_web_ui=True,
@@ -71,7 +73,8 @@ def load_config(environment) -> LoadConfig:
 
     return LoadConfig(
         host=environment.host or "", mode=o.mode, rate=float(o.rate), arrival=o.arrival,
-        prompt_tokens=int(o.prompt_tokens), max_tokens=int(o.max_tokens), warmup_s=float(o.warmup_s),
+        prompt_tokens=int(o.prompt_tokens), prompt_tokens_max=int(o.prompt_tokens_max), max_tokens=int(o.max_tokens),
+        warmup_s=float(o.warmup_s),
         seed=int(o.seed), run_dir=o.run_dir or time.strftime("runs/%Y%m%d-%H%M%S", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
         drain_s=float(o.drain_s), slo_ttft_ms=optional(o.slo_ttft_ms), slo_tpot_ms=optional(o.slo_tpot_ms))
@@ -142,8 +145,10 @@ def start_run(environment, **_):
     if "error" in environment.moe_server_start:
         log.warning("server at %s: %s", config.host, environment.moe_server_start["error"])
     environment.moe_run = Run(config, report)
-    log.info("open loop: %.3g requests/s (%s), %d prompt + %d output tokens, results to %s",
-             config.rate, config.arrival, config.prompt_tokens, config.max_tokens, config.run_dir)
+    prompt = f"{config.prompt_tokens}-{config.prompt_tokens_max}" if config.prompt_tokens_max \
+        else str(config.prompt_tokens)
+    log.info("open loop: %.3g requests/s (%s), %s prompt + %d output tokens, results to %s",
+             config.rate, config.arrival, prompt, config.max_tokens, config.run_dir)
 
 
 @events.test_stopping.add_listener

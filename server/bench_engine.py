@@ -130,11 +130,11 @@ def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generato
     return rows
 
 
-def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int]) -> Tensor | None:
+def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int], seed: int) -> Tensor | None:
     """[B, L, E] affinity bias of requests with these keys, or None for layer-wide skews."""
     if skew.kind != "affinity":
         return None
-    return torch.stack([skew.request_bias(n_layers, moe.n_experts, key) for key in keys]).to(moe.w1.device)
+    return torch.stack([skew.request_bias(n_layers, moe.n_experts, key, seed) for key in keys]).to(moe.w1.device)
 
 
 def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
@@ -153,7 +153,7 @@ def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Gen
             for s in range(ROUTING_SAMPLES):  # B fresh requests per batch
                 keys = [request_key(f"activated-{b}-{s}-{i}", seed) for i in range(b)]
                 x = norm(torch.randn(b, d, generator=gen, device=moe.w1.device))
-                counts.append(len(routed_experts(moe, x, token_bias(skew, moe, n_layers, keys))))
+                counts.append(len(routed_experts(moe, x, token_bias(skew, moe, n_layers, keys, seed))))
             rows.append({"skew": spec, "batch": b, "mean_active": statistics.fmean(counts),
                          "uniform_expected": e * (1 - (1 - k / e) ** b)})
     return rows
@@ -173,7 +173,7 @@ def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generat
     for spec in SKEWS:
         skew = Skew.parse(spec)
         moe.skew_bias = skew_bias(skew, moe, seed)
-        bias = token_bias(skew, moe, n_layers, keys)
+        bias = token_bias(skew, moe, n_layers, keys, seed)
         for capacity in (moe.n_experts // 4, moe.n_experts // 2):
             moe.cache = cache = ExpertCache([host], capacity, device, "lru", seed)
             moe.kernel = KERNELS["sorted"]

@@ -66,6 +66,7 @@ class Engine:
         self.args = args = PRESETS[preset]
         self.device = torch.device(device)
         self.dtype = dtype
+        self.seed = seed
         self.options = options
         self.model = Transformer(args, self.device, dtype, options.router, self._router_options(), seed)
         self.model.init_random(seed)
@@ -142,7 +143,7 @@ class Engine:
         if self.slot_bias is not None:
             for s in seqs:
                 if s.start_pos == 0:
-                    bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts, s.routing_key)
+                    bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts, s.routing_key, self.seed)
                     self.slot_bias[s.slot] = bias.to(self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
         ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)

@@ -145,7 +145,7 @@ class Skew:
 
     def layer_bias(self, n_experts: int, top_k: int, layer: int, seed: int) -> Tensor | None:
         """Bias [E] shared by all tokens of a layer (zipf, hot), or None."""
-        perm = torch.randperm(n_experts, generator=torch.Generator().manual_seed(seed * 1_000 + layer))
+        perm = layer_permutation(n_experts, layer, seed)
         if self.kind == "zipf":
             popularity = torch.arange(1, n_experts + 1, dtype=torch.float64) ** -self.value
             return torch.log(popularity / popularity.sum())[perm.argsort()].float()
@@ -158,13 +158,22 @@ class Skew:
             return bias
         return None
 
-    def request_bias(self, n_layers: int, n_experts: int, key: int) -> Tensor | None:
-        """Bias [L, E] of one request (affinity): log of a Dirichlet(alpha) preference per
-        layer drawn from the request's key, so the same request always prefers the same experts."""
+    def request_bias(self, n_layers: int, n_experts: int, key: int, seed: int) -> Tensor | None:
+        """Bias [L, E] of one request (affinity): the log of one Dirichlet(alpha) preference
+        drawn from the request's key, laid out in each layer through that layer's expert
+        permutation (the model's, shared by all requests). So a request keeps its experts from
+        step to step, and requests that share a favourite in one layer share it in every layer,
+        as tokens of one domain do in trained MoE models."""
         if self.kind != "affinity":
             return None
-        preference = np.random.default_rng(key).dirichlet([self.value] * n_experts, size=n_layers)
-        return torch.log(torch.from_numpy(preference).clamp(min=AFFINITY_FLOOR)).float()
+        preference = torch.from_numpy(np.random.default_rng(key).dirichlet([self.value] * n_experts))
+        bias = torch.log(preference.clamp(min=AFFINITY_FLOOR)).float()
+        return torch.stack([bias[layer_permutation(n_experts, layer, seed).argsort()] for layer in range(n_layers)])
+
+
+def layer_permutation(n_experts: int, layer: int, seed: int) -> Tensor:
+    """Which expert of a layer plays popularity rank (or preference) i: seeded per layer."""
+    return torch.randperm(n_experts, generator=torch.Generator().manual_seed(seed * 1_000 + layer))
 
 
 def hot_bias(fraction: float, n_experts: int, top_k: int, samples: int = 8192) -> float:

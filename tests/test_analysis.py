@@ -131,3 +131,27 @@ def test_server_view_uses_end_snapshot_after_a_reset():
     assert "reset" in view.basis
     assert (view.steps, view.mean_batch_size, view.expert_tokens.tolist()) == (50, 3.0, [[5, 15]])
 
+
+
+def test_compare_puts_runs_side_by_side(tmp_path):
+    for name in ("fcfs", "static"):
+        write_run(tmp_path / name)
+    end = snapshot(130.0, 300, [[70, 30, 10, 10]], 3.0) | {
+        "layers": [{"active_experts_steps": [0, 50, 150, 100, 0]}], "prefill_tokens": 900, "prefill_padded_tokens": 100}
+    start = snapshot(100.0, 100, [[10, 10, 10, 10]], 2.0) | {
+        "layers": [{"active_experts_steps": [0, 50, 50, 0, 0]}], "prefill_tokens": 0, "prefill_padded_tokens": 0}
+    summary = json.loads((tmp_path / "static" / "summary.json").read_text())
+    summary["server"] = {"start": start | {"policy": "static"}, "end": end | {"policy": "static"}}
+    (tmp_path / "static" / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "cmp"
+    done = subprocess.run([sys.executable, "-m", "analysis", "compare", str(tmp_path / "fcfs"),
+                           str(tmp_path / "static"), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
+    assert [r["policy"] for r in rows] == ["fcfs", "static"]
+    assert rows[0]["ttft_p50_ms"] == pytest.approx(500, rel=0.01)
+    assert rows[1]["distinct_experts_per_step"] == pytest.approx((100 * 2 + 100 * 3) / 200)  # window steps only
+    assert rows[1]["prefill_padded_share"] == pytest.approx(0.1)
+    assert rows[0]["distinct_experts_per_step"] is None
+    assert "no SLO was set" in done.stdout and (out / "compare.md").exists()

@@ -140,9 +140,11 @@ def test_hot_skew_gives_the_hot_expert_its_fraction():
 
 def test_affinity_skew_is_per_request_and_stable():
     skew = Skew.parse("affinity:0.05")
-    a1 = skew.request_bias(2, E, request_key("a", 0))
-    assert torch.equal(a1, skew.request_bias(2, E, request_key("a", 0)))
-    assert not torch.equal(a1, skew.request_bias(2, E, request_key("b", 0)))
+    a1 = skew.request_bias(2, E, request_key("a", 0), seed=0)
+    assert torch.equal(a1, skew.request_bias(2, E, request_key("a", 0), seed=0))
+    assert not torch.equal(a1, skew.request_bias(2, E, request_key("b", 0), seed=0))
+    # One preference, laid out per layer by the model's permutations: the same values in every layer.
+    assert torch.equal(a1[0].sort().values, a1[1].sort().values)
     layer = moe_layer()
     step = context(2)
     step.token_bias = torch.stack([a1, a1])  # both tokens from request "a"
