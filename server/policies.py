@@ -131,14 +131,17 @@ class DynamicPolicy(FcfsPolicy):
 
 
 class ExpertAwarePolicy(FcfsPolicy):
-    """When more requests are resident than fit in a step, decode the set that activates the
-    fewest distinct experts: greedy, starting from the oldest, each time adding the request
-    whose expert signature (the experts its last step used, per layer) adds the fewest
-    experts not yet active. A request that has not run for max_wait_ms goes first, so nobody
-    starves. New requests have no signature until prefilled: they are prefilled in arrival
-    order, into the places decodes leave, and into a quarter of the batch even when every
-    place could decode, so the KV pool (--kv-slots above --max-batch-size) holds more
-    requests than a step runs and the choice exists."""
+    """When more requests hold KV slots than a step runs (--kv-slots above --max-batch-size),
+    decode the set that activates the fewest distinct experts: greedy, starting from the
+    oldest, each time adding the request whose expert signature (the experts its last step
+    used, per layer) adds the fewest experts not yet active. A request that has not run for
+    max_wait_ms goes first, so nobody starves.
+
+    New requests have no signature until prefilled. They are admitted into free batch places
+    as in fcfs, and also, a quarter of a batch at a time, once the oldest has waited
+    max_wait_ms although every place could decode: that is how the KV pool comes to hold
+    more requests than a step runs. Otherwise steps decode only, since a prompt's many
+    tokens activate nearly every expert and would undo the grouping."""
 
     name = "expert_aware"
 
@@ -149,7 +152,11 @@ class ExpertAwarePolicy(FcfsPolicy):
         size = self.config.max_batch_size
         ready = decoding(v.resident)
         prefilling = [r for r in v.resident if r.prompt_left] + list(v.waiting)[:max(0, v.free_slots)]
-        n_prefill = min(len(prefilling), max(size - len(ready), max(1, size // 4)))
+        n_prefill = 0
+        if prefilling and len(ready) < size:
+            n_prefill = min(len(prefilling), size - len(ready))
+        elif prefilling and age_ms(prefilling[0], v.now_ns) >= self.config.max_wait_ms:
+            n_prefill = min(len(prefilling), max(1, size // 4))
         plan = StepPlan(prefill=[(r, r.prompt_left) for r in prefilling[:n_prefill]])
         places = size - n_prefill
         if len(ready) <= places:
