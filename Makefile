@@ -15,11 +15,11 @@ DEMO_RATE ?= 2
 DEMO_DIR ?= runs/demo
 COMPARE_DIR ?= runs/compare
 COMPARE_RUN_S ?= 30
-COMPARE_RATE ?= 1.5
+COMPARE_RATE ?= 0.9
 COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots 12 --max-wait-ms 100 \
-	--max-step-tokens 128 --routing-skew affinity:0.1
-COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 16 --prompt-tokens-max 384 \
-	--max-tokens 32 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
+	--max-step-tokens 32 --routing-skew affinity:0.1
+COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
+	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
 .PHONY: install proto serve load demo compare test bench-engine bench lint clean
 
