@@ -30,6 +30,7 @@ class LoadConfig:
     drain_s: float = 30.0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_e2e_ms: float | None = None
 
     def __post_init__(self):
         def check(ok: bool, flag: str, message: str):
@@ -48,7 +49,8 @@ class LoadConfig:
         check(self.request_timeout_s > 0, "request-timeout-s", f"must be above 0, got {self.request_timeout_s}")
         check(self.max_in_flight >= 1, "max-in-flight", f"must be at least 1, got {self.max_in_flight}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
-        for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms)):
+        for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms),
+                          ("slo-e2e-ms", self.slo_e2e_ms)):
             check(slo is None or slo > 0, flag, f"must be above 0, got {slo}")
         check(self.host.rpartition(":")[2].isdigit(), "host", f"must be HOST:PORT, got {self.host!r}")
 

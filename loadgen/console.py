@@ -20,6 +20,12 @@ def print_summary(summary: dict, run_dir: Path) -> None:
             print(f"{name:<14}{0:>8}  no samples")
     print(f"throughput: {t['output_tokens_per_s']:.1f} output tokens/s, {t['requests_per_s']:.2f} requests/s, "
           f"goodput {t['goodput_requests_per_s']:.2f} requests/s over {t['window_s']:.1f} s")
+    slo = summary["slo"]
+    if slo["objectives_ms"] and slo["requests"]:
+        share = slo["met_share"]
+        met = ", ".join(f"{name.upper()} <= {ms:g} ms met by {100 * share[name]:.1f}%"
+                        for name, ms in slo["objectives_ms"].items())
+        print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo['requests']} requests")
     failed = ", ".join(f"{k} {v}" for k, v in r["failed_by_code"].items()) or "none"
     print(f"requests: sent {r['sent']} = ok {r['ok']} + failed {r['failed']} ({failed}); "
           f"not sent {r['not_sent']}; warm-up {r['warmup']}")

@@ -63,6 +63,7 @@ def add_options(parser):
                    help="after the run, seconds in-flight requests get to finish before being cut off")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput")
+    g.add_argument("--slo-e2e-ms", type=float, default=None, help="end-to-end latency objective for goodput")
 
 
 def load_config(environment) -> LoadConfig:
@@ -77,7 +78,8 @@ def load_config(environment) -> LoadConfig:
         warmup_s=float(o.warmup_s),
         seed=int(o.seed), run_dir=o.run_dir or time.strftime("runs/%Y%m%d-%H%M%S", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
-        drain_s=float(o.drain_s), slo_ttft_ms=optional(o.slo_ttft_ms), slo_tpot_ms=optional(o.slo_tpot_ms))
+        drain_s=float(o.drain_s), slo_ttft_ms=optional(o.slo_ttft_ms), slo_tpot_ms=optional(o.slo_tpot_ms),
+        slo_e2e_ms=optional(o.slo_e2e_ms))
 
 
 class MoEUser(User):

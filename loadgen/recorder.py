@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from loadgen.client import StreamResult
 from loadgen.histograms import Histogram
+from loadgen.slo import Slo
 from loadgen.timing import StreamTiming, stream_timing
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag")
@@ -28,8 +29,7 @@ class Recorder:
 
     start_ns: int
     warmup_s: float
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
+    slo: Slo = field(default_factory=Slo)
     stop_ns: int | None = None  # end of the schedule, set when the run stops
     client: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
@@ -41,6 +41,8 @@ class Recorder:
     window_tokens: int = 0  # output tokens received inside the measured window
     window_ok: int = 0  # ok requests that completed inside it (whenever scheduled)
     window_good: int = 0  # ... and met the SLOs
+    slo_met: Counter = field(default_factory=Counter)  # measured ok requests meeting each objective, and all
+    slo_judged: int = 0  # measured ok requests
 
     @property
     def warmup_end_ns(self) -> int:
@@ -60,7 +62,7 @@ class Recorder:
             if result.ok else None
         if timing and self.in_window(result.recv_ns[-1]):
             self.window_ok += 1
-            self.window_good += self.meets_slo(timing)
+            self.window_good += self.slo.met(timing)
         warmup = result.scheduled_ns < self.warmup_end_ns
         self.warmup += warmup
         self.rows.append(self.row(result, timing, warmup))
@@ -70,6 +72,9 @@ class Recorder:
             self.client["send_lag"].record(lag_us)
         if timing is None:
             return None
+        checks = self.slo.checks(timing)
+        self.slo_judged += 1
+        self.slo_met.update([name for name, ok in checks.items() if ok] + (["all"] if all(checks.values()) else []))
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
             self.client[name].record(getattr(timing, f"{name}_us"))
         for itl in timing.itl_us:
@@ -94,10 +99,11 @@ class Recorder:
             **{f"server_{k}": v for k, v in r.usage.items()},
         }
 
-    def meets_slo(self, t: StreamTiming) -> bool:
-        ttft_ok = self.slo_ttft_ms is None or t.ttft_us <= self.slo_ttft_ms * 1000
-        tpot_ok = self.slo_tpot_ms is None or t.tpot_us is None or t.tpot_us <= self.slo_tpot_ms * 1000
-        return ttft_ok and tpot_ok
+    def slo_summary(self) -> dict:
+        """The objectives and the share of measured ok requests meeting each, and all."""
+        objectives = {name: ms for name, ms in vars(self.slo).items() if ms is not None}
+        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None for n in [*objectives, "all"]}
+        return {"objectives_ms": objectives, "requests": self.slo_judged, "met_share": share}
 
     def accounting(self) -> dict:
         failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}

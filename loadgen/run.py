@@ -17,6 +17,7 @@ from loadgen.arrivals import arrival_offsets_s
 from loadgen.client import StreamResult, stream_generate
 from loadgen.config import LoadConfig
 from loadgen.recorder import Recorder
+from loadgen.slo import Slo
 from loadgen.timing import StreamTiming
 from loadgen.workload import make_request
 
@@ -30,7 +31,8 @@ class Run:
         self.start_ns = time.monotonic_ns()
         self.started_at = time.time()
         self.stop_ns: int | None = None
-        self.recorder = Recorder(self.start_ns, config.warmup_s, config.slo_ttft_ms, config.slo_tpot_ms)
+        self.recorder = Recorder(self.start_ns, config.warmup_s,
+                                 Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
         self._schedule = enumerate(arrival_offsets_s(config.rate, config.arrival, config.seed))
         self._inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
@@ -100,6 +102,7 @@ class Run:
             "metrics": {f"{name}_ms": h.summary_ms() for name, h in rec.client.items()},
             "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
             "throughput": throughput,
+            "slo": rec.slo_summary(),
             "requests": rec.accounting(),
             "generator": rec.generator_health(cpu_percent=100 * cpu_s / cpu_wall_s),
         }

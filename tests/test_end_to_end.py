@@ -38,7 +38,7 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     with server_process(tmp_path) as (_, port):
         done = locust(port, run_dir, "-t", "6s", "--mode", "fixed", "--rate", "5", "--arrival", "constant",
-                      "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-s", "1")
+                      "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-s", "1", "--slo-ttft-ms", "5000")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     req = summary["requests"]
@@ -54,6 +54,9 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert summary["metrics"]["itl_ms"]["count"] >= measured * 7 // 2  # tokens may share a message
     assert summary["metrics"]["ttft_ms"]["p50"] >= summary["metrics"]["ttft_service_ms"]["p50"]
     assert summary["throughput"]["output_tokens_per_s"] > 0
+    assert summary["slo"] == {"objectives_ms": {"ttft": 5000.0}, "requests": measured,
+                              "met_share": {"ttft": 1.0, "all": 1.0}}
+    assert "SLO: TTFT <= 5000 ms met by 100.0%" in done.stdout
     start, end = summary["server"]["start"], summary["server"]["end"]
     assert end["requests_finished"] - start["requests_finished"] == req["ok"]
     assert end["tokens_generated"] - start["tokens_generated"] == req["ok"] * 8

@@ -1,5 +1,5 @@
 """Load generator logic with scripted clocks: metric definitions, arrival schedules,
-histogram clamping and request accounting."""
+histogram clamping, request accounting and SLO shares."""
 
 import itertools
 import statistics
@@ -10,6 +10,7 @@ from loadgen.arrivals import arrival_offsets_s
 from loadgen.client import StreamResult
 from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
+from loadgen.slo import Slo
 from loadgen.timing import stream_timing
 
 MS = 1_000_000  # ns
@@ -52,7 +53,7 @@ def test_out_of_range_values_are_clamped_and_counted():
 
 
 def test_every_request_is_accounted_for_and_warmup_is_not_measured():
-    rec = Recorder(start_ns=0, warmup_s=1.0, slo_ttft_ms=100)
+    rec = Recorder(start_ns=0, warmup_s=1.0, slo=Slo(ttft=100, e2e=400))
 
     def result(rid, scheduled_ms, status="OK", first_ms=50):
         r = StreamResult(rid, scheduled_ms * MS, sent_ns=scheduled_ms * MS, status=status)
@@ -76,6 +77,9 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     assert tp["goodput_requests_per_s"] == 0.5  # only fast met the 100 ms TTFT objective
     assert tp["output_tokens_per_s"] == 3.0  # 6 tokens in the window
     assert [r["request_id"] for r in rec.rows] == ["warm", "warm-late", "fast", "slow", "refused"]
+    # Judged: the measured ok requests, fast (60 ms e2e) and slow (310 ms e2e, 300 ms TTFT).
+    assert rec.slo_summary() == {"objectives_ms": {"ttft": 100, "e2e": 400}, "requests": 2,
+                                 "met_share": {"ttft": 0.5, "e2e": 1.0, "all": 0.5}}
     assert rec.rows[2]["ttft_ms"] == 50 and rec.rows[4]["ttft_ms"] is None
 
 
