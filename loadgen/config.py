@@ -28,6 +28,7 @@ class LoadConfig:
     request_timeout_s: float = 120.0
     max_in_flight: int = 1000
     drain_s: float = 30.0
+    interval_s: float = 1.0  # interval histograms (.hlog) and GetStats samples
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_e2e_ms: float | None = None
@@ -48,6 +49,7 @@ class LoadConfig:
         check(self.warmup_s >= 0, "warmup-s", f"must be at least 0, got {self.warmup_s}")
         check(self.request_timeout_s > 0, "request-timeout-s", f"must be above 0, got {self.request_timeout_s}")
         check(self.max_in_flight >= 1, "max-in-flight", f"must be at least 1, got {self.max_in_flight}")
+        check(self.interval_s > 0, "interval-s", f"must be above 0, got {self.interval_s}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
         for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms),
                           ("slo-e2e-ms", self.slo_e2e_ms)):

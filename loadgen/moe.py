@@ -61,6 +61,8 @@ def add_options(parser):
                    help="open requests per process; arrivals beyond it are counted as not sent")
     g.add_argument("--drain-s", type=float, default=d.drain_s,
                    help="after the run, seconds in-flight requests get to finish before being cut off")
+    g.add_argument("--interval-s", type=float, default=d.interval_s,
+                   help="period of the .hlog interval histograms and of server_stats.jsonl samples")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective for goodput")
     g.add_argument("--slo-e2e-ms", type=float, default=None, help="end-to-end latency objective for goodput")
@@ -75,11 +77,11 @@ def load_config(environment) -> LoadConfig:
     return LoadConfig(
         host=environment.host or "", mode=o.mode, rate=float(o.rate), arrival=o.arrival,
         prompt_tokens=int(o.prompt_tokens), prompt_tokens_max=int(o.prompt_tokens_max), max_tokens=int(o.max_tokens),
-        warmup_s=float(o.warmup_s),
-        seed=int(o.seed), run_dir=o.run_dir or time.strftime("runs/%Y%m%d-%H%M%S", time.gmtime()),
+        warmup_s=float(o.warmup_s), seed=int(o.seed),
+        run_dir=o.run_dir or time.strftime(f"runs/%Y%m%d-%H%M%S-{o.mode}", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
-        drain_s=float(o.drain_s), slo_ttft_ms=optional(o.slo_ttft_ms), slo_tpot_ms=optional(o.slo_tpot_ms),
-        slo_e2e_ms=optional(o.slo_e2e_ms))
+        drain_s=float(o.drain_s), interval_s=float(o.interval_s), slo_ttft_ms=optional(o.slo_ttft_ms),
+        slo_tpot_ms=optional(o.slo_tpot_ms), slo_e2e_ms=optional(o.slo_e2e_ms))
 
 
 class MoEUser(User):
@@ -146,7 +148,7 @@ def start_run(environment, **_):
     environment.moe_server_start = server_stats(config.host)
     if "error" in environment.moe_server_start:
         log.warning("server at %s: %s", config.host, environment.moe_server_start["error"])
-    environment.moe_run = Run(config, report)
+    environment.moe_run = Run(config, report, lambda: server_stats(config.host))
     prompt = f"{config.prompt_tokens}-{config.prompt_tokens_max}" if config.prompt_tokens_max \
         else str(config.prompt_tokens)
     log.info("open loop: %.3g requests/s (%s), %s prompt + %d output tokens, results to %s",

@@ -32,6 +32,7 @@ class Recorder:
     slo: Slo = field(default_factory=Slo)
     stop_ns: int | None = None  # end of the schedule, set when the run stops
     client: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    interval: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
     rows: list[dict] = field(default_factory=list)  # one per request sent
     statuses: Counter = field(default_factory=Counter)
@@ -69,22 +70,33 @@ class Recorder:
         if warmup:
             return None
         if lag_us is not None:
-            self.client["send_lag"].record(lag_us)
+            self.record("send_lag", lag_us)
         if timing is None:
             return None
         checks = self.slo.checks(timing)
         self.slo_judged += 1
         self.slo_met.update([name for name, ok in checks.items() if ok] + (["all"] if all(checks.values()) else []))
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
-            self.client[name].record(getattr(timing, f"{name}_us"))
+            self.record(name, getattr(timing, f"{name}_us"))
         for itl in timing.itl_us:
-            self.client["itl"].record(itl)
+            self.record("itl", itl)
         if timing.tpot_us is not None:
-            self.client["tpot"].record(timing.tpot_us)
+            self.record("tpot", timing.tpot_us)
         for name in SERVER_METRICS:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
         return timing
+
+    def record(self, metric: str, value_us: float) -> None:
+        """Into the run's histogram and the current interval's."""
+        self.client[metric].record(value_us)
+        self.interval[metric].record(value_us)
+
+    def take_interval(self) -> dict[str, Histogram]:
+        """The interval histograms so far; recording goes on into fresh ones."""
+        taken = self.interval
+        self.interval = {m: Histogram() for m in CLIENT_METRICS}
+        return taken
 
     def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> dict:
         """The request's line in requests.jsonl, times in ms from the run's start."""

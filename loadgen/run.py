@@ -7,8 +7,10 @@ go on to the next arrival, so a slow server never delays a send (no coordinated 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import gevent
 from gevent.pool import Group
@@ -16,6 +18,7 @@ from gevent.pool import Group
 from loadgen.arrivals import arrival_offsets_s
 from loadgen.client import StreamResult, stream_generate
 from loadgen.config import LoadConfig
+from loadgen.intervals import IntervalLog
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
 from loadgen.timing import StreamTiming
@@ -25,8 +28,10 @@ CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed ou
 
 
 class Run:
-    def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None]):
+    def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None],
+                 server_stats: Callable[[], dict]):
         self.config = config
+        self.server_stats = server_stats  # GetStats as a dict, sampled every interval
         self.on_result = on_result
         self.start_ns = time.monotonic_ns()
         self.started_at = time.time()
@@ -38,6 +43,10 @@ class Run:
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
         self._cpu_start_s = time.process_time()
+        run_dir = Path(config.run_dir)
+        self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
+        self.server_log = open(run_dir / "server_stats.jsonl", "w")
+        self._ticker = gevent.spawn(self._tick_every_interval)
 
     @property
     def stopping(self) -> bool:
@@ -65,6 +74,22 @@ class Run:
             self._inflight[greenlet] = result
             greenlet.link(self._finished)
 
+    def _tick_every_interval(self) -> None:
+        """Interval histograms and a GetStats sample on one clock, every --interval-s."""
+        next_s = time.monotonic()
+        while True:
+            next_s += self.config.interval_s
+            gevent.sleep(max(0.0, next_s - time.monotonic()))
+            self.tick()
+
+    def tick(self) -> None:
+        now_s = time.time()
+        self.intervals.write({name: h.hdr for name, h in self.recorder.take_interval().items()}, now_s)
+        stats = self.server_stats()
+        self.server_log.write(json.dumps({"t_unix_s": now_s, "t_run_s": now_s - self.started_at,
+                                          "stats": stats}) + "\n")
+        self.server_log.flush()
+
     def _finished(self, greenlet: gevent.Greenlet) -> None:
         result = self._inflight.pop(greenlet)
         self.on_result(result, self.recorder.add(result))
@@ -75,7 +100,8 @@ class Run:
             self.stop_ns = self.recorder.stop_ns = time.monotonic_ns()
 
     def drain(self) -> None:
-        """Waits up to drain_s for in-flight requests, then cuts off the rest (counted)."""
+        """Waits up to drain_s for in-flight requests, then cuts off the rest (counted);
+        then closes the interval logs with the last, partial interval."""
         self.stop()
         self._group.join(timeout=self.config.drain_s)
         for greenlet, result in list(self._inflight.items()):
@@ -85,6 +111,10 @@ class Run:
             result.status = CUT_OFF
             result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
             self.on_result(result, self.recorder.add(result))
+        self._ticker.kill()
+        self.tick()
+        self.intervals.close()
+        self.server_log.close()
 
     def summary(self) -> dict:
         rec = self.recorder

@@ -1,6 +1,6 @@
 """End to end, as a user runs it: the server and Locust as subprocesses (locust is never
 imported here), a short headless open-loop run, summary.json checked against the server's
-own counts, the report produced; the web UI driven over HTTP; and a graceful SIGTERM while
+own counts, interval logs read back by HdrHistogram's reader, the report produced; the web UI driven over HTTP; and a graceful SIGTERM while
 streams are open."""
 
 import json
@@ -13,6 +13,8 @@ import urllib.request
 
 import grpc
 import pytest
+from hdrh.histogram import HdrHistogram
+from hdrh.log import HistogramLogReader
 
 from proto import moe_pb2, moe_pb2_grpc
 from tests.conftest import REPO, server_process, stop_process
@@ -62,8 +64,21 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert end["tokens_generated"] - start["tokens_generated"] == req["ok"] * 8
     rows = (run_dir / "requests.jsonl").read_text().splitlines()
     assert len(rows) == req["sent"] and all(json.loads(r)["output_tokens"] == 8 for r in rows)
-    assert set(json.loads((run_dir / "histograms.json").read_text())) >= {"ttft", "tpot", "itl", "e2e"}
+    histograms = json.loads((run_dir / "histograms.json").read_text())
+    assert set(histograms) >= {"ttft", "tpot", "itl", "e2e"}
     assert "E2E" in done.stdout and "TTFT" in done.stdout  # Locust's own statistics
+
+    # Interval logs: HdrHistogram's own reader gets back every value, interval by interval.
+    for name in ("ttft", "tpot", "itl", "e2e", "send_lag"):
+        reader = HistogramLogReader(str(run_dir / f"{name}.hlog"), HdrHistogram(1, 3_600_000_000, 3))
+        total, intervals = 0, 0
+        while (interval := reader.get_next_interval_histogram()) is not None:
+            total += interval.get_total_count()
+            intervals += 1
+        assert total == HdrHistogram.decode(histograms[name]).get_total_count()
+        assert 5 <= intervals <= 9  # 1 s intervals over a 6 s run, plus the last partial one
+    samples = [json.loads(line) for line in (run_dir / "server_stats.jsonl").read_text().splitlines()]
+    assert len(samples) >= 5 and all("steps" in s["stats"] and s["t_run_s"] > 0 for s in samples)
 
     report = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
