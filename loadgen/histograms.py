@@ -44,3 +44,8 @@ class Histogram:
 
     def encode(self) -> str:
         return self.hdr.encode().decode("ascii")
+
+    def merge(self, encoded: str, clamped: int) -> None:
+        """Adds an encoded histogram of the same settings: exact, unlike averaging percentiles."""
+        self.hdr.add(HdrHistogram.decode(encoded))
+        self.clamped += clamped

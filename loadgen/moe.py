@@ -28,6 +28,7 @@ from loadgen.config import MODES, ConfigError, LoadConfig  # noqa: E402
 from loadgen.console import print_summary  # noqa: E402
 from loadgen.run import Run  # noqa: E402
 from loadgen.rundir import write_run_dir  # noqa: E402
+from loadgen.summary import histogram_encodings  # noqa: E402
 from proto import moe_pb2_grpc  # noqa: E402
 
 log = logging.getLogger("loadgen")
@@ -173,5 +174,5 @@ def finish_run(environment, **_):
         channel.close()
     summary = run.summary()
     summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
-    path = write_run_dir(run.config.run_dir, summary, run.histograms(), run.recorder.rows)
+    path = write_run_dir(run.config.run_dir, summary, histogram_encodings(run.recorder), run.recorder.rows)
     print_summary(summary, path)

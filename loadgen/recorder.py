@@ -19,6 +19,7 @@ from loadgen.timing import StreamTiming, stream_timing
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
+MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged")
 BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md): timing less exact
 
 
@@ -87,6 +88,26 @@ class Recorder:
                 self.server[name].record(result.usage[f"{name}_us"])
         return timing
 
+    def export(self) -> dict:
+        """Everything a merge needs, as plain types (Locust sends it between processes)."""
+        return {
+            "client": {name: [h.encode(), h.clamped] for name, h in self.client.items()},
+            "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
+            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met), "rows": self.rows,
+            **{k: getattr(self, k) for k in MERGED_COUNTS},
+        }
+
+    def absorb(self, part: dict) -> None:
+        """Adds another recorder's export: histograms exactly (HDR add), counts summed."""
+        for kind, hists in (("client", self.client), ("server", self.server)):
+            for name, (encoded, clamped) in part[kind].items():
+                hists[name].merge(encoded, clamped)
+        self.statuses.update(part["statuses"])
+        self.slo_met.update(part["slo_met"])
+        self.rows.extend(part["rows"])
+        for k in MERGED_COUNTS:
+            setattr(self, k, getattr(self, k) + part[k])
+
     def record(self, metric: str, value_us: float) -> None:
         """Into the run's histogram and the current interval's."""
         self.client[metric].record(value_us)
@@ -122,10 +143,14 @@ class Recorder:
         return {"sent": sum(self.statuses.values()), "ok": self.statuses["OK"], "failed": sum(failed.values()),
                 "not_sent": self.not_sent, "failed_by_code": failed, "warmup": self.warmup}
 
-    def throughput(self) -> dict:
-        """Rates over the measured window [end of warm-up, stop]: output tokens received in
-        it, and ok requests (meeting the SLOs, for goodput) that completed in it."""
-        window_s = max(self.stop_ns - self.warmup_end_ns, 1) / 1e9
+    @property
+    def window_s(self) -> float:
+        """The measured window: end of warm-up to the end of the schedule."""
+        return max(self.stop_ns - self.warmup_end_ns, 1) / 1e9
+
+    def throughput(self, window_s: float) -> dict:
+        """Rates over the measured window: output tokens received in it, and ok requests
+        (meeting the SLOs, for goodput) that completed in it."""
         return {"window_s": window_s, "output_tokens_per_s": self.window_tokens / window_s,
                 "requests_per_s": self.window_ok / window_s, "goodput_requests_per_s": self.window_good / window_s}
 

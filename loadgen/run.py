@@ -21,6 +21,7 @@ from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
+from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
 from loadgen.workload import make_request
 
@@ -116,27 +117,15 @@ class Run:
         self.intervals.close()
         self.server_log.close()
 
-    def summary(self) -> dict:
-        rec = self.recorder
-        wall_s = (self.stop_ns - self.start_ns) / 1e9
-        cpu_s = time.process_time() - self._cpu_start_s  # over the run and its drain
-        cpu_wall_s = (time.monotonic_ns() - self.start_ns) / 1e9
-        throughput = rec.throughput()
-        return {
-            "schema": 1,
-            "run_dir": self.config.run_dir,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-            "duration_s": wall_s,  # start -> end of the schedule
-            "window_s": throughput["window_s"],  # measured: end of warm-up -> end of the schedule
-            "config": self.config.as_dict(),
-            "metrics": {f"{name}_ms": h.summary_ms() for name, h in rec.client.items()},
-            "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
-            "throughput": throughput,
-            "slo": rec.slo_summary(),
-            "requests": rec.accounting(),
-            "generator": rec.generator_health(cpu_percent=100 * cpu_s / cpu_wall_s),
-        }
+    @property
+    def duration_s(self) -> float:
+        return (self.stop_ns - self.start_ns) / 1e9
 
-    def histograms(self) -> dict[str, str]:
-        hists = {**self.recorder.client, **{f"server_{k}": v for k, v in self.recorder.server.items()}}
-        return {name: h.encode() for name, h in hists.items()}
+    @property
+    def cpu_percent(self) -> float:
+        """This process's CPU over the run and its drain, % of one core."""
+        return 100 * (time.process_time() - self._cpu_start_s) / ((time.monotonic_ns() - self.start_ns) / 1e9)
+
+    def summary(self) -> dict:
+        return summarize(self.config, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
+                         self.cpu_percent)

@@ -71,7 +71,7 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     assert rec.accounting() == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
                                 "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2}
     assert rec.client["ttft"].count == 2  # warm-up kept out of the latency histograms
-    tp = rec.throughput()
+    tp = rec.throughput(rec.window_s)
     assert tp["window_s"] == 2.0
     assert tp["requests_per_s"] == 1.5  # warm-late, fast and slow completed in the window
     assert tp["goodput_requests_per_s"] == 0.5  # only fast met the 100 ms TTFT objective

@@ -1,0 +1,31 @@
+"""summary.json and histograms.json from a recorder: one process's, or several merged."""
+
+from __future__ import annotations
+
+import time
+
+from loadgen.config import LoadConfig
+from loadgen.recorder import Recorder
+
+
+def summarize(config: LoadConfig, rec: Recorder, started_at: float, duration_s: float, window_s: float,
+              cpu_percent: float) -> dict:
+    return {
+        "schema": 1,
+        "run_dir": config.run_dir,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "duration_s": duration_s,  # start -> end of the schedule
+        "window_s": window_s,  # measured: end of warm-up -> end of the schedule
+        "config": config.as_dict(),
+        "metrics": {f"{name}_ms": h.summary_ms() for name, h in rec.client.items()},
+        "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
+        "throughput": rec.throughput(window_s),
+        "slo": rec.slo_summary(),
+        "requests": rec.accounting(),
+        "generator": rec.generator_health(cpu_percent),
+    }
+
+
+def histogram_encodings(rec: Recorder) -> dict[str, str]:
+    hists = {**rec.client, **{f"server_{k}": v for k, v in rec.server.items()}}
+    return {name: h.encode() for name, h in hists.items()}
