@@ -1,7 +1,7 @@
 """End to end, as a user runs it: the server and Locust as subprocesses (locust is never
 imported here), a short headless open-loop run, summary.json checked against the server's
-own counts, interval logs read back by HdrHistogram's reader, the report produced; the web UI driven over HTTP; and a graceful SIGTERM while
-streams are open."""
+own counts, interval logs read back by HdrHistogram's reader, the report produced; the web
+UI driven over HTTP; and a graceful SIGTERM while streams are open."""
 
 import json
 import socket

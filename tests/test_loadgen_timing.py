@@ -2,6 +2,7 @@
 histogram clamping, request accounting and SLO shares."""
 
 import itertools
+import random
 import statistics
 
 import pytest
@@ -88,3 +89,32 @@ def test_tokens_after_the_stop_are_outside_the_window():
     r = StreamResult("straddles", 50 * MS, sent_ns=50 * MS, recv_ns=[80 * MS, 120 * MS], tokens=[1, 1])
     rec.add(r)
     assert rec.window_tokens == 1 and rec.window_ok == 0  # completed during the drain
+
+
+def test_merging_exports_equals_recording_everything_in_one():
+    def results(n, seed):
+        rng = random.Random(seed)
+        for i in range(n):
+            ttft_ms = rng.uniform(1, 100)
+            yield StreamResult(f"{seed}-{i}", i * MS, sent_ns=i * MS,
+                               recv_ns=[int((i + ttft_ms) * MS), int((i + ttft_ms + 5) * MS)], tokens=[1, 1])
+
+    def recorder():
+        return Recorder(start_ns=0, warmup_s=0, slo=Slo(ttft=50), stop_ns=10_000 * MS)
+
+    a, b, one, merged = recorder(), recorder(), recorder(), recorder()
+    for r in results(300, 1):
+        a.add(r)
+        one.add(r)
+    for r in results(200, 2):
+        b.add(r)
+        one.add(r)
+    merged.absorb(a.export())
+    merged.absorb(b.export())
+    assert merged.accounting() == one.accounting()
+    assert merged.accounting()["sent"] == 500
+    for name in ("ttft", "tpot", "itl", "e2e", "send_lag"):
+        assert merged.client[name].summary_ms() == one.client[name].summary_ms()
+    assert merged.slo_summary() == one.slo_summary()
+    assert merged.throughput(10.0) == one.throughput(10.0)
+    assert len(merged.rows) == 500
