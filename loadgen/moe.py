@@ -21,11 +21,13 @@ import gevent  # noqa: E402
 import grpc  # noqa: E402
 from locust import User, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
+from locust.runners import MasterRunner, WorkerRunner  # noqa: E402
 
 from loadgen.arrivals import ARRIVALS  # noqa: E402
 from loadgen.client import server_stats  # noqa: E402
 from loadgen.config import MODES, ConfigError, LoadConfig  # noqa: E402
 from loadgen.console import print_summary  # noqa: E402
+from loadgen.distributed import MESSAGE, worker_message, write_merged  # noqa: E402
 from loadgen.run import Run  # noqa: E402
 from loadgen.rundir import write_run_dir  # noqa: E402
 from loadgen.summary import histogram_encodings  # noqa: E402
@@ -110,8 +112,8 @@ def check_options(environment, **_):
     """Bad flags end the process before any request, naming the flag."""
     if environment.parsed_options is None:
         return
-    if environment.parsed_options.master or environment.parsed_options.worker:
-        sys.exit("loadgen/moe.py: distributed runs (--master/--worker) are not supported yet; run one process")
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(MESSAGE, lambda msg, **_: receive_part(environment, msg.data))
     if environment.host or environment.parsed_options.headless:
         try:
             load_config(environment)
@@ -119,14 +121,33 @@ def check_options(environment, **_):
             sys.exit(f"loadgen/moe.py: {exc}")
 
 
+def refuse(environment, message: str) -> None:
+    """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test stops."""
+    log.error("%s", message)
+    environment.moe_run = None
+    if environment.parsed_options.headless:
+        environment.process_exit_code = 2
+        gevent.spawn(environment.runner.quit)  # not from inside the spawning greenlet
+    else:
+        gevent.spawn(environment.runner.stop)
+
+
 @events.test_start.add_listener
 def start_run(environment, **_):
     try:
         config = load_config(environment)
     except (ConfigError, ValueError) as exc:  # set in the web UI
-        log.error("%s", exc)
-        environment.moe_run = None
-        gevent.spawn(environment.runner.stop)  # not from inside the spawning greenlet
+        refuse(environment, str(exc))
+        return
+    runner = environment.runner
+    if isinstance(runner, MasterRunner):
+        if runner.target_user_count < runner.worker_count:
+            refuse(environment, f"{runner.worker_count} workers need at least {runner.worker_count} users "
+                   f"(-u {runner.worker_count}): each worker's users send its share of --rate")
+            return
+        environment.parsed_options.moe_workers = runner.worker_count  # reaches workers with the spawn message
+        environment.moe_master = {"config": config, "expected": runner.worker_count, "parts": [], "written": False,
+                                  "server_start": server_stats(config.host)}
         return
 
     def report(result, timing):
@@ -149,7 +170,15 @@ def start_run(environment, **_):
     environment.moe_server_start = server_stats(config.host)
     if "error" in environment.moe_server_start:
         log.warning("server at %s: %s", config.host, environment.moe_server_start["error"])
-    environment.moe_run = Run(config, report, lambda: server_stats(config.host))
+    if isinstance(runner, WorkerRunner):
+        workers, index = getattr(environment.parsed_options, "moe_workers", None), runner.worker_index
+        if workers is None:
+            environment.moe_run = None  # the master refused the test and says why in its log
+            return
+        environment.moe_run = Run(config, report, lambda: server_stats(config.host), workers, index,
+                                  f"{config.run_dir}/worker-{index}")
+    else:
+        environment.moe_run = Run(config, report, lambda: server_stats(config.host))
     prompt = f"{config.prompt_tokens}-{config.prompt_tokens_max}" if config.prompt_tokens_max \
         else str(config.prompt_tokens)
     log.info("open loop: %.3g requests/s (%s), %s prompt + %d output tokens, results to %s",
@@ -172,7 +201,37 @@ def finish_run(environment, **_):
     run.drain()
     for channel in run.channels:
         channel.close()
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.send_message(MESSAGE, worker_message(environment.runner.worker_index, run))
+        return
     summary = run.summary()
     summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
     path = write_run_dir(run.config.run_dir, summary, histogram_encodings(run.recorder), run.recorder.rows)
+    print_summary(summary, path)
+
+
+def receive_part(environment, part: dict) -> None:
+    """Master: a worker's results; with the last expected one, the merged run is written."""
+    master = getattr(environment, "moe_master", None)
+    if master is None or master["written"]:
+        return
+    master["parts"].append(part)
+    if len(master["parts"]) == master["expected"]:
+        write_master(environment)
+
+
+@events.quitting.add_listener
+def write_incomplete(environment, **_):
+    """Master: workers that never reported still leave a run directory, marked incomplete."""
+    master = getattr(environment, "moe_master", None)
+    if master is not None and master["parts"] and not master["written"]:
+        write_master(environment)
+
+
+def write_master(environment) -> None:
+    master = environment.moe_master
+    master["written"] = True
+    config = master["config"]
+    server = {"start": master["server_start"], "end": server_stats(config.host)}
+    summary, path = write_merged(config, master["parts"], master["expected"], server)
     print_summary(summary, path)

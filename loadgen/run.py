@@ -15,7 +15,7 @@ from pathlib import Path
 import gevent
 from gevent.pool import Group
 
-from loadgen.arrivals import arrival_offsets_s
+from loadgen.arrivals import worker_arrivals
 from loadgen.client import StreamResult, stream_generate
 from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
@@ -30,7 +30,9 @@ CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed ou
 
 class Run:
     def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 server_stats: Callable[[], dict]):
+                 server_stats: Callable[[], dict], workers: int = 1, index: int = 0, run_dir: str | None = None):
+        """workers, index: this process's place among Locust worker processes; run_dir: where
+        its interval logs go (a worker's own directory; default the run's)."""
         self.config = config
         self.server_stats = server_stats  # GetStats as a dict, sampled every interval
         self.on_result = on_result
@@ -39,12 +41,12 @@ class Run:
         self.stop_ns: int | None = None
         self.recorder = Recorder(self.start_ns, config.warmup_s,
                                  Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
-        self._schedule = enumerate(arrival_offsets_s(config.rate, config.arrival, config.seed))
+        self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index)
         self._inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
         self._cpu_start_s = time.process_time()
-        run_dir = Path(config.run_dir)
+        run_dir = Path(run_dir or config.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
         self.server_log = open(run_dir / "server_stats.jsonl", "w")
         self._ticker = gevent.spawn(self._tick_every_interval)

@@ -1,7 +1,8 @@
 """End to end, as a user runs it: the server and Locust as subprocesses (locust is never
 imported here), a short headless open-loop run, summary.json checked against the server's
 own counts, interval logs read back by HdrHistogram's reader, the report produced; the web
-UI driven over HTTP; and a graceful SIGTERM while streams are open."""
+UI driven over HTTP; a master with two workers merging exactly; and a graceful SIGTERM while
+streams are open."""
 
 import json
 import socket
@@ -165,3 +166,45 @@ def wait_for(predicate, timeout_s: float = 30) -> bool:
             pass
         time.sleep(0.1)
     return False
+
+
+def test_distributed_master_merges_two_workers_exactly(tmp_path):
+    run_dir, master_port = tmp_path / "run", free_port()
+    locust_bin = str(REPO / ".venv/bin/locust")
+    with server_process(tmp_path) as (_, port):
+        workers = [subprocess.Popen([locust_bin, "-f", "loadgen/moe.py", "--worker", "--master-host", "127.0.0.1",
+                                     "--master-port", str(master_port)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.STDOUT) for _ in range(2)]
+        try:
+            done = locust(port, run_dir, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
+                          str(master_port), "--web-host", "127.0.0.1", "--expect-workers", "2", "-u", "2", "-r", "2",
+                          "-t", "6s", "--rate", "8", "--arrival", "constant", "--prompt-tokens", "8",
+                          "--max-tokens", "4")
+        finally:
+            for w in workers:
+                stop_process(w)
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    parts = json.loads((run_dir / "workers.json").read_text())
+    assert sorted(p["worker"] for p in parts) == [0, 1]
+    req = summary["requests"]
+    assert req["sent"] == sum(sum(p["statuses"].values()) for p in parts) == req["ok"]
+    assert 40 <= req["sent"] <= 52  # the total rate, 8/s for ~6 s, split over the workers
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert len({r["request_id"] for r in rows}) == len(rows) == req["sent"]
+    merged = json.loads((run_dir / "histograms.json").read_text())
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        everything = HdrHistogram(1, 3_600_000_000, 3)
+        for p in parts:
+            everything.add(HdrHistogram.decode(p["client"][name][0]))
+        m = HdrHistogram.decode(merged[name])
+        assert m.get_total_count() == everything.get_total_count() > 0
+        for q in (50, 90, 99, 99.9, 100):
+            assert m.get_value_at_percentile(q) == everything.get_value_at_percentile(q)
+    for name in ("ttft", "e2e"):  # and as one histogram fed every request's value directly
+        one = HdrHistogram(1, 3_600_000_000, 3)
+        for r in rows:
+            one.record_value(round(r[f"{name}_ms"] * 1000))
+        m = HdrHistogram.decode(merged[name])
+        assert [m.get_value_at_percentile(q) for q in (50, 99, 100)] == \
+            [one.get_value_at_percentile(q) for q in (50, 99, 100)]

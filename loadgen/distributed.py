@@ -1,0 +1,46 @@
+"""Locust master/worker runs: every worker records into its own histograms and sends an
+export (encoded HDR histograms and counts) to the master, which merges them exactly (HDR
+add, summed counts; percentiles are never averaged) into the run's one summary.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadgen.config import LoadConfig
+from loadgen.recorder import Recorder
+from loadgen.rundir import write_json, write_run_dir
+from loadgen.slo import Slo
+from loadgen.summary import histogram_encodings, summarize
+
+MESSAGE = "moe_results"  # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
+
+
+def worker_message(index: int, run) -> dict:
+    return {"worker": index, "export": run.recorder.export(), "started_at": run.started_at,
+            "duration_s": run.duration_s, "window_s": run.recorder.window_s, "cpu_percent": run.cpu_percent}
+
+
+def merge_parts(config: LoadConfig, parts: list[dict], expected: int, server: dict) -> tuple[dict, Recorder]:
+    """The run's summary and merged recorder from the workers' messages."""
+    merged = Recorder(0, config.warmup_s, Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
+    for part in parts:
+        merged.absorb(part["export"])
+    window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal
+    summary = summarize(config, merged, min(p["started_at"] for p in parts), max(p["duration_s"] for p in parts),
+                        window_s, max(p["cpu_percent"] for p in parts))
+    summary["server"] = server
+    summary["workers"] = [{"worker": p["worker"], "sent": sum(p["export"]["statuses"].values()),
+                           "cpu_percent": p["cpu_percent"], "window_s": p["window_s"]} for p in parts]
+    if len(parts) < expected:
+        summary["generator"]["warnings"].append(
+            f"only {len(parts)} of {expected} workers reported results: the run is incomplete")
+    return summary, merged
+
+
+def write_merged(config: LoadConfig, parts: list[dict], expected: int, server: dict) -> tuple[dict, Path]:
+    summary, merged = merge_parts(config, parts, expected, server)
+    path = write_run_dir(config.run_dir, summary, histogram_encodings(merged), merged.rows)
+    # Each worker's own histograms and counts, so anyone can check the merge.
+    write_json(path / "workers.json", [{k: v for k, v in p["export"].items() if k != "rows"} | {"worker": p["worker"]}
+                                       for p in parts])
+    return summary, path
