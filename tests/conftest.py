@@ -53,13 +53,21 @@ def server():
         yield served
 
 
-@contextmanager
 def server_process(tmp_path, *flags: str):
     """Yields (process, port) of `python -m server` as a subprocess on 127.0.0.1:0."""
+    return port_file_process(tmp_path, "server", "--preset", "tiny", "--port", "0", "--torch-threads", "1", *flags)
+
+
+def delay_server_process(tmp_path, *flags: str):
+    """Yields (process, port) of the known-delay server (tests/delay_server.py)."""
+    return port_file_process(tmp_path, "tests.delay_server", *flags)
+
+
+@contextmanager
+def port_file_process(tmp_path, module: str, *flags: str):
     port_file = tmp_path / "server.port"
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--preset", "tiny", "--port", "0",
-                             "--port-file", str(port_file), "--torch-threads", "1", *flags],
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port-file", str(port_file), *flags],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

@@ -1,0 +1,44 @@
+"""The load generator's numbers against a server whose delays are known
+(tests/delay_server.py): percentiles within a stated tolerance of the truth, and a stall of
+every stream in the middle of an open-loop run shows in TTFT p99 (a closed-loop generator
+would have sent almost nothing during the stall and hidden it)."""
+
+import json
+
+import pytest
+
+from tests.conftest import delay_server_process
+from tests.test_end_to_end import locust
+
+pytestmark = pytest.mark.slow
+
+# Locust's gevent grpc adds delivery lag (NOTES.md): a few ms at this light load.
+TOLERANCE_MS = 8
+
+
+def test_fixed_rate_percentiles_match_the_known_delays(tmp_path):
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as (_, port):
+        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--prompt-tokens", "4", "--max-tokens", "6")
+    assert done.returncode == 0, done.stdout
+    m = json.loads((run_dir / "summary.json").read_text())["metrics"]
+    assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
+    assert 10 - 1 <= m["tpot_ms"]["p50"] <= 10 + TOLERANCE_MS / 2
+    assert 70 <= m["e2e_ms"]["p50"] <= 70 + TOLERANCE_MS  # 20 + 5 x 10 ms
+
+
+def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
+                              "--stall-s", "2") as (_, port):
+        done = locust(port, run_dir, "-t", "7s", "--rate", "10", "--arrival", "constant", "--prompt-tokens", "4",
+                      "--max-tokens", "3")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    stalled = [r for r in rows if r["ttft_ms"] > 500]
+    # Sent on schedule throughout (open loop): ~20 requests fell due during the 2 s stall.
+    assert len(stalled) >= 15
+    assert summary["generator"]["late_sends"] == 0
+    assert summary["metrics"]["ttft_ms"]["p99"] >= 1500
+    assert summary["metrics"]["ttft_ms"]["max"] <= 2000 + 20 + 3 * TOLERANCE_MS
