@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from loadgen.arrivals import ARRIVALS
 
-MODES = ("fixed",)
+MODES = ("fixed", "closed")
 
 
 class ConfigError(ValueError):

@@ -41,7 +41,8 @@ def add_options(parser):
     d = LoadConfig()
     g = parser  # Locust's own parser: only it knows include_in_web_ui
     g.add_argument("--mode", choices=MODES, default=d.mode, include_in_web_ui=True,
-                   help="fixed: constant offered rate, open loop")
+                   help="fixed: constant offered rate, open loop; closed: -u users, each sending its next request "
+                        "when the last ends (under-states queueing)")
     g.add_argument("--rate", type=float, default=d.rate, include_in_web_ui=True,
                    help="offered requests/s, total across users and workers")
     g.add_argument("--arrival", choices=ARRIVALS, default=d.arrival, include_in_web_ui=True,
@@ -102,7 +103,9 @@ class MoEUser(User):
 
     @task
     def send(self):
-        if self.run is not None:
+        if self.run is not None and self.run.config.mode == "closed":
+            self.run.closed_loop(self.stub)
+        elif self.run is not None:
             self.run.dispatch(self.stub)
         raise StopUser()
 
@@ -181,8 +184,12 @@ def start_run(environment, **_):
         environment.moe_run = Run(config, report, lambda: server_stats(config.host))
     prompt = f"{config.prompt_tokens}-{config.prompt_tokens_max}" if config.prompt_tokens_max \
         else str(config.prompt_tokens)
-    log.info("open loop: %.3g requests/s (%s), %s prompt + %d output tokens, results to %s",
-             config.rate, config.arrival, prompt, config.max_tokens, config.run_dir)
+    if config.mode == "closed":
+        log.info("closed loop: each user sends its next request when the last ends; %s prompt + %d output "
+                 "tokens, results to %s", prompt, config.max_tokens, config.run_dir)
+    else:
+        log.info("open loop: %.3g requests/s (%s), %s prompt + %d output tokens, results to %s",
+                 config.rate, config.arrival, prompt, config.max_tokens, config.run_dir)
 
 
 @events.test_stopping.add_listener

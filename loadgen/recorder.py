@@ -154,9 +154,13 @@ class Recorder:
         return {"window_s": window_s, "output_tokens_per_s": self.window_tokens / window_s,
                 "requests_per_s": self.window_ok / window_s, "goodput_requests_per_s": self.window_good / window_s}
 
-    def generator_health(self, cpu_percent: float) -> dict:
+    def generator_health(self, cpu_percent: float, closed_loop: bool = False) -> dict:
         lag = self.client["send_lag"].summary_ms()
         warnings = []
+        if closed_loop:
+            warnings.append("closed loop: each user waited for its previous response before sending, so a slow "
+                            "or stalled server received fewer requests and its queueing is under-stated "
+                            "(coordinated omission); use --mode fixed to measure latency under a given load")
         if cpu_percent > BUSY_CPU_PERCENT:
             warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
                             "receive timestamps lag (tens of ms at p99): lower the rate or add processes")

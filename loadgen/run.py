@@ -7,6 +7,7 @@ go on to the next arrival, so a slow server never delays a send (no coordinated 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ class Run:
         self.recorder = Recorder(self.start_ns, config.warmup_s,
                                  Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
         self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index)
+        self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
         self._inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
@@ -71,11 +73,23 @@ class Run:
             if len(self._inflight) >= self.config.max_in_flight:
                 self.recorder.not_sent += 1
                 continue
-            request = make_request(index, self.config)
-            result = StreamResult(request.request_id, due_ns)
-            greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
-            self._inflight[greenlet] = result
-            greenlet.link(self._finished)
+            self._send(stub, index, due_ns)
+
+    def closed_loop(self, stub) -> None:
+        """Locust's own model (--mode closed): this user sends its next request when the last
+        one ends, and latency counts from the actual send. The request runs in the run's
+        group, so a user stopped mid-stream still leaves it to the drain and the count."""
+        while not self.stopping:
+            index = next(self._closed_indexes)
+            self._send(stub, index, time.monotonic_ns()).join()
+
+    def _send(self, stub, index: int, due_ns: int) -> gevent.Greenlet:
+        request = make_request(index, self.config)
+        result = StreamResult(request.request_id, due_ns)
+        greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
+        self._inflight[greenlet] = result
+        greenlet.link(self._finished)
+        return greenlet
 
     def _tick_every_interval(self) -> None:
         """Interval histograms and a GetStats sample on one clock, every --interval-s."""

@@ -22,7 +22,7 @@ def summarize(config: LoadConfig, rec: Recorder, started_at: float, duration_s: 
         "throughput": rec.throughput(window_s),
         "slo": rec.slo_summary(),
         "requests": rec.accounting(),
-        "generator": rec.generator_health(cpu_percent),
+        "generator": rec.generator_health(cpu_percent, closed_loop=config.mode == "closed"),
     }
 
 

@@ -1,7 +1,7 @@
 """The load generator's numbers against a server whose delays are known
 (tests/delay_server.py): percentiles within a stated tolerance of the truth, and a stall of
-every stream in the middle of an open-loop run shows in TTFT p99 (a closed-loop generator
-would have sent almost nothing during the stall and hidden it)."""
+every stream in the middle of an open-loop run shows in TTFT p99, while closed-loop mode,
+run against the same stall, sends almost nothing during it, hides it, and says so."""
 
 import json
 
@@ -42,3 +42,18 @@ def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
     assert summary["generator"]["late_sends"] == 0
     assert summary["metrics"]["ttft_ms"]["p99"] >= 1500
     assert summary["metrics"]["ttft_ms"]["max"] <= 2000 + 20 + 3 * TOLERANCE_MS
+
+
+def test_closed_loop_hides_the_same_stall_and_says_so(tmp_path):
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
+                              "--stall-s", "2") as (_, port):
+        done = locust(port, run_dir, "-t", "7s", "--mode", "closed", "-u", "2", "-r", "2", "--prompt-tokens", "4",
+                      "--max-tokens", "3")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert summary["requests"]["sent"] == summary["requests"]["ok"] > 50  # two users, ~40 ms a request
+    assert len([r for r in rows if r["ttft_ms"] > 500]) <= 2  # one stalled request per user, the rest never sent
+    assert summary["metrics"]["ttft_ms"]["p95"] < 1500  # the stall is out of sight
+    assert any("closed loop" in w for w in summary["generator"]["warnings"])
