@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 from loadgen.arrivals import ARRIVALS
 
-MODES = ("fixed", "closed")
+MODES = ("fixed", "stress", "closed")
 
 
 class ConfigError(ValueError):
@@ -29,6 +29,11 @@ class LoadConfig:
     max_in_flight: int = 1000
     drain_s: float = 30.0
     interval_s: float = 1.0  # interval histograms (.hlog) and GetStats samples
+    rate_step: float = 0.0  # stress: added to the rate each step ...
+    rate_mult: float = 0.0  # ... or the rate multiplied by this each step
+    step_s: float = 10.0  # stress: length of a step
+    max_steps: int = 20  # stress: give up finding saturation after this many
+    saturation_share: float = 0.9  # stress: achieved below this share of offered = saturated
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_e2e_ms: float | None = None
@@ -49,6 +54,13 @@ class LoadConfig:
         check(self.warmup_s >= 0, "warmup-s", f"must be at least 0, got {self.warmup_s}")
         check(self.request_timeout_s > 0, "request-timeout-s", f"must be above 0, got {self.request_timeout_s}")
         check(self.max_in_flight >= 1, "max-in-flight", f"must be at least 1, got {self.max_in_flight}")
+        if self.mode == "stress":
+            check(self.rate_step > 0 or self.rate_mult > 1, "rate-step",
+                  "stress mode needs --rate-step above 0 or --rate-mult above 1 (the rate starts at --rate)")
+            check(self.step_s > 0, "step-s", f"must be above 0, got {self.step_s}")
+            check(self.max_steps >= 1, "max-steps", f"must be at least 1, got {self.max_steps}")
+            check(0 < self.saturation_share <= 1, "saturation-share",
+                  f"must be in (0, 1], got {self.saturation_share}")
         check(self.interval_s > 0, "interval-s", f"must be above 0, got {self.interval_s}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
         for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms),

@@ -29,6 +29,15 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     failed = ", ".join(f"{k} {v}" for k, v in r["failed_by_code"].items()) or "none"
     print(f"requests: sent {r['sent']} = ok {r['ok']} + failed {r['failed']} ({failed}); "
           f"not sent {r['not_sent']}; warm-up {r['warmup']}")
+    if "stress" in summary:
+        stress = summary["stress"]
+        print(f"{'stress step':<14}{'offered/s':>10}{'sent/s':>8}{'achieved/s':>11}{'TTFT p99':>10}  saturated")
+        for row in stress["steps"]:
+            p99 = "-" if row["ttft_p99_ms"] is None else f"{row['ttft_p99_ms']:.1f}"
+            print(f"{row['step']:<14}{row['offered_rps']:>10.3g}{row['sent_rps']:>8.3g}{row['achieved_rps']:>11.3g}"
+                  f"{p99:>10}  {row['saturated'] or '-'}")
+        knee = "none (the first step saturated)" if stress["knee_rps"] is None else f"{stress['knee_rps']:g} requests/s"
+        print(f"knee: {knee}; stopped: {stress['stopped_because']}")
     for warning in summary["generator"]["warnings"]:
         print(f"WARNING: {warning}")
     headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].get("p99"),

@@ -41,7 +41,8 @@ def add_options(parser):
     d = LoadConfig()
     g = parser  # Locust's own parser: only it knows include_in_web_ui
     g.add_argument("--mode", choices=MODES, default=d.mode, include_in_web_ui=True,
-                   help="fixed: constant offered rate, open loop; closed: -u users, each sending its next request "
+                   help="fixed: constant offered rate, open loop; stress: the rate rises each --step-s until the "
+                        "server saturates; closed: -u users, each sending its next request "
                         "when the last ends (under-states queueing)")
     g.add_argument("--rate", type=float, default=d.rate, include_in_web_ui=True,
                    help="offered requests/s, total across users and workers")
@@ -65,6 +66,14 @@ def add_options(parser):
                    help="open requests per process; arrivals beyond it are counted as not sent")
     g.add_argument("--drain-s", type=float, default=d.drain_s,
                    help="after the run, seconds in-flight requests get to finish before being cut off")
+    g.add_argument("--rate-step", type=float, default=d.rate_step, include_in_web_ui=True,
+                   help="stress: requests/s added each step (the rate starts at --rate)")
+    g.add_argument("--rate-mult", type=float, default=d.rate_mult,
+                   help="stress: or multiply the rate by this each step")
+    g.add_argument("--step-s", type=float, default=d.step_s, include_in_web_ui=True, help="stress: seconds per step")
+    g.add_argument("--max-steps", type=int, default=d.max_steps, help="stress: most steps before giving up")
+    g.add_argument("--saturation-share", type=float, default=d.saturation_share,
+                   help="stress: a step whose achieved rate is below this share of the offered rate saturated")
     g.add_argument("--interval-s", type=float, default=d.interval_s,
                    help="period of the .hlog interval histograms and of server_stats.jsonl samples")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput")
@@ -84,7 +93,9 @@ def load_config(environment) -> LoadConfig:
         warmup_s=float(o.warmup_s), seed=int(o.seed),
         run_dir=o.run_dir or time.strftime(f"runs/%Y%m%d-%H%M%S-{o.mode}", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
-        drain_s=float(o.drain_s), interval_s=float(o.interval_s), slo_ttft_ms=optional(o.slo_ttft_ms),
+        drain_s=float(o.drain_s), interval_s=float(o.interval_s), rate_step=float(o.rate_step),
+        rate_mult=float(o.rate_mult), step_s=float(o.step_s), max_steps=int(o.max_steps),
+        saturation_share=float(o.saturation_share), slo_ttft_ms=optional(o.slo_ttft_ms),
         slo_tpot_ms=optional(o.slo_tpot_ms), slo_e2e_ms=optional(o.slo_e2e_ms))
 
 
@@ -124,15 +135,18 @@ def check_options(environment, **_):
             sys.exit(f"loadgen/moe.py: {exc}")
 
 
+def end_test(environment) -> None:
+    """Ends the test as -t would: headless the process quits, in the web UI the test stops."""
+    gevent.spawn(environment.runner.quit if environment.parsed_options.headless else environment.runner.stop)
+
+
 def refuse(environment, message: str) -> None:
     """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test stops."""
     log.error("%s", message)
     environment.moe_run = None
     if environment.parsed_options.headless:
         environment.process_exit_code = 2
-        gevent.spawn(environment.runner.quit)  # not from inside the spawning greenlet
-    else:
-        gevent.spawn(environment.runner.stop)
+    end_test(environment)  # not from inside the spawning greenlet
 
 
 @events.test_start.add_listener
@@ -144,6 +158,10 @@ def start_run(environment, **_):
         return
     runner = environment.runner
     if isinstance(runner, MasterRunner):
+        if config.mode == "stress":
+            refuse(environment, "--mode stress runs in one process (it judges each step as it ends); "
+                   "drop --master/--processes")
+            return
         if runner.target_user_count < runner.worker_count:
             refuse(environment, f"{runner.worker_count} workers need at least {runner.worker_count} users "
                    f"(-u {runner.worker_count}): each worker's users send its share of --rate")
@@ -181,7 +199,8 @@ def start_run(environment, **_):
         environment.moe_run = Run(config, report, lambda: server_stats(config.host), workers, index,
                                   f"{config.run_dir}/worker-{index}")
     else:
-        environment.moe_run = Run(config, report, lambda: server_stats(config.host))
+        environment.moe_run = Run(config, report, lambda: server_stats(config.host),
+                                  request_stop=lambda: end_test(environment))
     prompt = f"{config.prompt_tokens}-{config.prompt_tokens_max}" if config.prompt_tokens_max \
         else str(config.prompt_tokens)
     if config.mode == "closed":
@@ -214,6 +233,8 @@ def finish_run(environment, **_):
     summary = run.summary()
     summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
     path = write_run_dir(run.config.run_dir, summary, histogram_encodings(run.recorder), run.recorder.rows)
+    if run.stress is not None:
+        run.stress.write_csv(path)
     print_summary(summary, path)
 
 

@@ -22,6 +22,7 @@ from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
+from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
 from loadgen.workload import make_request
@@ -31,9 +32,12 @@ CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed ou
 
 class Run:
     def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 server_stats: Callable[[], dict], workers: int = 1, index: int = 0, run_dir: str | None = None):
+                 server_stats: Callable[[], dict], workers: int = 1, index: int = 0, run_dir: str | None = None,
+                 request_stop: Callable[[], None] = lambda: None):
         """workers, index: this process's place among Locust worker processes; run_dir: where
-        its interval logs go (a worker's own directory; default the run's)."""
+        its interval logs go (a worker's own directory; default the run's); request_stop: ends
+        the Locust test (stress mode calls it when it is done)."""
+        self.request_stop = request_stop
         self.config = config
         self.server_stats = server_stats  # GetStats as a dict, sampled every interval
         self.on_result = on_result
@@ -44,7 +48,7 @@ class Run:
                                  Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
         self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index)
         self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
-        self._inflight: dict[gevent.Greenlet, StreamResult] = {}
+        self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
         self._cpu_start_s = time.process_time()
@@ -52,6 +56,10 @@ class Run:
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
         self.server_log = open(run_dir / "server_stats.jsonl", "w")
         self._ticker = gevent.spawn(self._tick_every_interval)
+        self.stress = Stress(config, self) if config.mode == "stress" else None
+        if self.stress is not None:
+            self._schedule = self.stress.arrivals(config.seed)
+            gevent.spawn(self.stress.watch)
 
     @property
     def stopping(self) -> bool:
@@ -61,7 +69,11 @@ class Run:
         """Sends this process's arrivals on stub until the run stops; several users may
         share the schedule, each taking the next arrival."""
         while not self.stopping:
-            index, offset_s = next(self._schedule)
+            arrival = next(self._schedule, None)
+            if arrival is None:  # a finite schedule (stress) is over: wait for the stop
+                gevent.sleep(0.1)
+                continue
+            index, offset_s = arrival
             due_ns = self.start_ns + int(offset_s * 1e9)
             delay_s = (due_ns - time.monotonic_ns()) / 1e9
             if delay_s > 0:
@@ -70,7 +82,7 @@ class Run:
                 if due_ns <= self.stop_ns:  # due inside the run, but the stop came first
                     self.recorder.not_sent += 1
                 return
-            if len(self._inflight) >= self.config.max_in_flight:
+            if len(self.inflight) >= self.config.max_in_flight:
                 self.recorder.not_sent += 1
                 continue
             self._send(stub, index, due_ns)
@@ -87,7 +99,7 @@ class Run:
         request = make_request(index, self.config)
         result = StreamResult(request.request_id, due_ns)
         greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
-        self._inflight[greenlet] = result
+        self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet
 
@@ -108,8 +120,11 @@ class Run:
         self.server_log.flush()
 
     def _finished(self, greenlet: gevent.Greenlet) -> None:
-        result = self._inflight.pop(greenlet)
-        self.on_result(result, self.recorder.add(result))
+        result = self.inflight.pop(greenlet)
+        timing = self.recorder.add(result)
+        if self.stress is not None:
+            self.stress.observe(result, timing)
+        self.on_result(result, timing)
 
     def stop(self) -> None:
         """Ends the schedule: no request is sent after this moment."""
@@ -121,10 +136,10 @@ class Run:
         then closes the interval logs with the last, partial interval."""
         self.stop()
         self._group.join(timeout=self.config.drain_s)
-        for greenlet, result in list(self._inflight.items()):
+        for greenlet, result in list(self.inflight.items()):
             greenlet.unlink(self._finished)
             greenlet.kill(block=True, timeout=5)
-            del self._inflight[greenlet]
+            del self.inflight[greenlet]
             result.status = CUT_OFF
             result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
             self.on_result(result, self.recorder.add(result))
@@ -143,5 +158,8 @@ class Run:
         return 100 * (time.process_time() - self._cpu_start_s) / ((time.monotonic_ns() - self.start_ns) / 1e9)
 
     def summary(self) -> dict:
-        return summarize(self.config, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
-                         self.cpu_percent)
+        summary = summarize(self.config, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
+                            self.cpu_percent)
+        if self.stress is not None:
+            summary["stress"] = self.stress.summary()
+        return summary

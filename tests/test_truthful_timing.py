@@ -57,3 +57,18 @@ def test_closed_loop_hides_the_same_stall_and_says_so(tmp_path):
     assert len([r for r in rows if r["ttft_ms"] > 500]) <= 2  # one stalled request per user, the rest never sent
     assert summary["metrics"]["ttft_ms"]["p95"] < 1500  # the stall is out of sight
     assert any("closed loop" in w for w in summary["generator"]["warnings"])
+
+
+def test_stress_stops_by_itself_at_the_knee_of_a_known_capacity(tmp_path):
+    # 3 streams at once, each 20 ms + 9 x 10 ms: about 25 requests/s at most (27 without overheads).
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--capacity", "3") as (_, port):
+        done = locust(port, run_dir, "--mode", "stress", "--rate", "8", "--rate-step", "8", "--step-s", "2",
+                      "--max-steps", "8", "--prompt-tokens", "4", "--max-tokens", "10", "--arrival", "constant")
+    assert done.returncode == 0, done.stdout
+    stress = json.loads((run_dir / "summary.json").read_text())["stress"]
+    assert stress["knee_rps"] in (16, 24)  # within one step of the capacity
+    assert len(stress["steps"]) < 8 and stress["steps"][-1]["saturated"]  # it stopped by itself
+    rows = (run_dir / "steps.csv").read_text().splitlines()
+    assert rows[0].startswith("step,offered_rps,sent_rps,achieved_rps") and len(rows) == len(stress["steps"]) + 1
+    assert "knee" in done.stdout

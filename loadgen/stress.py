@@ -1,0 +1,167 @@
+"""Stress mode (seed 2.2): the offered rate rises step by step until the server saturates,
+then the run stops by itself and names the knee, the highest rate that held.
+
+A step saturates when, over its --step-s:
+- achieved throughput (ok requests completing in it) falls below --saturation-share of the
+  rate actually offered (its arrivals, shifted by the median latency that separates an
+  arrival from its completion, so Poisson noise is not mistaken for saturation), or
+- p99 TTFT or TPOT breaks an SLO (--slo-ttft-ms, --slo-tpot-ms), or
+- the requests in flight grow steadily: the least-squares slope of in-flight samples over
+  the step exceeds 10% of the offered rate and adds more than twice the in-flight count a
+  healthy server holds (a queue growing without bound).
+
+Latency for a step counts the requests whose first token (TTFT) or last message (TPOT)
+came within it, plus requests still waiting for a first token, at their age so far: a
+stalled server cannot hide behind requests that have not answered yet.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gevent
+
+GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
+SAMPLE_S = 0.1  # in-flight sampling period
+
+
+@dataclass
+class StepRow:
+    step: int
+    offered_rps: float  # the step's nominal rate
+    sent_rps: float  # arrivals actually scheduled in the step, one median latency earlier (a Poisson sample)
+    achieved_rps: float
+    output_tokens_per_s: float
+    goodput_rps: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    in_flight_slope_per_s: float
+    saturated: str  # why, or "" when the step held
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def slope(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of (time s, value) samples."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
+
+
+class Stress:
+    def __init__(self, config, run):
+        self.config = config
+        self.run = run
+        self.rows: list[StepRow] = []
+        self.stopped_because = ""
+        self._done: list = []  # (result, timing) of requests finished so far in the current step
+        self._sent: list[float] = []  # send times (s from the start) of this process's arrivals
+
+    def rate(self, step: int) -> float:
+        c = self.config
+        return c.rate * c.rate_mult ** step if c.rate_mult else c.rate + c.rate_step * step
+
+    def arrivals(self, seed: int) -> Iterator[tuple[int, float]]:
+        """(request index, send time s): each step's arrivals at its own rate."""
+        rng = random.Random(seed)
+        index = itertools.count()
+        for step in range(self.config.max_steps):
+            start, end, rate = step * self.config.step_s, (step + 1) * self.config.step_s, self.rate(step)
+            t = start
+            while True:
+                t += rng.expovariate(rate) if self.config.arrival == "poisson" else 1 / rate
+                if t >= end:
+                    break
+                self._sent.append(t)
+                yield next(index), t
+
+    def observe(self, result, timing) -> None:
+        self._done.append((result, timing))
+
+    def watch(self) -> None:
+        """Runs beside the dispatch: samples the in-flight count, judges each step at its end,
+        and stops the run at the first saturated step or after --max-steps."""
+        for step in range(self.config.max_steps):
+            step_start = self.run.start_ns + int(step * self.config.step_s * 1e9)
+            step_end = step_start + int(self.config.step_s * 1e9)
+            samples = []
+            while time.monotonic_ns() < step_end:
+                samples.append(((time.monotonic_ns() - step_start) / 1e9, len(self.run.inflight)))
+                gevent.sleep(SAMPLE_S)
+            row = self.judge(step, step_start, step_end, samples)
+            self.rows.append(row)
+            if row.saturated:
+                self.stopped_because = f"step {step} at {row.offered_rps:g} requests/s: {row.saturated}"
+                break
+        else:
+            self.stopped_because = f"no saturation within {self.config.max_steps} steps"
+        self.run.request_stop()
+
+    def judge(self, step: int, start_ns: int, end_ns: int, samples: list[tuple[float, int]]) -> StepRow:
+        c = self.config
+        window_s = (end_ns - start_ns) / 1e9
+        done, self._done = self._done, []
+        ok = [(r, t) for r, t in done if t is not None and start_ns <= r.recv_ns[-1] <= end_ns]
+        tokens = sum(n for r, _ in done for t_ns, n in zip(r.recv_ns, r.tokens, strict=True)
+                     if start_ns <= t_ns <= end_ns)
+        ttft = [t.ttft_us / 1000 for r, t in done if t is not None and start_ns <= r.recv_ns[0] <= end_ns]
+        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in self.run.inflight.values() if not r.recv_ns]
+        tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
+        good = sum(self.run.recorder.slo.met(t) for _, t in ok)
+        offered = self.rate(step)
+        # Compare completions with the arrivals one typical latency earlier, which they answer.
+        lag_s = (percentile([t.e2e_us / 1e6 for _, t in ok], 50) or 0.0)
+        start_s, end_s = (start_ns - self.run.start_ns) / 1e9 - lag_s, (end_ns - self.run.start_ns) / 1e9 - lag_s
+        sent = sum(1 for t in self._sent if start_s <= t < end_s) / window_s
+        growth = slope(samples)
+        row = StepRow(step, offered, sent, len(ok) / window_s, tokens / window_s, good / window_s,
+                      percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
+                      growth, "")
+        reasons = []
+        if row.achieved_rps < c.saturation_share * sent:
+            reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the {sent:.3g}/s sent")
+        if c.slo_ttft_ms is not None and row.ttft_p99_ms is not None and row.ttft_p99_ms > c.slo_ttft_ms:
+            reasons.append(f"TTFT p99 {row.ttft_p99_ms:.0f} ms > SLO {c.slo_ttft_ms:g} ms")
+        if c.slo_tpot_ms is not None and row.tpot_p99_ms is not None and row.tpot_p99_ms > c.slo_tpot_ms:
+            reasons.append(f"TPOT p99 {row.tpot_p99_ms:.0f} ms > SLO {c.slo_tpot_ms:g} ms")
+        # Growth counts when it is steep and adds more than twice the in-flight count a
+        # healthy server holds (arrival rate x latency): ramp-up noise is neither.
+        healthy_in_flight = sent * lag_s + 1
+        if growth > GROWTH_SHARE * offered and growth * window_s > 2 * healthy_in_flight:
+            reasons.append(f"in flight growing {growth:.3g}/s")
+        row.saturated = "; ".join(reasons)
+        return row
+
+    @property
+    def knee_rps(self) -> float | None:
+        """The highest offered rate whose step held."""
+        held = [r.offered_rps for r in self.rows if not r.saturated]
+        return max(held) if held else None
+
+    def summary(self) -> dict:
+        return {"knee_rps": self.knee_rps, "stopped_because": self.stopped_because,
+                "steps": [asdict(r) for r in self.rows]}
+
+    def write_csv(self, run_dir: Path) -> None:
+        with open(run_dir / "steps.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(StepRow.__dataclass_fields__))
+            writer.writeheader()
+            for r in self.rows:
+                writer.writerow(asdict(r))
