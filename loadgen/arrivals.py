@@ -6,31 +6,43 @@ import itertools
 import random
 from collections.abc import Iterator
 
-ARRIVALS = ("poisson", "constant")
+ARRIVALS = ("poisson", "constant", "gamma")
 
 
-def arrival_offsets_s(rate: float, arrival: str, seed: int) -> Iterator[float]:
-    """Endless send times in seconds from the start: Poisson (exponential gaps, the usual
-    model of independent users) or constant (evenly spaced), at `rate` requests/s."""
-    if rate <= 0:
-        raise ValueError(f"rate must be above 0, got {rate}")
-    if arrival == "constant":
-        return (i / rate for i in itertools.count())
+def gap_s(rng: random.Random, rate: float, arrival: str, burstiness: float = 1.0) -> float:
+    """One gap between sends at `rate` requests/s: exponential (Poisson, the usual model of
+    independent users), constant, or gamma with shape `burstiness` (the same mean; below 1
+    burstier than Poisson, 1 Poisson, above 1 more regular)."""
     if arrival == "poisson":
-        rng = random.Random(seed)
-        return itertools.accumulate(rng.expovariate(rate) for _ in itertools.count())
+        return rng.expovariate(rate)
+    if arrival == "constant":
+        return 1 / rate
+    if arrival == "gamma":
+        return rng.gammavariate(burstiness, 1 / (rate * burstiness))
     raise ValueError(f"unknown arrival {arrival!r}; choose from {', '.join(ARRIVALS)}")
 
 
-def worker_arrivals(rate: float, arrival: str, seed: int, workers: int = 1,
-                    index: int = 0) -> Iterator[tuple[int, float]]:
+def arrival_offsets_s(rate: float, arrival: str, seed: int, burstiness: float = 1.0) -> Iterator[float]:
+    """Endless send times in seconds from the start, at `rate` requests/s."""
+    if rate <= 0:
+        raise ValueError(f"rate must be above 0, got {rate}")
+    if arrival == "constant":
+        return (i / rate for i in itertools.count())  # exact, no accumulated rounding
+    gap_s(random.Random(), rate, arrival, burstiness)  # refuse an unknown arrival now, not when iterated
+    rng = random.Random(seed)
+    return itertools.accumulate(gap_s(rng, rate, arrival, burstiness) for _ in itertools.count())
+
+
+def worker_arrivals(rate: float, arrival: str, seed: int, workers: int = 1, index: int = 0,
+                    burstiness: float = 1.0) -> Iterator[tuple[int, float]]:
     """This process's share of a run's arrivals, as (run-wide request index, send time s).
 
     With several worker processes each takes 1/workers of the rate: Poisson streams are
     independent per worker (Poisson processes add up to one at the total rate); constant
-    arrivals interleave, worker i taking every workers-th slot from slot i.
+    arrivals interleave, worker i taking every workers-th slot from slot i; gamma streams are
+    independent per worker, each with the given burstiness.
     """
     if arrival == "constant":
         return ((k * workers + index, (k * workers + index) / rate) for k in itertools.count())
-    offsets = arrival_offsets_s(rate / workers, arrival, seed if workers == 1 else seed * 1_000 + index)
+    offsets = arrival_offsets_s(rate / workers, arrival, seed if workers == 1 else seed * 1_000 + index, burstiness)
     return ((k * workers + index, t) for k, t in enumerate(offsets))

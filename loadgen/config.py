@@ -19,6 +19,7 @@ class LoadConfig:
     mode: str = "fixed"
     rate: float = 1.0  # offered requests/s, total
     arrival: str = "poisson"
+    burstiness: float = 1.0  # gamma arrivals: shape; below 1 burstier than Poisson
     prompt_tokens: int = 64
     prompt_tokens_max: int = 0  # above 0: prompt lengths uniform in [prompt_tokens, prompt_tokens_max]
     max_tokens: int = 32
@@ -46,6 +47,7 @@ class LoadConfig:
         check(self.mode in MODES, "mode", f"unknown {self.mode!r}; choose from {', '.join(MODES)}")
         check(self.rate > 0, "rate", f"must be above 0 requests/s, got {self.rate}")
         check(self.arrival in ARRIVALS, "arrival", f"unknown {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
+        check(self.burstiness > 0, "burstiness", f"must be above 0, got {self.burstiness}")
         check(self.prompt_tokens >= 1, "prompt-tokens", f"must be at least 1, got {self.prompt_tokens}")
         check(self.prompt_tokens_max == 0 or self.prompt_tokens_max >= self.prompt_tokens, "prompt-tokens-max",
               f"must be 0 (fixed length) or at least --prompt-tokens ({self.prompt_tokens}), "

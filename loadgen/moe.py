@@ -47,7 +47,9 @@ def add_options(parser):
     g.add_argument("--rate", type=float, default=d.rate, include_in_web_ui=True,
                    help="offered requests/s, total across users and workers")
     g.add_argument("--arrival", choices=ARRIVALS, default=d.arrival, include_in_web_ui=True,
-                   help="gaps between sends: poisson (exponential) or constant")
+                   help="gaps between sends: poisson (exponential), constant, or gamma (see --burstiness)")
+    g.add_argument("--burstiness", type=float, default=d.burstiness, include_in_web_ui=True,
+                   help="gamma arrivals: shape; below 1 burstier than Poisson, 1 is Poisson")
     g.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, include_in_web_ui=True,
                    help="prompt length of each request, in tokens")
     g.add_argument("--prompt-tokens-max", type=int, default=d.prompt_tokens_max, include_in_web_ui=True,
@@ -89,6 +91,7 @@ def load_config(environment) -> LoadConfig:
 
     return LoadConfig(
         host=environment.host or "", mode=o.mode, rate=float(o.rate), arrival=o.arrival,
+        burstiness=float(o.burstiness),
         prompt_tokens=int(o.prompt_tokens), prompt_tokens_max=int(o.prompt_tokens_max), max_tokens=int(o.max_tokens),
         warmup_s=float(o.warmup_s), seed=int(o.seed),
         run_dir=o.run_dir or time.strftime(f"runs/%Y%m%d-%H%M%S-{o.mode}", time.gmtime()),

@@ -163,14 +163,16 @@ class Recorder:
                             "(coordinated omission); use --mode fixed to measure latency under a given load")
         if cpu_percent > BUSY_CPU_PERCENT:
             warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
-                            "receive timestamps lag (tens of ms at p99): lower the rate or add processes")
+                            "receive timestamps lag (tens of ms at p99): add Locust worker processes "
+                            "(--processes N, with -u N) or lower the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {len(self.rows)} requests were sent more than "
                 f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.get('p99', 0):.1f} ms, "
                 f"max {lag.get('max', 0):.1f} ms): "
                 "the load generator could not keep up; latencies still count from the schedule, "
-                "but lower the rate or add processes to measure the server alone")
+                "but add Locust worker processes (--processes N, with -u N) or lower the rate to measure the "
+                "server alone")
         if self.not_sent:
             warnings.append(f"{self.not_sent} scheduled requests were not sent: {self.not_sent} over "
                             "--max-in-flight; the server is not keeping up with the offered rate")

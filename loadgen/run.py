@@ -46,7 +46,7 @@ class Run:
         self.stop_ns: int | None = None
         self.recorder = Recorder(self.start_ns, config.warmup_s,
                                  Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
-        self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index)
+        self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index, config.burstiness)
         self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import gevent
 
+from loadgen.arrivals import gap_s
+
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
 SAMPLE_S = 0.1  # in-flight sampling period
 
@@ -86,7 +88,7 @@ class Stress:
             start, end, rate = step * self.config.step_s, (step + 1) * self.config.step_s, self.rate(step)
             t = start
             while True:
-                t += rng.expovariate(rate) if self.config.arrival == "poisson" else 1 / rate
+                t += gap_s(rng, rate, self.config.arrival, self.config.burstiness)
                 if t >= end:
                     break
                 self._sent.append(t)

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from loadgen.arrivals import arrival_offsets_s
+from loadgen.arrivals import arrival_offsets_s, worker_arrivals
 from loadgen.client import StreamResult
 from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
@@ -118,3 +118,21 @@ def test_merging_exports_equals_recording_everything_in_one():
     assert merged.slo_summary() == one.slo_summary()
     assert merged.throughput(10.0) == one.throughput(10.0)
     assert len(merged.rows) == 500
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_schedule_keeps_the_rate_and_sets_the_burstiness(burstiness):
+    offsets = list(itertools.islice(arrival_offsets_s(20.0, "gamma", seed=3, burstiness=burstiness), 8000))
+    gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
+    assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
+    cv = statistics.stdev(gaps) / statistics.mean(gaps)
+    assert cv == pytest.approx(burstiness ** -0.5, rel=0.1)  # gamma: CV = 1 / sqrt(shape)
+
+
+def test_workers_split_the_rate_and_never_share_an_index():
+    for arrival in ("poisson", "constant"):
+        parts = [list(itertools.takewhile(lambda a: a[1] < 100, worker_arrivals(10.0, arrival, 0, 3, w)))
+                 for w in range(3)]
+        indexes = [i for part in parts for i, _ in part]
+        assert len(indexes) == len(set(indexes))
+        assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)  # 10/s for 100 s in total
