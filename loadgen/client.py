@@ -16,6 +16,7 @@ from proto import moe_pb2, moe_pb2_grpc
 class StreamResult:
     request_id: str
     scheduled_ns: int
+    klass: str = ""  # the request class (mixed mode, dataset), "" without classes
     sent_ns: int = 0
     recv_ns: list[int] = field(default_factory=list)  # arrival of each message
     tokens: list[int] = field(default_factory=list)  # tokens in each message

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from loadgen.arrivals import ARRIVALS
+from loadgen.profiles import Profile, read_trace
+from loadgen.workload import DEFAULT_CLASSES, load_dataset, parse_classes
 
-MODES = ("fixed", "stress", "closed")
+MODES = ("fixed", "stress", "mixed", "closed")
 
 
 class ConfigError(ValueError):
@@ -35,6 +37,9 @@ class LoadConfig:
     step_s: float = 10.0  # stress: length of a step
     max_steps: int = 20  # stress: give up finding saturation after this many
     saturation_share: float = 0.9  # stress: achieved below this share of offered = saturated
+    classes: str = DEFAULT_CLASSES  # mixed: name:weight:prompt_tokens:max_tokens,...
+    profile: str = ""  # mixed: sinusoid:..., bursts:... or trace:FILE; "" = constant rate
+    dataset: str = ""  # a ShareGPT-style JSON file: prompts and output lengths come from it
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     slo_e2e_ms: float | None = None
@@ -63,6 +68,24 @@ class LoadConfig:
             check(self.max_steps >= 1, "max-steps", f"must be at least 1, got {self.max_steps}")
             check(0 < self.saturation_share <= 1, "saturation-share",
                   f"must be in (0, 1], got {self.saturation_share}")
+        if self.mode == "mixed":
+            try:
+                parse_classes(self.classes)
+            except ValueError as exc:
+                check(False, "classes", str(exc))
+            if self.profile:
+                try:
+                    profile = Profile.parse(self.profile)
+                    if profile.kind == "trace":
+                        read_trace(profile.path)
+                except ValueError as exc:
+                    check(False, "rate-profile", str(exc))
+        check(not self.profile or self.mode == "mixed", "rate-profile", "is for --mode mixed")
+        if self.dataset:
+            try:
+                load_dataset(self.dataset)
+            except ValueError as exc:
+                check(False, "dataset", str(exc))
         check(self.interval_s > 0, "interval-s", f"must be above 0, got {self.interval_s}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
         for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms),

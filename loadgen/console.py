@@ -18,6 +18,12 @@ def print_summary(summary: dict, run_dir: Path) -> None:
             print(f"{name:<14}{s['count']:>8}{s['p50']:>10.1f}{s['p90']:>10.1f}{s['p99']:>10.1f}{s['max']:>10.1f}")
         else:
             print(f"{name:<14}{0:>8}  no samples")
+    for klass, c in summary.get("classes", {}).items():
+        ttft, tpot = c["ttft_ms"], c["tpot_ms"]
+        p = ("-" if not ttft["count"] else f"{ttft['p50']:.1f}/{ttft['p99']:.1f}",
+             "-" if not tpot["count"] else f"{tpot['p50']:.1f}/{tpot['p99']:.1f}")
+        print(f"class {klass:<12} sent {c['sent']:>6}  ok {c['ok']:>6}  TTFT p50/p99 {p[0]:>15}  "
+              f"TPOT p50/p99 {p[1]:>13}")
     print(f"throughput: {t['output_tokens_per_s']:.1f} output tokens/s, {t['requests_per_s']:.2f} requests/s, "
           f"goodput {t['goodput_requests_per_s']:.2f} requests/s over {t['window_s']:.1f} s")
     slo = summary["slo"]

@@ -41,9 +41,10 @@ def add_options(parser):
     d = LoadConfig()
     g = parser  # Locust's own parser: only it knows include_in_web_ui
     g.add_argument("--mode", choices=MODES, default=d.mode, include_in_web_ui=True,
-                   help="fixed: constant offered rate, open loop; stress: the rate rises each --step-s until the "
-                        "server saturates; closed: -u users, each sending its next request "
-                        "when the last ends (under-states queueing)")
+                   help="fixed: constant offered rate, open loop; stress: the rate rises each --step-s until "
+                        "the server saturates; mixed: request classes (--classes) at a rate shaped by "
+                        "--rate-profile; closed: -u users, each sending its next request when the last ends "
+                        "(under-states queueing)")
     g.add_argument("--rate", type=float, default=d.rate, include_in_web_ui=True,
                    help="offered requests/s, total across users and workers")
     g.add_argument("--arrival", choices=ARRIVALS, default=d.arrival, include_in_web_ui=True,
@@ -76,6 +77,12 @@ def add_options(parser):
     g.add_argument("--max-steps", type=int, default=d.max_steps, help="stress: most steps before giving up")
     g.add_argument("--saturation-share", type=float, default=d.saturation_share,
                    help="stress: a step whose achieved rate is below this share of the offered rate saturated")
+    g.add_argument("--classes", default=d.classes, include_in_web_ui=True,
+                   help="mixed: request classes name:weight:prompt_tokens:max_tokens, comma-separated")
+    g.add_argument("--rate-profile", dest="rate_profile", default=d.profile, include_in_web_ui=True,
+                   help="mixed: sinusoid:PERIOD_S:AMPLITUDE, bursts:EVERY_S:LENGTH_S:FACTOR or trace:FILE")
+    g.add_argument("--dataset", default=d.dataset,
+                   help="ShareGPT-style JSON: prompts and output lengths (capped by --max-tokens) from it")
     g.add_argument("--interval-s", type=float, default=d.interval_s,
                    help="period of the .hlog interval histograms and of server_stats.jsonl samples")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT objective for goodput")
@@ -98,7 +105,8 @@ def load_config(environment) -> LoadConfig:
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
         drain_s=float(o.drain_s), interval_s=float(o.interval_s), rate_step=float(o.rate_step),
         rate_mult=float(o.rate_mult), step_s=float(o.step_s), max_steps=int(o.max_steps),
-        saturation_share=float(o.saturation_share), slo_ttft_ms=optional(o.slo_ttft_ms),
+        saturation_share=float(o.saturation_share), classes=o.classes, profile=o.rate_profile,
+        dataset=o.dataset, slo_ttft_ms=optional(o.slo_ttft_ms),
         slo_tpot_ms=optional(o.slo_tpot_ms), slo_e2e_ms=optional(o.slo_e2e_ms))
 
 

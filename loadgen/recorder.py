@@ -17,6 +17,7 @@ from loadgen.slo import Slo
 from loadgen.timing import StreamTiming, stream_timing
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag")
+CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged")
@@ -35,6 +36,8 @@ class Recorder:
     client: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     interval: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
+    classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
+    class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
     rows: list[dict] = field(default_factory=list)  # one per request sent
     statuses: Counter = field(default_factory=Counter)
     not_sent: int = 0
@@ -56,6 +59,8 @@ class Recorder:
     def add(self, result: StreamResult) -> StreamTiming | None:
         """Accounts for a finished request; returns its timing when it is measured and ok."""
         self.statuses[result.status] += 1
+        if result.klass:
+            self.class_statuses.setdefault(result.klass, Counter())[result.status] += 1
         lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
         if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
             self.late_sends += 1
@@ -83,6 +88,11 @@ class Recorder:
             self.record("itl", itl)
         if timing.tpot_us is not None:
             self.record("tpot", timing.tpot_us)
+        if result.klass:
+            hists = self.classes.setdefault(result.klass, {m: Histogram() for m in CLASS_METRICS})
+            for name in CLASS_METRICS:
+                if getattr(timing, f"{name}_us") is not None:
+                    hists[name].record(getattr(timing, f"{name}_us"))
         for name in SERVER_METRICS:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
@@ -94,6 +104,8 @@ class Recorder:
             "client": {name: [h.encode(), h.clamped] for name, h in self.client.items()},
             "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
             "statuses": dict(self.statuses), "slo_met": dict(self.slo_met), "rows": self.rows,
+            "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()} for k, hists in self.classes.items()},
+            "class_statuses": {k: dict(v) for k, v in self.class_statuses.items()},
             **{k: getattr(self, k) for k in MERGED_COUNTS},
         }
 
@@ -103,6 +115,12 @@ class Recorder:
             for name, (encoded, clamped) in part[kind].items():
                 hists[name].merge(encoded, clamped)
         self.statuses.update(part["statuses"])
+        for klass, hists in part["classes"].items():
+            mine = self.classes.setdefault(klass, {m: Histogram() for m in CLASS_METRICS})
+            for name, (encoded, clamped) in hists.items():
+                mine[name].merge(encoded, clamped)
+        for klass, counts in part["class_statuses"].items():
+            self.class_statuses.setdefault(klass, Counter()).update(counts)
         self.slo_met.update(part["slo_met"])
         self.rows.extend(part["rows"])
         for k in MERGED_COUNTS:
@@ -119,10 +137,17 @@ class Recorder:
         self.interval = {m: Histogram() for m in CLIENT_METRICS}
         return taken
 
+    def class_summary(self) -> dict:
+        """Each request class on its own: counts, and latency of its measured ok requests."""
+        return {k: {"sent": sum(counts.values()), "ok": counts["OK"],
+                    **{f"{m}_ms": self.classes[k][m].summary_ms() if k in self.classes else {"count": 0}
+                       for m in CLASS_METRICS}}
+                for k, counts in sorted(self.class_statuses.items())}
+
     def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> dict:
         """The request's line in requests.jsonl, times in ms from the run's start."""
         return {
-            "request_id": r.request_id, "status": r.status, "details": r.details, "warmup": warmup,
+            "request_id": r.request_id, "class": r.klass, "status": r.status, "details": r.details, "warmup": warmup,
             "scheduled_ms": (r.scheduled_ns - self.start_ns) / 1e6,
             "sent_ms": (r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
             "output_tokens": sum(r.tokens), "messages": len(r.tokens),

@@ -20,12 +20,13 @@ from loadgen.arrivals import worker_arrivals
 from loadgen.client import StreamResult, stream_generate
 from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
+from loadgen.profiles import Profile
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
 from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
-from loadgen.workload import make_request
+from loadgen.workload import Workload
 
 CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed out
 
@@ -46,7 +47,12 @@ class Run:
         self.stop_ns: int | None = None
         self.recorder = Recorder(self.start_ns, config.warmup_s,
                                  Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
-        self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index, config.burstiness)
+        self.workload = Workload(config)
+        if config.profile:
+            self._schedule = Profile.parse(config.profile).arrivals(config.rate, config.seed, workers, index)
+        else:
+            self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index,
+                                             config.burstiness)
         self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
@@ -96,8 +102,8 @@ class Run:
             self._send(stub, index, time.monotonic_ns()).join()
 
     def _send(self, stub, index: int, due_ns: int) -> gevent.Greenlet:
-        request = make_request(index, self.config)
-        result = StreamResult(request.request_id, due_ns)
+        request, klass = self.workload.request(index)
+        result = StreamResult(request.request_id, due_ns, klass)
         greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)

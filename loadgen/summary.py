@@ -23,6 +23,7 @@ def summarize(config: LoadConfig, rec: Recorder, started_at: float, duration_s: 
         "slo": rec.slo_summary(),
         "requests": rec.accounting(),
         "generator": rec.generator_health(cpu_percent, closed_loop=config.mode == "closed"),
+        "classes": rec.class_summary(),  # empty without request classes
     }
 
 

@@ -1,7 +1,8 @@
 """The load generator's numbers against a server whose delays are known
 (tests/delay_server.py): percentiles within a stated tolerance of the truth, and a stall of
 every stream in the middle of an open-loop run shows in TTFT p99, while closed-loop mode,
-run against the same stall, sends almost nothing during it, hides it, and says so."""
+run against the same stall, sends almost nothing during it, hides it, and says so; stress
+mode finds the knee of a known capacity; mixed mode's classes follow their weights."""
 
 import json
 
@@ -72,3 +73,21 @@ def test_stress_stops_by_itself_at_the_knee_of_a_known_capacity(tmp_path):
     rows = (run_dir / "steps.csv").read_text().splitlines()
     assert rows[0].startswith("step,offered_rps,sent_rps,achieved_rps") and len(rows) == len(stress["steps"]) + 1
     assert "knee" in done.stdout
+
+
+def test_mixed_mode_reports_each_class_and_follows_the_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "5", "--itl-ms", "2") as (_, port):
+        done = locust(port, run_dir, "-t", "5s", "--mode", "mixed", "--rate", "40", "--classes",
+                      "chat:3:8:4,long:1:32:8", "--rate-profile", "bursts:2:1:2")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    classes = summary["classes"]
+    assert set(classes) == {"chat", "long"}
+    assert classes["chat"]["sent"] + classes["long"]["sent"] == summary["requests"]["sent"] > 100
+    assert classes["chat"]["sent"] / summary["requests"]["sent"] == pytest.approx(0.75, abs=0.1)
+    assert classes["long"]["ttft_ms"]["count"] == classes["long"]["ok"]
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert {r["class"] for r in rows} == {"chat", "long"}
+    assert all(r["output_tokens"] == (4 if r["class"] == "chat" else 8) for r in rows)
+    assert "class chat" in done.stdout

@@ -1,0 +1,82 @@
+"""Workload shapes: request classes by weight, ShareGPT-style datasets, rate profiles
+(sinusoid, bursts, trace replay), with bad specs refused naming what is wrong."""
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from loadgen.profiles import Profile
+from loadgen.workload import Workload, load_dataset, parse_classes
+
+
+def config(**overrides):
+    base = {"seed": 0, "mode": "mixed", "classes": "chat:3:8:4,long:1:64:2", "dataset": "", "prompt_tokens": 4,
+            "prompt_tokens_max": 0, "max_tokens": 16}
+    return SimpleNamespace(**(base | overrides))
+
+
+def test_classes_are_drawn_by_weight_with_their_shapes():
+    workload = Workload(config())
+    drawn = [workload.request(i) for i in range(4000)]
+    names = [name for _, name in drawn]
+    assert names.count("chat") / len(names) == pytest.approx(0.75, abs=0.03)
+    for request, name in drawn[:50]:
+        assert (len(request.prompt_token_ids), request.max_tokens) == ((8, 4) if name == "chat" else (64, 2))
+    assert [r.request_id for r, _ in drawn[:3]] == ["0-0", "0-1", "0-2"]
+    assert workload.request(7)[0] == Workload(config()).request(7)[0]  # any process builds the same request
+
+
+@pytest.mark.parametrize("spec, error", [("chat:3:8", "name:weight"), ("a:0:8:4", "weight above 0"),
+                                         ("a:1:x:4", "must be numbers"), ("a:1:8:4,a:2:8:4", "repeat")])
+def test_bad_classes_are_refused(spec, error):
+    with pytest.raises(ValueError, match=error):
+        parse_classes(spec)
+
+
+def test_dataset_gives_prompts_and_capped_output_lengths(tmp_path):
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there"}]},
+        {"conversations": [{"from": "gpt", "value": "no question first"}]},
+        {"conversations": [{"from": "human", "value": "tell me a story"}, {"from": "gpt", "value": "x" * 500}]},
+    ]))
+    assert load_dataset(str(path)) == [("hi", "hello there"), ("tell me a story", "x" * 500)]
+    workload = Workload(config(mode="fixed", dataset=str(path), max_tokens=100))
+    for request, name in (workload.request(i) for i in range(20)):
+        assert name == "dataset"
+        assert (request.prompt, request.max_tokens) in {("hi", 11), ("tell me a story", 100)}
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(ValueError, match="no conversation"):
+        load_dataset(str(tmp_path / "empty.json"))
+
+
+def window_counts(profile: Profile, rate: float, windows: list[tuple[float, float]], horizon_s: float = 200):
+    times = [t for _, t in itertools.takewhile(lambda a: a[1] < horizon_s, profile.arrivals(rate, seed=1))]
+    return [sum(1 for t in times if a <= t % 20 < b) for a, b in windows]
+
+
+def test_sinusoid_profile_peaks_and_troughs():
+    # period 20 s, amplitude 0.8: the first quarter averages well above the third.
+    peak, trough = window_counts(Profile.parse("sinusoid:20:0.8"), 10.0, [(2.5, 7.5), (12.5, 17.5)])
+    assert peak > 3 * trough
+
+
+def test_bursts_profile_multiplies_the_rate_in_bursts():
+    burst, calm = window_counts(Profile.parse("bursts:20:5:4"), 5.0, [(0, 5), (10, 15)])
+    assert burst / calm == pytest.approx(4, rel=0.25)
+
+
+def test_trace_profile_replays_times_split_over_workers(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("time_s\n10.5\n10.0\n12.0\n11.0\n")
+    profile = Profile.parse(f"trace:{trace}")
+    assert list(profile.arrivals(1.0, seed=0)) == [(0, 0.0), (1, 0.5), (2, 1.0), (3, 2.0)]
+    assert list(profile.arrivals(1.0, seed=0, workers=2, index=1)) == [(1, 0.5), (3, 2.0)]
+
+
+@pytest.mark.parametrize("spec", ["sinusoid:10", "sinusoid:10:2", "bursts:5:10:2", "wave:1:2", "trace:"])
+def test_bad_profiles_are_refused(spec):
+    with pytest.raises(ValueError):
+        Profile.parse(spec)
