@@ -20,6 +20,7 @@ class StreamResult:
     sent_ns: int = 0
     recv_ns: list[int] = field(default_factory=list)  # arrival of each message
     tokens: list[int] = field(default_factory=list)  # tokens in each message
+    server_elapsed_us: list[int] = field(default_factory=list)  # the server's time of each message
     status: str = "OK"  # "OK" or the gRPC status code name
     details: str = ""
     finish_reason: str = ""
@@ -40,6 +41,7 @@ def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult
         for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
             result.recv_ns.append(clock())
             result.tokens.append(len(msg.token_ids))
+            result.server_elapsed_us.append(msg.server_elapsed_us)
             last = msg
         if last is None or not last.finish_reason:
             result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"

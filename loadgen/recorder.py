@@ -16,11 +16,12 @@ from loadgen.histograms import Histogram
 from loadgen.slo import Slo
 from loadgen.timing import StreamTiming, stream_timing
 
-CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag")
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
 CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged")
+LATE_DELIVERY_MS = 5.0  # client delivery lag p99 above this: timestamps are that late
 BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md): timing less exact
 
 
@@ -65,8 +66,8 @@ class Recorder:
         if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
             self.late_sends += 1
         self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True) if self.in_window(t))
-        timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens) \
-            if result.ok else None
+        timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens,
+                               result.server_elapsed_us) if result.ok else None
         if timing and self.in_window(result.recv_ns[-1]):
             self.window_ok += 1
             self.window_good += self.slo.met(timing)
@@ -86,6 +87,8 @@ class Recorder:
             self.record(name, getattr(timing, f"{name}_us"))
         for itl in timing.itl_us:
             self.record("itl", itl)
+        for lag in timing.delivery_lag_us:
+            self.record("delivery_lag", max(lag, 0))  # clamps the sub-microsecond rounding below zero
         if timing.tpot_us is not None:
             self.record("tpot", timing.tpot_us)
         if result.klass:
@@ -190,6 +193,12 @@ class Recorder:
             warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
                             "receive timestamps lag (tens of ms at p99): add Locust worker processes "
                             "(--processes N, with -u N) or lower the rate")
+        delivery = self.client["delivery_lag"].summary_ms()
+        if delivery.get("p99", 0) > LATE_DELIVERY_MS:
+            warnings.append(
+                f"client delivery lag p99 {delivery['p99']:.1f} ms (message emitted by the server -> timestamped "
+                f"here, network included) is above {LATE_DELIVERY_MS:g} ms: message times are that late; add "
+                "Locust worker processes (--processes N, with -u N) or lower the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {len(self.rows)} requests were sent more than "

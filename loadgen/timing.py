@@ -19,10 +19,14 @@ class StreamTiming:
     tpot_us: float | None  # (e2e - ttft) / (tokens - 1); None for one-token requests
     output_tokens: int
     send_lag_us: int  # scheduled -> actual send: the generator's own lateness
+    delivery_lag_us: list[int]  # per message: client-measured time minus the server's (transit + client lag)
 
 
-def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: list[int]) -> StreamTiming:
-    """recv_ns[i] is when message i arrived and tokens[i] how many tokens it carried."""
+def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: list[int],
+                  server_elapsed_us: list[int] | None = None) -> StreamTiming:
+    """recv_ns[i] is when message i arrived, tokens[i] how many tokens it carried and
+    server_elapsed_us[i] the server's time from receiving the request to emitting it (a
+    duration, so the two hosts' clocks need not agree)."""
     if not recv_ns or len(recv_ns) != len(tokens):
         raise ValueError("need one token count per received message, and at least one message")
     first, last = recv_ns[0], recv_ns[-1]
@@ -38,4 +42,6 @@ def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: l
         tpot_us=(e2e - ttft) / (n - 1) if n > 1 else None,
         output_tokens=n,
         send_lag_us=(sent_ns - scheduled_ns) // 1000,
+        delivery_lag_us=[(r - sent_ns) // 1000 - e for r, e in zip(recv_ns, server_elapsed_us or [], strict=False)
+                         if e],
     )

@@ -29,6 +29,12 @@ def test_stream_timing_follows_the_definitions():
     assert t.output_tokens == 5 and t.send_lag_us == 3_000
 
 
+def test_delivery_lag_is_client_time_minus_server_time():
+    # Sent at 3 ms; the server says it emitted the messages 40 and 55 ms after receiving the request.
+    t = stream_timing(0, 3 * MS, [45 * MS, 61 * MS], [1, 1], server_elapsed_us=[40_000, 55_000])
+    assert t.delivery_lag_us == [2_000, 3_000]
+
+
 def test_one_token_request_has_no_tpot():
     assert stream_timing(0, 0, [5 * MS], [1]).tpot_us is None
 

@@ -26,6 +26,8 @@ def test_fixed_rate_percentiles_match_the_known_delays(tmp_path):
     assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
     assert 10 - 1 <= m["tpot_ms"]["p50"] <= 10 + TOLERANCE_MS / 2
     assert 70 <= m["e2e_ms"]["p50"] <= 70 + TOLERANCE_MS  # 20 + 5 x 10 ms
+    assert m["delivery_lag_ms"]["count"] == m["itl_ms"]["count"] + m["ttft_ms"]["count"]  # every message
+    assert m["delivery_lag_ms"]["p50"] <= TOLERANCE_MS
 
 
 def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
