@@ -32,6 +32,7 @@ class LoadConfig:
     max_in_flight: int = 1000
     drain_s: float = 30.0
     interval_s: float = 1.0  # interval histograms (.hlog) and GetStats samples
+    max_request_rows: int = 100_000  # requests.jsonl holds the first this many requests
     rate_step: float = 0.0  # stress: added to the rate each step ...
     rate_mult: float = 0.0  # ... or the rate multiplied by this each step
     step_s: float = 10.0  # stress: length of a step
@@ -86,6 +87,7 @@ class LoadConfig:
                 load_dataset(self.dataset)
             except ValueError as exc:
                 check(False, "dataset", str(exc))
+        check(self.max_request_rows >= 0, "max-request-rows", f"must be at least 0, got {self.max_request_rows}")
         check(self.interval_s > 0, "interval-s", f"must be above 0, got {self.interval_s}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")
         for flag, slo in (("slo-ttft-ms", self.slo_ttft_ms), ("slo-tpot-ms", self.slo_tpot_ms),

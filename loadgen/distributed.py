@@ -22,7 +22,8 @@ def worker_message(index: int, run) -> dict:
 
 def merge_parts(config: LoadConfig, parts: list[dict], expected: int, server: dict) -> tuple[dict, Recorder]:
     """The run's summary and merged recorder from the workers' messages."""
-    merged = Recorder(0, config.warmup_s, Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
+    merged = Recorder(0, config.warmup_s, Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms),
+                      max_rows=config.max_request_rows)
     for part in parts:
         merged.absorb(part["export"])
     window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal

@@ -20,7 +20,8 @@ CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "
 CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
-MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged")
+MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged",
+                 "rows_omitted")
 LATE_DELIVERY_MS = 5.0  # client delivery lag p99 above this: timestamps are that late
 BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md): timing less exact
 
@@ -39,7 +40,9 @@ class Recorder:
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
     classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
     class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
-    rows: list[dict] = field(default_factory=list)  # one per request sent
+    rows: list[dict] = field(default_factory=list)  # one per request sent, up to max_rows
+    max_rows: int = 100_000  # requests.jsonl cap: memory stays bounded in a soak
+    rows_omitted: int = 0
     statuses: Counter = field(default_factory=Counter)
     not_sent: int = 0
     late_sends: int = 0
@@ -73,7 +76,10 @@ class Recorder:
             self.window_good += self.slo.met(timing)
         warmup = result.scheduled_ns < self.warmup_end_ns
         self.warmup += warmup
-        self.rows.append(self.row(result, timing, warmup))
+        if len(self.rows) < self.max_rows:
+            self.rows.append(self.row(result, timing, warmup))
+        else:
+            self.rows_omitted += 1
         if warmup:
             return None
         if lag_us is not None:
@@ -125,7 +131,9 @@ class Recorder:
         for klass, counts in part["class_statuses"].items():
             self.class_statuses.setdefault(klass, Counter()).update(counts)
         self.slo_met.update(part["slo_met"])
-        self.rows.extend(part["rows"])
+        room = self.max_rows - len(self.rows)
+        self.rows.extend(part["rows"][:room])
+        self.rows_omitted += max(0, len(part["rows"]) - room)
         for k in MERGED_COUNTS:
             setattr(self, k, getattr(self, k) + part[k])
 
@@ -169,7 +177,8 @@ class Recorder:
     def accounting(self) -> dict:
         failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}
         return {"sent": sum(self.statuses.values()), "ok": self.statuses["OK"], "failed": sum(failed.values()),
-                "not_sent": self.not_sent, "failed_by_code": failed, "warmup": self.warmup}
+                "not_sent": self.not_sent, "failed_by_code": failed, "warmup": self.warmup,
+                "rows_omitted": self.rows_omitted}
 
     @property
     def window_s(self) -> float:

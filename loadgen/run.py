@@ -46,7 +46,8 @@ class Run:
         self.started_at = time.time()
         self.stop_ns: int | None = None
         self.recorder = Recorder(self.start_ns, config.warmup_s,
-                                 Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms))
+                                 Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms),
+                                 max_rows=config.max_request_rows)
         self.workload = Workload(config)
         if config.profile:
             self._schedule = Profile.parse(config.profile).arrivals(config.rate, config.seed, workers, index)

@@ -22,6 +22,10 @@ from tests.conftest import REPO, server_process, stop_process
 
 pytestmark = pytest.mark.slow
 
+SUMMARY_KEYS = {"schema", "run_dir", "started_at", "duration_s", "window_s", "config", "metrics", "server_time_ms",
+                "throughput", "slo", "requests", "generator", "classes", "server"}
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
+
 
 def locust(port: int, run_dir, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     cmd = [str(REPO / ".venv/bin/locust") if (REPO / ".venv/bin/locust").exists() else "locust",
@@ -44,6 +48,14 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
                       "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-s", "1", "--slo-ttft-ms", "5000")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS  # the schema the README documents
+    assert set(summary["metrics"]) == {f"{m}_ms" for m in CLIENT_METRICS}
+    assert set(summary["requests"]) == {"sent", "ok", "failed", "not_sent", "failed_by_code", "warmup",
+                                        "rows_omitted"}
+    assert set(summary["throughput"]) == {"window_s", "output_tokens_per_s", "requests_per_s",
+                                          "goodput_requests_per_s"}
+    assert set(summary["generator"]) == {"late_sends", "late_threshold_ms", "cpu_percent", "warnings"}
+    assert set(summary["config"]) >= {"mode", "rate", "arrival", "prompt_tokens", "max_tokens", "warmup_s", "seed"}
     req = summary["requests"]
     assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0
     assert req["not_sent"] <= 1  # one due just as the run stopped may miss its send, and is counted

@@ -76,7 +76,7 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     rec.not_sent = 2
     rec.stop_ns = 3000 * MS
     assert rec.accounting() == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
-                                "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2}
+                                "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2, "rows_omitted": 0}
     assert rec.client["ttft"].count == 2  # warm-up kept out of the latency histograms
     tp = rec.throughput(rec.window_s)
     assert tp["window_s"] == 2.0
@@ -124,6 +124,14 @@ def test_merging_exports_equals_recording_everything_in_one():
     assert merged.slo_summary() == one.slo_summary()
     assert merged.throughput(10.0) == one.throughput(10.0)
     assert len(merged.rows) == 500
+
+
+def test_request_rows_are_capped_and_the_rest_counted():
+    rec = Recorder(start_ns=0, warmup_s=0, stop_ns=10_000 * MS, max_rows=3)
+    for i in range(5):
+        rec.add(StreamResult(f"r{i}", i * MS, sent_ns=i * MS, recv_ns=[(i + 5) * MS], tokens=[1]))
+    assert [r["request_id"] for r in rec.rows] == ["r0", "r1", "r2"]
+    assert rec.accounting()["rows_omitted"] == 2 and rec.accounting()["sent"] == 5
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
