@@ -21,7 +21,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare test bench-engine bench lint clean
+.PHONY: install proto serve load demo compare test bench-engine bench-loadgen bench lint clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -84,7 +84,10 @@ test: install
 bench-engine: install
 	$(PY) -m server.bench_engine
 
-bench: bench-engine
+bench-loadgen: install
+	$(PY) -m loadgen.bench_loadgen
+
+bench: bench-engine bench-loadgen
 
 lint: install
 	$(VENV)/bin/ruff check .

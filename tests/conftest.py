@@ -59,8 +59,8 @@ def server_process(tmp_path, *flags: str):
 
 
 def delay_server_process(tmp_path, *flags: str):
-    """Yields (process, port) of the known-delay server (tests/delay_server.py)."""
-    return port_file_process(tmp_path, "tests.delay_server", *flags)
+    """Yields (process, port) of the known-delay server (loadgen/delay_server.py)."""
+    return port_file_process(tmp_path, "loadgen.delay_server", *flags)
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The load generator's numbers against a server whose delays are known
-(tests/delay_server.py): percentiles within a stated tolerance of the truth, and a stall of
+(loadgen/delay_server.py): percentiles within a stated tolerance of the truth, and a stall of
 every stream in the middle of an open-loop run shows in TTFT p99, while closed-loop mode,
 run against the same stall, sends almost nothing during it, hides it, and says so; stress
 mode finds the knee of a known capacity; mixed mode's classes follow their weights."""

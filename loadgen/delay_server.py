@@ -1,10 +1,10 @@
-"""A server that speaks the moe.v1 contract with known delays, to check the load
-generator's numbers against the truth: the first token after --ttft-ms, then one every
---itl-ms; at most --capacity streams at once (the rest queue, so the capacity in
-requests/s is known); and, optionally, every stream stalls from --stall-at-s after start
-for --stall-s (a server hiccup that a closed-loop generator would hide).
+"""A reference server that speaks the moe.v1 contract with known delays, to check a load
+generator's numbers against the truth (the tests and `make bench-loadgen` use it): the
+first token after --ttft-ms, then one every --itl-ms; at most --capacity streams at once
+(the rest queue, so the capacity in requests/s is known); and, optionally, every stream
+stalls from --stall-at-s after start for --stall-s (a hiccup a closed loop would hide).
 
-    python -m tests.delay_server --port-file PATH [--ttft-ms 20 --itl-ms 10 ...]
+    python -m loadgen.delay_server --port-file PATH [--ttft-ms 20 --itl-ms 10 ...]
 """
 
 from __future__ import annotations

@@ -1,0 +1,138 @@
+"""`python -m loadgen.bench_loadgen`: how much load one generator process can time well.
+
+Against the known-delay reference server (loadgen/delay_server.py: first token after 20 ms,
+then one every 10 ms), side by side in one run at rising streamed-message rates: our
+Locust generator (one process, as users run it) and a plain `grpc.aio` asyncio client
+doing the same open-loop schedule. For each: the messages/s it achieved, its send lateness
+(scheduled -> actual send) and its delivery lag (server emit, from `server_elapsed_us`, ->
+client timestamp) at p50/p99, the TTFT error against the known 20 ms, and its CPU.
+Prints a table, then one line of JSON. Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from proto import moe_pb2, moe_pb2_grpc
+
+TOKENS = 20  # messages per stream
+TTFT_MS, ITL_MS = 20.0, 10.0
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
+
+
+async def aio_run(port: int, rate: float, duration_s: float, seed: int) -> dict:
+    """Open loop on grpc.aio: a task per request at its scheduled time."""
+    send_lag, delivery, ttft_err, messages = [], [], [], 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = moe_pb2_grpc.MoEInferenceStub(channel)
+
+        async def one(due: float, i: int):
+            nonlocal messages
+            sent = time.monotonic()
+            send_lag.append((sent - due) * 1e3)
+            request = moe_pb2.GenerateRequest(request_id=f"aio-{i}", prompt_token_ids=[65] * 4, max_tokens=TOKENS,
+                                              ignore_eos=True)
+            first = True
+            async for msg in stub.Generate(request, timeout=60):
+                now = time.monotonic()
+                messages += 1
+                delivery.append((now - sent) * 1e3 - msg.server_elapsed_us / 1e3)
+                if first:
+                    ttft_err.append((now - due) * 1e3 - TTFT_MS)
+                    first = False
+
+        rng, tasks = random.Random(seed), []
+        start = time.monotonic()
+        cpu0 = time.process_time()
+        t, i = 0.0, 0
+        while t < duration_s:
+            t += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, start + t - time.monotonic()))
+            tasks.append(asyncio.create_task(one(start + t, i)))
+            i += 1
+        await asyncio.gather(*tasks)
+        wall = time.monotonic() - start
+        cpu = 100 * (time.process_time() - cpu0) / wall
+    return {"messages_per_s": messages / duration_s, "send_lag_p99_ms": pct(send_lag, 99),
+            "delivery_lag_p50_ms": pct(delivery, 50), "delivery_lag_p99_ms": pct(delivery, 99),
+            "ttft_error_p50_ms": pct(ttft_err, 50), "ttft_error_p99_ms": pct(ttft_err, 99), "cpu_percent": cpu}
+
+
+def locust_run(port: int, rate: float, duration_s: float, seed: int, run_dir: Path) -> dict:
+    locust = str(Path(sys.executable).parent / "locust")
+    done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}", "--headless",
+                           "--only-summary", "-t", f"{round(duration_s)}s", "--rate", str(rate), "--prompt-tokens", "4",
+                           "--max-tokens", str(TOKENS), "--seed", str(seed), "--run-dir", str(run_dir)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if not (run_dir / "summary.json").exists():
+        raise SystemExit(f"locust wrote no summary (exit {done.returncode}):\n{done.stdout[-3000:]}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    m = s["metrics"]
+    return {"messages_per_s": s["throughput"]["output_tokens_per_s"], "send_lag_p99_ms": m["send_lag_ms"]["p99"],
+            "delivery_lag_p50_ms": m["delivery_lag_ms"]["p50"], "delivery_lag_p99_ms": m["delivery_lag_ms"]["p99"],
+            "ttft_error_p50_ms": m["ttft_ms"]["p50"] - TTFT_MS, "ttft_error_p99_ms": m["ttft_ms"]["p99"] - TTFT_MS,
+            "cpu_percent": s["generator"]["cpu_percent"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadgen.bench_loadgen", description=__doc__)
+    p.add_argument("--messages-per-s", type=float, nargs="+", default=[500, 1500, 3000])
+    p.add_argument("--duration-s", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
+    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server", "--port-file", str(tmp / "port"),
+                               "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)], cwd=REPO)
+    try:
+        for _ in range(300):
+            if (tmp / "port").exists():
+                break
+            time.sleep(0.05)
+        port = int((tmp / "port").read_text())
+        rows = []
+        for target in args.messages_per_s:
+            rate = target / TOKENS
+            ours = locust_run(port, rate, args.duration_s, args.seed, tmp / f"locust-{target:g}")
+            aio = asyncio.run(aio_run(port, rate, args.duration_s, args.seed))
+            rows.append({"target_messages_per_s": target, "requests_per_s": rate, "locust": ours, "grpc_aio": aio})
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, {TOKENS} messages a stream; "
+          f"{args.duration_s:g} s per run, one process each\n")
+    header = f"{'msgs/s':>7} {'client':>9} {'achieved':>9} {'send p99':>9} {'deliv p50':>10} {'deliv p99':>10} " \
+             f"{'TTFT err p50':>13} {'p99':>7} {'CPU %':>6}"
+    print(header)
+    for row in rows:
+        for name in ("locust", "grpc_aio"):
+            r = row[name]
+            print(f"{row['target_messages_per_s']:>7g} {name:>9} {r['messages_per_s']:>9.0f} "
+                  f"{r['send_lag_p99_ms']:>9.2f} {r['delivery_lag_p50_ms']:>10.2f} {r['delivery_lag_p99_ms']:>10.2f} "
+                  f"{r['ttft_error_p50_ms']:>13.2f} {r['ttft_error_p99_ms']:>7.2f} {r['cpu_percent']:>6.0f}")
+    held = [row["target_messages_per_s"] for row in rows
+            if row["locust"]["delivery_lag_p99_ms"] <= 5 and row["locust"]["send_lag_p99_ms"] <= 5]
+    print(f"\nour generator kept send and delivery lag p99 <= 5 ms up to "
+          f"{max(held) if held else 'none of the tested'} messages/s (target: 3000)")
+    print(json.dumps({"rows": rows, "held_messages_per_s": max(held) if held else None,
+                      "median_aio_delivery_p99_ms": statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"]
+                                                                      for r in rows)}))
+
+
+if __name__ == "__main__":
+    main()
