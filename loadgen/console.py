@@ -44,6 +44,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
                   f"{p99:>10}  {row['saturated'] or '-'}")
         knee = "none (the first step saturated)" if stress["knee_rps"] is None else f"{stress['knee_rps']:g} requests/s"
         print(f"knee: {knee}; stopped: {stress['stopped_because']}")
+        if "warning" in stress:
+            print(f"WARNING: {stress['warning']}")
     for warning in summary["generator"]["warnings"]:
         print(f"WARNING: {warning}")
     headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].get("p99"),

@@ -13,6 +13,8 @@ from loadgen.slo import Slo
 from loadgen.summary import histogram_encodings, summarize
 
 MESSAGE = "moe_results"  # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
+STOP_MESSAGE = "moe_stop"  # master -> workers: stop sending, drain, report now
+PART_GRACE_S = 15.0  # beyond --drain-s, how long the master waits for a worker's results
 
 
 def worker_message(index: int, run) -> dict:

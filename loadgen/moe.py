@@ -28,7 +28,7 @@ from loadgen.arrivals import ARRIVALS  # noqa: E402
 from loadgen.client import server_stats  # noqa: E402
 from loadgen.config import MODES, ConfigError, LoadConfig  # noqa: E402
 from loadgen.console import print_summary  # noqa: E402
-from loadgen.distributed import MESSAGE, worker_message, write_merged  # noqa: E402
+from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged  # noqa: E402
 from loadgen.run import Run  # noqa: E402
 from loadgen.rundir import write_run_dir  # noqa: E402
 from loadgen.summary import histogram_encodings  # noqa: E402
@@ -143,6 +143,8 @@ def check_options(environment, **_):
         return
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(MESSAGE, lambda msg, **_: receive_part(environment, msg.data))
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message(STOP_MESSAGE, lambda msg, **_: gevent.spawn(finish_run, environment))
     if environment.host or environment.parsed_options.headless:
         try:
             load_config(environment)
@@ -173,6 +175,7 @@ def start_run(environment, **_):
         return
     runner = environment.runner
     if isinstance(runner, MasterRunner):
+        environment.parsed_options.moe_ranks = None  # a refused test must not pass on the last one's
         if config.mode == "stress":
             refuse(environment, "--mode stress runs in one process (it judges each step as it ends); "
                    "drop --master/--processes")
@@ -181,8 +184,12 @@ def start_run(environment, **_):
             refuse(environment, f"{runner.worker_count} workers need at least {runner.worker_count} users "
                    f"(-u {runner.worker_count}): each worker's users send its share of --rate")
             return
-        environment.parsed_options.moe_workers = runner.worker_count  # reaches workers with the spawn message
-        environment.moe_master = {"config": config, "expected": runner.worker_count, "parts": [], "written": False,
+        # Ranks 0..N-1 by client id (Locust's worker indexes can have gaps); they reach the
+        # workers with the spawn message.
+        ranks = {c.id: i for i, c in enumerate(sorted(runner.clients.ready + runner.clients.running
+                                                       + runner.clients.spawning, key=lambda c: c.id))}
+        environment.parsed_options.moe_ranks = ranks
+        environment.moe_master = {"config": config, "expected": len(ranks), "parts": {}, "written": False,
                                   "server_start": server_stats(config.host)}
         return
 
@@ -211,12 +218,14 @@ def start_run(environment, **_):
     if "error" in environment.moe_server_start:
         log.warning("server at %s: %s", config.host, environment.moe_server_start["error"])
     if isinstance(runner, WorkerRunner):
-        workers, index = getattr(environment.parsed_options, "moe_workers", None), runner.worker_index
-        if workers is None:
-            environment.moe_run = None  # the master refused the test and says why in its log
+        ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
+        if runner.client_id not in ranks:
+            environment.moe_run = None  # refused by the master (its log says why), or joined mid-test
             return
-        environment.moe_run = Run(config, report, lambda: server_stats(config.host), workers, index,
-                                  f"{config.run_dir}/worker-{index}")
+        rank = ranks[runner.client_id]
+        environment.moe_run = Run(config, report, lambda: server_stats(config.host), len(ranks), rank,
+                                  f"{config.run_dir}/worker-{rank}")
+        environment.moe_rank = rank
     else:
         environment.moe_run = Run(config, report, lambda: server_stats(config.host),
                                   request_stop=lambda: end_test(environment))
@@ -235,10 +244,18 @@ def stop_schedule(environment, **_):
     run = getattr(environment, "moe_run", None)
     if run is not None:
         run.stop()
+    if getattr(environment, "moe_master", None) is not None:
+        # Locust's headless quit tells workers to quit only after the master's test_stop, and
+        # then waits 0.5 s: workers must stop and drain now, so their results arrive in time.
+        for client in environment.runner.clients.all:
+            environment.runner.send_message(STOP_MESSAGE, client_id=client.id)
 
 
 @events.test_stop.add_listener
 def finish_run(environment, **_):
+    if getattr(environment, "moe_master", None) is not None:
+        await_parts(environment)
+        return
     run: Run | None = getattr(environment, "moe_run", None)
     if run is None:
         return
@@ -247,7 +264,7 @@ def finish_run(environment, **_):
     for channel in run.channels:
         channel.close()
     if isinstance(environment.runner, WorkerRunner):
-        environment.runner.send_message(MESSAGE, worker_message(environment.runner.worker_index, run))
+        environment.runner.send_message(MESSAGE, worker_message(environment.moe_rank, run))
         return
     summary = run.summary()
     summary["server"] = {"start": environment.moe_server_start, "end": server_stats(run.config.host)}
@@ -258,27 +275,25 @@ def finish_run(environment, **_):
 
 
 def receive_part(environment, part: dict) -> None:
-    """Master: a worker's results; with the last expected one, the merged run is written."""
+    """Master: one worker's results, once per rank."""
     master = getattr(environment, "moe_master", None)
-    if master is None or master["written"]:
-        return
-    master["parts"].append(part)
-    if len(master["parts"]) == master["expected"]:
-        write_master(environment)
+    if master is not None and not master["written"]:
+        master["parts"].setdefault(part["worker"], part)
 
 
-@events.quitting.add_listener
-def write_incomplete(environment, **_):
-    """Master: workers that never reported still leave a run directory, marked incomplete."""
-    master = getattr(environment, "moe_master", None)
-    if master is not None and master["parts"] and not master["written"]:
-        write_master(environment)
-
-
-def write_master(environment) -> None:
+def await_parts(environment) -> None:
+    """Master: waits for every worker's results (their drains included, bounded), then writes
+    the merged run, marked incomplete if a worker never reported."""
     master = environment.moe_master
+    deadline = time.monotonic() + master["config"].drain_s + PART_GRACE_S
+    while len(master["parts"]) < master["expected"] and time.monotonic() < deadline:
+        gevent.sleep(0.1)
     master["written"] = True
+    environment.moe_master = None
+    if not master["parts"]:
+        log.error("no worker reported results: nothing to write")
+        return
     config = master["config"]
     server = {"start": master["server_start"], "end": server_stats(config.host)}
-    summary, path = write_merged(config, master["parts"], master["expected"], server)
+    summary, path = write_merged(config, list(master["parts"].values()), master["expected"], server)
     print_summary(summary, path)

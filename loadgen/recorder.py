@@ -210,15 +210,15 @@ class Recorder:
                 "Locust worker processes (--processes N, with -u N) or lower the rate")
         if self.late_sends:
             warnings.append(
-                f"{self.late_sends} of {len(self.rows)} requests were sent more than "
+                f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
                 f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.get('p99', 0):.1f} ms, "
                 f"max {lag.get('max', 0):.1f} ms): "
                 "the load generator could not keep up; latencies still count from the schedule, "
                 "but add Locust worker processes (--processes N, with -u N) or lower the rate to measure the "
                 "server alone")
         if self.not_sent:
-            warnings.append(f"{self.not_sent} scheduled requests were not sent: {self.not_sent} over "
-                            "--max-in-flight; the server is not keeping up with the offered rate")
+            warnings.append(f"{self.not_sent} scheduled requests were not sent: over --max-in-flight (the server "
+                            "is not keeping up with the offered rate), or due just as the run stopped")
         clamped = sum(h.clamped for h in self.client.values())
         if clamped:
             warnings.append(f"{clamped} latency values fell outside the histogram range and were clamped")

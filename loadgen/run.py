@@ -66,7 +66,19 @@ class Run:
         self.stress = Stress(config, self) if config.mode == "stress" else None
         if self.stress is not None:
             self._schedule = self.stress.arrivals(config.seed)
-            gevent.spawn(self.stress.watch)
+        self._stress_watcher: gevent.Greenlet | None = None
+        self._begun = False
+
+    def begin(self) -> None:
+        """Time zero of the schedule: the first user's first dispatch, not the test start, so
+        a user spawned late (-r below -u, or a worker's user) does not open with a burst of
+        overdue sends."""
+        if self._begun:
+            return
+        self._begun = True
+        self.start_ns = self.recorder.start_ns = time.monotonic_ns()
+        if self.stress is not None:
+            self._stress_watcher = gevent.spawn(self.stress.watch)
 
     @property
     def stopping(self) -> bool:
@@ -75,6 +87,7 @@ class Run:
     def dispatch(self, stub) -> None:
         """Sends this process's arrivals on stub until the run stops; several users may
         share the schedule, each taking the next arrival."""
+        self.begin()
         while not self.stopping:
             arrival = next(self._schedule, None)
             if arrival is None:  # a finite schedule (stress) is over: wait for the stop
@@ -98,6 +111,7 @@ class Run:
         """Locust's own model (--mode closed): this user sends its next request when the last
         one ends, and latency counts from the actual send. The request runs in the run's
         group, so a user stopped mid-stream still leaves it to the drain and the count."""
+        self.begin()
         while not self.stopping:
             index = next(self._closed_indexes)
             self._send(stub, index, time.monotonic_ns()).join()
@@ -130,7 +144,7 @@ class Run:
         result = self.inflight.pop(greenlet)
         timing = self.recorder.add(result)
         if self.stress is not None:
-            self.stress.observe(result, timing)
+            self.stress.observe(result)
         self.on_result(result, timing)
 
     def stop(self) -> None:
@@ -142,14 +156,21 @@ class Run:
         """Waits up to drain_s for in-flight requests, then cuts off the rest (counted);
         then closes the interval logs with the last, partial interval."""
         self.stop()
+        if self._stress_watcher is not None:
+            self._stress_watcher.kill()  # a web UI restart must not inherit it
+            if not self.stress.stopped_because:  # stopped from outside (-t, the web UI) before saturation
+                self.stress.stopped_because = f"stopped after {len(self.stress.rows)} steps, before saturation"
         self._group.join(timeout=self.config.drain_s)
         for greenlet, result in list(self.inflight.items()):
+            if greenlet.ready():  # finished just now, its callback not run yet: count it as it ended
+                continue
             greenlet.unlink(self._finished)
             greenlet.kill(block=True, timeout=5)
             del self.inflight[greenlet]
             result.status = CUT_OFF
             result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
             self.on_result(result, self.recorder.add(result))
+        gevent.sleep(0)  # lets the callbacks of requests that finished during the loop run
         self._ticker.kill()
         self.tick()
         self.intervals.close()

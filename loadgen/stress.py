@@ -28,6 +28,7 @@ from pathlib import Path
 import gevent
 
 from loadgen.arrivals import gap_s
+from loadgen.timing import stream_timing
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
 SAMPLE_S = 0.1  # in-flight sampling period
@@ -75,6 +76,7 @@ class Stress:
         self.stopped_because = ""
         self._done: list = []  # (result, timing) of requests finished so far in the current step
         self._sent: list[float] = []  # send times (s from the start) of this process's arrivals
+        self._lag_s = 0.0  # the last known median latency
 
     def rate(self, step: int) -> float:
         c = self.config
@@ -94,7 +96,10 @@ class Stress:
                 self._sent.append(t)
                 yield next(index), t
 
-    def observe(self, result, timing) -> None:
+    def observe(self, result) -> None:
+        """Every finished request counts, warm-up included (the steps are the measurement)."""
+        timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens) \
+            if result.ok else None
         self._done.append((result, timing))
 
     def watch(self) -> None:
@@ -124,12 +129,14 @@ class Stress:
         tokens = sum(n for r, _ in done for t_ns, n in zip(r.recv_ns, r.tokens, strict=True)
                      if start_ns <= t_ns <= end_ns)
         ttft = [t.ttft_us / 1000 for r, t in done if t is not None and start_ns <= r.recv_ns[0] <= end_ns]
-        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in self.run.inflight.values() if not r.recv_ns]
+        in_flight = list(self.run.inflight.values())
+        ttft += [(r.recv_ns[0] - r.scheduled_ns) / 1e6 for r in in_flight if r.recv_ns and start_ns <= r.recv_ns[0]]
+        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]  # at least this
         tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
         good = sum(self.run.recorder.slo.met(t) for _, t in ok)
         offered = self.rate(step)
         # Compare completions with the arrivals one typical latency earlier, which they answer.
-        lag_s = (percentile([t.e2e_us / 1e6 for _, t in ok], 50) or 0.0)
+        self._lag_s = lag_s = percentile([t.e2e_us / 1e6 for _, t in ok], 50) or self._lag_s
         start_s, end_s = (start_ns - self.run.start_ns) / 1e9 - lag_s, (end_ns - self.run.start_ns) / 1e9 - lag_s
         sent = sum(1 for t in self._sent if start_s <= t < end_s) / window_s
         growth = slope(samples)
@@ -137,7 +144,10 @@ class Stress:
                       percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
                       growth, "")
         reasons = []
-        if row.achieved_rps < c.saturation_share * sent:
+        # Requests longer than a step may not have completed yet: with none completed and none
+        # older than the step, throughput tells nothing (a stall still shows as TTFT and growth).
+        conclusive = ok or any((end_ns - r.scheduled_ns) / 1e9 > window_s for r in in_flight)
+        if conclusive and row.achieved_rps < c.saturation_share * sent:
             reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the {sent:.3g}/s sent")
         if c.slo_ttft_ms is not None and row.ttft_p99_ms is not None and row.ttft_p99_ms > c.slo_ttft_ms:
             reasons.append(f"TTFT p99 {row.ttft_p99_ms:.0f} ms > SLO {c.slo_ttft_ms:g} ms")
@@ -146,7 +156,7 @@ class Stress:
         # Growth counts when it is steep and adds more than twice the in-flight count a
         # healthy server holds (arrival rate x latency): ramp-up noise is neither.
         healthy_in_flight = sent * lag_s + 1
-        if growth > GROWTH_SHARE * offered and growth * window_s > 2 * healthy_in_flight:
+        if conclusive and growth > GROWTH_SHARE * offered and growth * window_s > 2 * healthy_in_flight:
             reasons.append(f"in flight growing {growth:.3g}/s")
         row.saturated = "; ".join(reasons)
         return row
@@ -158,8 +168,12 @@ class Stress:
         return max(held) if held else None
 
     def summary(self) -> dict:
-        return {"knee_rps": self.knee_rps, "stopped_because": self.stopped_because,
-                "steps": [asdict(r) for r in self.rows]}
+        out = {"knee_rps": self.knee_rps, "stopped_because": self.stopped_because,
+               "steps": [asdict(r) for r in self.rows]}
+        if self._lag_s * 2 > self.config.step_s or (self.rows and not self._lag_s):
+            out["warning"] = ("requests took longer than half a step (or none completed): a step cannot be "
+                              "judged before its requests finish, so the knee is unsound; use a longer --step-s")
+        return out
 
     def write_csv(self, run_dir: Path) -> None:
         with open(run_dir / "steps.csv", "w", newline="") as f:

@@ -117,12 +117,11 @@ class DynamicPolicy(FcfsPolicy):
         buckets: dict[int, list] = {}
         for r in v.waiting:
             buckets.setdefault(length_bucket(len(r.prompt_ids)), []).append(r)
-        # Any bucket full enough goes now; else the oldest request's bucket once it waited long enough.
-        ready = next((b for b in buckets.values() if len(b) >= room), None)
+        # The oldest request's bucket once it has waited long enough (the age bound comes
+        # first), else any bucket full enough to fill the free places.
         oldest = buckets[length_bucket(len(v.waiting[0].prompt_ids))]
         wait_left_ms = self.config.max_wait_ms - age_ms(oldest[0], v.now_ns)
-        if ready is None and wait_left_ms <= 0:
-            ready = oldest
+        ready = oldest if wait_left_ms <= 0 else next((b for b in buckets.values() if len(b) >= room), None)
         if ready is None:
             plan.wake_in_s = wait_left_ms / 1e3
             return plan

@@ -241,3 +241,12 @@ def test_real_server_streams_exact_token_counts(policy):
     assert counts == [5 + i for i in range(8)]
     assert stats.policy == policy and stats.requests_finished == 8 and stats.running == 0
     assert stats.policy_knobs["max_batch_size"] == 4
+
+
+def test_dynamic_serves_the_oldest_bucket_within_its_wait_bound_against_full_buckets():
+    # One long prompt, then a stream of short ones that keeps filling their own bucket.
+    arrivals = [(0, 200, 4, 0)] + [(1 + 10 * i, 8, 4, 0) for i in range(60)]
+    run = simulate("dynamic", arrivals, kv_slots=2, max_batch_size=2, max_wait_ms=20)
+    assert_each_finished_once(run, arrivals)
+    admitted_at = next(now for _, _, plan, now in run.views if any(r.request_id == "r0" for r, _ in plan.prefill))
+    assert admitted_at / MS <= 20 + 2 * (0.05 * 2 * 200 + 2 * N_EXPERTS)
