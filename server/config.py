@@ -68,7 +68,7 @@ class ServerConfig:
         check(self.dtype in ("", *DTYPES), "dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check(self.max_batch_size >= 1, "max-batch-size", f"must be at least 1, got {self.max_batch_size}")
         check(self.max_wait_ms >= 0, "max-wait-ms", f"must be at least 0, got {self.max_wait_ms}")
-        check(self.max_step_tokens >= self.max_batch_size, "max-step-tokens",
+        check(self.policy != "latency_sensitive" or self.max_step_tokens >= self.max_batch_size, "max-step-tokens",
               f"must be at least --max-batch-size ({self.max_batch_size}) so every running decode fits, "
               f"got {self.max_step_tokens}")
         check(self.kv_slots >= 0, "kv-slots", f"must be at least 1 (0 = --max-batch-size), got {self.kv_slots}")
