@@ -32,6 +32,7 @@ class LoadConfig:
     max_in_flight: int = 1000
     drain_s: float = 30.0
     interval_s: float = 1.0  # interval histograms (.hlog) and GetStats samples
+    client: str = "gevent"  # gevent: Locust's own greenlets; aio: a grpc.aio sender process
     max_request_rows: int = 100_000  # requests.jsonl holds the first this many requests
     rate_step: float = 0.0  # stress: added to the rate each step ...
     rate_mult: float = 0.0  # ... or the rate multiplied by this each step
@@ -87,6 +88,9 @@ class LoadConfig:
                 load_dataset(self.dataset)
             except ValueError as exc:
                 check(False, "dataset", str(exc))
+        check(self.client in ("gevent", "aio"), "client", f"must be gevent or aio, got {self.client!r}")
+        check(self.client == "gevent" or self.mode in ("fixed", "mixed"), "client",
+              "aio sends open-loop schedules only: use it with --mode fixed or mixed")
         check(self.max_request_rows >= 0, "max-request-rows", f"must be at least 0, got {self.max_request_rows}")
         check(self.interval_s > 0, "interval-s", f"must be above 0, got {self.interval_s}")
         check(self.drain_s >= 0, "drain-s", f"must be at least 0, got {self.drain_s}")

@@ -84,6 +84,9 @@ def add_options(parser):
                    help="mixed: sinusoid:PERIOD_S:AMPLITUDE, bursts:EVERY_S:LENGTH_S:FACTOR or trace:FILE")
     g.add_argument("--dataset", default=d.dataset,
                    help="ShareGPT-style JSON: prompts and output lengths (capped by --max-tokens) from it")
+    g.add_argument("--client", choices=("gevent", "aio"), default=d.client,
+                   help="who sends and times requests: gevent (Locust's greenlets) or aio (a grpc.aio process "
+                        "beside each Locust process)")
     g.add_argument("--max-request-rows", type=int, default=d.max_request_rows,
                    help="requests.jsonl keeps the first this many requests (the count of the rest is in summary.json)")
     g.add_argument("--interval-s", type=float, default=d.interval_s,
@@ -107,7 +110,7 @@ def load_config(environment) -> LoadConfig:
         run_dir=o.run_dir or time.strftime(f"runs/%Y%m%d-%H%M%S-{o.mode}", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
         drain_s=float(o.drain_s), interval_s=float(o.interval_s),
-        max_request_rows=int(o.max_request_rows), rate_step=float(o.rate_step),
+        max_request_rows=int(o.max_request_rows), client=o.client, rate_step=float(o.rate_step),
         rate_mult=float(o.rate_mult), step_s=float(o.step_s), max_steps=int(o.max_steps),
         saturation_share=float(o.saturation_share), classes=o.classes, profile=o.rate_profile,
         dataset=o.dataset, slo_ttft_ms=optional(o.slo_ttft_ms),

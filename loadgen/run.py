@@ -16,6 +16,7 @@ from pathlib import Path
 import gevent
 from gevent.pool import Group
 
+from loadgen.aio_client import AioSender
 from loadgen.arrivals import worker_arrivals
 from loadgen.client import StreamResult, stream_generate
 from loadgen.config import LoadConfig
@@ -68,6 +69,8 @@ class Run:
             self._schedule = self.stress.arrivals(config.seed)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
+        self._placement = (workers, index)
+        self.aio = AioSender(self._record) if config.client == "aio" else None
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -79,6 +82,8 @@ class Run:
         self.start_ns = self.recorder.start_ns = time.monotonic_ns()
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
+        if self.aio is not None:
+            self.aio.start(self.config, *self._placement, self.start_ns)
 
     @property
     def stopping(self) -> bool:
@@ -86,8 +91,11 @@ class Run:
 
     def dispatch(self, stub) -> None:
         """Sends this process's arrivals on stub until the run stops; several users may
-        share the schedule, each taking the next arrival."""
+        share the schedule, each taking the next arrival. With --client aio the sender
+        process sends them, and users only wait."""
         self.begin()
+        while self.aio is not None and not self.stopping:
+            gevent.sleep(0.1)
         while not self.stopping:
             arrival = next(self._schedule, None)
             if arrival is None:  # a finite schedule (stress) is over: wait for the stop
@@ -141,7 +149,9 @@ class Run:
         self.server_log.flush()
 
     def _finished(self, greenlet: gevent.Greenlet) -> None:
-        result = self.inflight.pop(greenlet)
+        self._record(self.inflight.pop(greenlet))
+
+    def _record(self, result: StreamResult) -> None:
         timing = self.recorder.add(result)
         if self.stress is not None:
             self.stress.observe(result)
@@ -151,6 +161,8 @@ class Run:
         """Ends the schedule: no request is sent after this moment."""
         if self.stop_ns is None:
             self.stop_ns = self.recorder.stop_ns = time.monotonic_ns()
+            if self.aio is not None:
+                self.aio.stop()
 
     def drain(self) -> None:
         """Waits up to drain_s for in-flight requests, then cuts off the rest (counted);
@@ -160,6 +172,9 @@ class Run:
             self._stress_watcher.kill()  # a web UI restart must not inherit it
             if not self.stress.stopped_because:  # stopped from outside (-t, the web UI) before saturation
                 self.stress.stopped_because = f"stopped after {len(self.stress.rows)} steps, before saturation"
+        if self.aio is not None:
+            self.aio.wait(self.config.drain_s + 10)
+            self.recorder.not_sent += self.aio.not_sent
         self._group.join(timeout=self.config.drain_s)
         for greenlet, result in list(self.inflight.items()):
             if greenlet.ready():  # finished just now, its callback not run yet: count it as it ended

@@ -9,6 +9,7 @@ import pytest
 
 from loadgen.arrivals import arrival_offsets_s, worker_arrivals
 from loadgen.client import StreamResult
+from loadgen.config import ConfigError, LoadConfig
 from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
@@ -150,3 +151,10 @@ def test_workers_split_the_rate_and_never_share_an_index():
         indexes = [i for part in parts for i, _ in part]
         assert len(indexes) == len(set(indexes))
         assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)  # 10/s for 100 s in total
+
+
+def test_aio_client_is_for_open_loop_schedules():
+    assert LoadConfig(client="aio").client == "aio"
+    for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {})):
+        with pytest.raises(ConfigError, match="--client: aio sends open-loop schedules only"):
+            LoadConfig(mode=mode, client="aio", **extra)

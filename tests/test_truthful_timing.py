@@ -93,3 +93,18 @@ def test_mixed_mode_reports_each_class_and_follows_the_weights(tmp_path):
     assert {r["class"] for r in rows} == {"chat", "long"}
     assert all(r["output_tokens"] == (4 if r["class"] == "chat" else 8) for r in rows)
     assert "class chat" in done.stdout
+
+
+def test_aio_client_sends_and_times_the_same_schedule(tmp_path):
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as (_, port):
+        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--arrival", "constant", "--prompt-tokens", "4",
+                      "--max-tokens", "6", "--client", "aio")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    req, m = summary["requests"], summary["metrics"]
+    assert req["sent"] == req["ok"] and 45 <= req["sent"] <= 52  # 10/s for 5 s, sent by the aio process
+    assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
+    assert m["delivery_lag_ms"]["count"] == req["sent"] * 6
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert len({r["request_id"] for r in rows}) == len(rows)

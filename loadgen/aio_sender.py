@@ -1,0 +1,126 @@
+"""The open-loop sender on plain asyncio + grpc.aio, in a process of its own (--client aio).
+
+Locust's process runs gRPC through gevent, whose integration costs timing accuracy at high
+message rates (NOTES.md, `make bench-loadgen`). This process has no gevent: it sends the
+schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
+one JSON job line to its stdin ({"config": LoadConfig fields, "workers", "index",
+"start_ns"}), reads one JSON line per finished request from its stdout, and writes "stop"
+to end the schedule; the sender then drains for drain_s, cuts off what is left, reports
+it, writes {"end": true, "not_sent": n} and exits. It builds the same schedule and
+requests as the gevent path (loadgen/arrivals.py, profiles.py, workload.py). Times are
+CLOCK_MONOTONIC nanoseconds, one clock for both processes. Output goes through a
+non-blocking pipe writer, so a slow reader never stalls the sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import grpc
+
+from loadgen.arrivals import worker_arrivals
+from loadgen.config import LoadConfig
+from loadgen.profiles import Profile
+from loadgen.workload import Workload
+from proto import moe_pb2, moe_pb2_grpc
+
+CUT_OFF = "CUT_OFF"
+
+
+def result_line(request_id: str, due_ns: int, klass: str) -> dict:
+    return {"request_id": request_id, "scheduled_ns": due_ns, "klass": klass, "sent_ns": 0, "recv_ns": [],
+            "tokens": [], "server_elapsed_us": [], "status": "OK", "details": "", "finish_reason": "", "usage": {}}
+
+
+async def send(stub, request: moe_pb2.GenerateRequest, r: dict, timeout_s: float) -> None:
+    r["sent_ns"] = time.monotonic_ns()
+    try:
+        last = None
+        async for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
+            r["recv_ns"].append(time.monotonic_ns())
+            r["tokens"].append(len(msg.token_ids))
+            r["server_elapsed_us"].append(msg.server_elapsed_us)
+            last = msg
+        if last is None or not last.finish_reason:
+            r["status"], r["details"] = "INCOMPLETE", "stream ended without a finish_reason"
+        else:
+            u = last.usage
+            r["finish_reason"] = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
+            r["usage"] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                          "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us,
+                          "ttft_us": u.ttft_us}
+    except grpc.RpcError as exc:
+        r["status"], r["details"] = exc.code().name, exc.details() or ""
+
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
+    line = await reader.readline()
+    if not line:  # the parent closed the pipe without a job
+        return
+    job = json.loads(line)
+    stopped = asyncio.Event()
+
+    async def watch_stdin():
+        await reader.readline()  # "stop", or EOF when the parent died
+        stopped.set()
+
+    watcher = asyncio.create_task(watch_stdin())
+    tasks: dict[asyncio.Task, dict] = {}
+
+    def emit(data: dict) -> None:
+        transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
+
+    def done(task: asyncio.Task) -> None:
+        emit(tasks.pop(task))
+
+    config = LoadConfig(**job["config"])
+    workload = Workload(config)
+    schedule = Profile.parse(config.profile).arrivals(config.rate, config.seed, job["workers"], job["index"]) \
+        if config.profile else worker_arrivals(config.rate, config.arrival, config.seed, job["workers"],
+                                               job["index"], config.burstiness)
+    not_sent = 0
+    async with grpc.aio.insecure_channel(config.host) as channel:
+        stub = moe_pb2_grpc.MoEInferenceStub(channel)
+        try:  # connect before the first send is due, so the first requests do not pay for it
+            await asyncio.wait_for(channel.channel_ready(), timeout=2)
+        except TimeoutError:
+            pass  # no server yet: requests wait for it (wait_for_ready) and count their lateness
+        for index, offset_s in schedule:
+            due_ns = job["start_ns"] + int(offset_s * 1e9)
+            delay_s = (due_ns - time.monotonic_ns()) / 1e9
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            if stopped.is_set():
+                break
+            if len(tasks) >= config.max_in_flight:
+                not_sent += 1
+                continue
+            request, klass = workload.request(index)
+            r = result_line(request.request_id, due_ns, klass)
+            task = asyncio.create_task(send(stub, request, r, config.request_timeout_s))
+            tasks[task] = r
+            task.add_done_callback(done)
+        await watcher
+        if tasks:
+            await asyncio.wait(list(tasks), timeout=config.drain_s)
+        for task in list(tasks):
+            task.remove_done_callback(done)
+            task.cancel()
+            r = tasks.pop(task)
+            r["status"] = CUT_OFF
+            r["details"] = f"still streaming {config.drain_s:g} s after the run ended (--drain-s)"
+            emit(r)
+        emit({"end": True, "not_sent": not_sent})
+        while transport.get_write_buffer_size():
+            await asyncio.sleep(0.01)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
