@@ -206,8 +206,9 @@ class Recorder:
         if delivery.get("p99", 0) > LATE_DELIVERY_MS:
             warnings.append(
                 f"client delivery lag p99 {delivery['p99']:.1f} ms (message emitted by the server -> timestamped "
-                f"here, network included) is above {LATE_DELIVERY_MS:g} ms: message times are that late; add "
-                "Locust worker processes (--processes N, with -u N) or lower the rate")
+                f"here, network included) is above {LATE_DELIVERY_MS:g} ms: message times are that late; use "
+                "--client aio (open-loop modes), add Locust worker processes (--processes N, with -u N), or lower "
+                "the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
