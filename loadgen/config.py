@@ -34,6 +34,7 @@ class LoadConfig:
     interval_s: float = 1.0  # interval histograms (.hlog) and GetStats samples
     client: str = "gevent"  # gevent: Locust's own greenlets; aio: a grpc.aio sender process
     max_request_rows: int = 100_000  # requests.jsonl holds the first this many requests
+    rate_start: float = 0.0  # stress: the first step's rate; 0 = --rate
     rate_step: float = 0.0  # stress: added to the rate each step ...
     rate_mult: float = 0.0  # ... or the rate multiplied by this each step
     step_s: float = 10.0  # stress: length of a step
@@ -66,6 +67,7 @@ class LoadConfig:
         if self.mode == "stress":
             check(self.rate_step > 0 or self.rate_mult > 1, "rate-step",
                   "stress mode needs --rate-step above 0 or --rate-mult above 1 (the rate starts at --rate)")
+            check(self.rate_start >= 0, "rate-start", f"must be at least 0 (0 = --rate), got {self.rate_start}")
             check(self.step_s > 0, "step-s", f"must be above 0, got {self.step_s}")
             check(self.max_steps >= 1, "max-steps", f"must be at least 1, got {self.max_steps}")
             check(0 < self.saturation_share <= 1, "saturation-share",

@@ -70,8 +70,10 @@ def add_options(parser):
                    help="open requests per process; arrivals beyond it are counted as not sent")
     g.add_argument("--drain-s", type=float, default=d.drain_s,
                    help="after the run, seconds in-flight requests get to finish before being cut off")
+    g.add_argument("--rate-start", type=float, default=d.rate_start, include_in_web_ui=True,
+                   help="stress: the first step's requests/s (default --rate)")
     g.add_argument("--rate-step", type=float, default=d.rate_step, include_in_web_ui=True,
-                   help="stress: requests/s added each step (the rate starts at --rate)")
+                   help="stress: requests/s added each step")
     g.add_argument("--rate-mult", type=float, default=d.rate_mult,
                    help="stress: or multiply the rate by this each step")
     g.add_argument("--step-s", type=float, default=d.step_s, include_in_web_ui=True, help="stress: seconds per step")
@@ -110,7 +112,8 @@ def load_config(environment) -> LoadConfig:
         run_dir=o.run_dir or time.strftime(f"runs/%Y%m%d-%H%M%S-{o.mode}", time.gmtime()),
         request_timeout_s=float(o.request_timeout_s), max_in_flight=int(o.max_in_flight),
         drain_s=float(o.drain_s), interval_s=float(o.interval_s),
-        max_request_rows=int(o.max_request_rows), client=o.client, rate_step=float(o.rate_step),
+        max_request_rows=int(o.max_request_rows), client=o.client, rate_start=float(o.rate_start),
+        rate_step=float(o.rate_step),
         rate_mult=float(o.rate_mult), step_s=float(o.step_s), max_steps=int(o.max_steps),
         saturation_share=float(o.saturation_share), classes=o.classes, profile=o.rate_profile,
         dataset=o.dataset, slo_ttft_ms=optional(o.slo_ttft_ms),

@@ -80,7 +80,8 @@ class Stress:
 
     def rate(self, step: int) -> float:
         c = self.config
-        return c.rate * c.rate_mult ** step if c.rate_mult else c.rate + c.rate_step * step
+        start = c.rate_start or c.rate
+        return start * c.rate_mult ** step if c.rate_mult else start + c.rate_step * step
 
     def arrivals(self, seed: int) -> Iterator[tuple[int, float]]:
         """(request index, send time s): each step's arrivals at its own rate."""

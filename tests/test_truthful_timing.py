@@ -66,7 +66,7 @@ def test_stress_stops_by_itself_at_the_knee_of_a_known_capacity(tmp_path):
     # 3 streams at once, each 20 ms + 9 x 10 ms: about 25 requests/s at most (27 without overheads).
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--capacity", "3") as (_, port):
-        done = locust(port, run_dir, "--mode", "stress", "--rate", "8", "--rate-step", "8", "--step-s", "2",
+        done = locust(port, run_dir, "--mode", "stress", "--rate-start", "8", "--rate-step", "8", "--step-s", "2",
                       "--max-steps", "8", "--prompt-tokens", "4", "--max-tokens", "10", "--arrival", "constant")
     assert done.returncode == 0, done.stdout
     stress = json.loads((run_dir / "summary.json").read_text())["stress"]
