@@ -18,42 +18,31 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import asdict
 
 import grpc
 
 from loadgen.arrivals import worker_arrivals
+from loadgen.client import CUT_OFF, StreamResult, close_stream
 from loadgen.config import LoadConfig
 from loadgen.profiles import Profile
 from loadgen.workload import Workload
 from proto import moe_pb2, moe_pb2_grpc
 
-CUT_OFF = "CUT_OFF"
 
-
-def result_line(request_id: str, due_ns: int, klass: str) -> dict:
-    return {"request_id": request_id, "scheduled_ns": due_ns, "klass": klass, "sent_ns": 0, "recv_ns": [],
-            "tokens": [], "server_elapsed_us": [], "status": "OK", "details": "", "finish_reason": "", "usage": {}}
-
-
-async def send(stub, request: moe_pb2.GenerateRequest, r: dict, timeout_s: float) -> None:
-    r["sent_ns"] = time.monotonic_ns()
+async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_s: float) -> None:
+    """stream_generate's twin on grpc.aio: fills r in place, never raises for RPC errors."""
+    r.sent_ns = time.monotonic_ns()
     try:
         last = None
         async for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
-            r["recv_ns"].append(time.monotonic_ns())
-            r["tokens"].append(len(msg.token_ids))
-            r["server_elapsed_us"].append(msg.server_elapsed_us)
+            r.recv_ns.append(time.monotonic_ns())
+            r.tokens.append(len(msg.token_ids))
+            r.server_elapsed_us.append(msg.server_elapsed_us)
             last = msg
-        if last is None or not last.finish_reason:
-            r["status"], r["details"] = "INCOMPLETE", "stream ended without a finish_reason"
-        else:
-            u = last.usage
-            r["finish_reason"] = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
-            r["usage"] = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                          "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us,
-                          "ttft_us": u.ttft_us}
+        close_stream(r, last)
     except grpc.RpcError as exc:
-        r["status"], r["details"] = exc.code().name, exc.details() or ""
+        r.status, r.details = exc.code().name, exc.details() or ""
 
 
 async def main() -> None:
@@ -72,13 +61,13 @@ async def main() -> None:
         stopped.set()
 
     watcher = asyncio.create_task(watch_stdin())
-    tasks: dict[asyncio.Task, dict] = {}
+    tasks: dict[asyncio.Task, StreamResult] = {}
 
     def emit(data: dict) -> None:
         transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
 
     def done(task: asyncio.Task) -> None:
-        emit(tasks.pop(task))
+        emit(asdict(tasks.pop(task)))
 
     config = LoadConfig(**job["config"])
     workload = Workload(config)
@@ -103,7 +92,7 @@ async def main() -> None:
                 not_sent += 1
                 continue
             request, klass = workload.request(index)
-            r = result_line(request.request_id, due_ns, klass)
+            r = StreamResult(request.request_id, due_ns, klass)
             task = asyncio.create_task(send(stub, request, r, config.request_timeout_s))
             tasks[task] = r
             task.add_done_callback(done)
@@ -114,9 +103,9 @@ async def main() -> None:
             task.remove_done_callback(done)
             task.cancel()
             r = tasks.pop(task)
-            r["status"] = CUT_OFF
-            r["details"] = f"still streaming {config.drain_s:g} s after the run ended (--drain-s)"
-            emit(r)
+            r.status = CUT_OFF
+            r.details = f"still streaming {config.drain_s:g} s after the run ended (--drain-s)"
+            emit(asdict(r))
         emit({"end": True, "not_sent": not_sent})
         while transport.get_write_buffer_size():
             await asyncio.sleep(0.01)

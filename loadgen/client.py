@@ -11,6 +11,8 @@ import grpc
 
 from proto import moe_pb2, moe_pb2_grpc
 
+CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
+
 
 @dataclass
 class StreamResult:
@@ -43,18 +45,22 @@ def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult
             result.tokens.append(len(msg.token_ids))
             result.server_elapsed_us.append(msg.server_elapsed_us)
             last = msg
-        if last is None or not last.finish_reason:
-            result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"
-        else:
-            result.finish_reason = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
-            u = last.usage
-            result.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                            "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us,
-                            "ttft_us": u.ttft_us}
+        close_stream(result, last)
     except grpc.RpcError as exc:
         result.status, result.details = exc.code().name, exc.details() or ""
     except Exception as exc:  # a bad reply or a client bug: counted, never lost
         result.status, result.details = "CLIENT_ERROR", repr(exc)
+
+
+def close_stream(result: StreamResult, last) -> None:
+    """Status, finish reason and the server's own account from a stream's last message."""
+    if last is None or not last.finish_reason:
+        result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"
+        return
+    result.finish_reason = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
+    u = last.usage
+    result.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                    "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us, "ttft_us": u.ttft_us}
 
 
 def server_stats(host: str) -> dict:

@@ -18,7 +18,7 @@ from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
 from loadgen.arrivals import worker_arrivals
-from loadgen.client import StreamResult, stream_generate
+from loadgen.client import CUT_OFF, StreamResult, stream_generate
 from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
 from loadgen.profiles import Profile
@@ -28,8 +28,6 @@ from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
-
-CUT_OFF = "CUT_OFF"  # still streaming when the run ended and the drain timed out
 
 
 class Run:
