@@ -34,6 +34,10 @@ def render_text(report: Report) -> str:
         parts.append("throughput: " + ", ".join(_throughput(run)))
     if run.section("requests"):
         parts.append(f"requests: {_accounting(run)}")
+    if run.section("classes"):
+        parts.append(text_table(CLASS_HEADER, _classes(run)))
+    if run.section("stress"):
+        parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
     if server_time := run.section("server_time_ms"):
         parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()], stats_rows(server_time)))
     if report.server:
@@ -59,6 +63,10 @@ def render_markdown(report: Report) -> str:
         parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
         if by_code := _by_count(requests.get("failed_by_code") or {}):
             parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
+    if run.section("classes"):
+        parts += ["## Request classes (ms)", markdown_table(CLASS_HEADER, _classes(run))]
+    if run.section("stress"):
+        parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
     if report.server or run.section("server_time_ms"):
         parts += ["## Server", *_server_markdown(report.server, run.section("server_time_ms"))]
     if generator := _generator(run):
@@ -91,12 +99,44 @@ def _window(run: Run) -> str:
 
 def _throughput(run: Run) -> list[str]:
     throughput, config = run.section("throughput"), run.section("config")
-    slos = [f"{name} ≤ {config[key]} ms" for name, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"))
+    slos = [f"{name} ≤ {config[key]} ms" for name, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"),
+                                                            ("E2E", "slo_e2e_ms"))
             if config.get(key) is not None]
-    return [f"{_num(throughput.get('output_tokens_per_s'), '.1f')} output tokens/s",
-            f"{_num(throughput.get('requests_per_s'), '.2f')} requests/s",
-            f"goodput {_num(throughput.get('goodput_requests_per_s'), '.2f')} requests/s "
-            f"({'SLO ' + ', '.join(slos) if slos else 'no SLO set'})"]
+    lines = [f"{_num(throughput.get('output_tokens_per_s'), '.1f')} output tokens/s",
+             f"{_num(throughput.get('requests_per_s'), '.2f')} requests/s",
+             f"goodput {_num(throughput.get('goodput_requests_per_s'), '.2f')} requests/s "
+             f"({'SLO ' + ', '.join(slos) if slos else 'no SLO set'})"]
+    share = run.section("slo").get("met_share") or {}
+    if run.section("slo").get("objectives_ms") and share.get("all") is not None:
+        lines.append("met: " + ", ".join(f"{name.upper() if name != 'all' else 'all'} {100 * v:.1f}%"
+                                         for name, v in share.items() if v is not None))
+    return lines
+
+
+def _classes(run: Run) -> list[list[str]]:
+    rows = []
+    for name, c in run.section("classes").items():
+        ttft, tpot = c.get("ttft_ms") or {}, c.get("tpot_ms") or {}
+        rows.append([name, _plain(c.get("sent")), _plain(c.get("ok")), fmt_ms(ttft.get("p50")), fmt_ms(ttft.get("p99")),
+                     fmt_ms(tpot.get("p50")), fmt_ms(tpot.get("p99"))])
+    return rows
+
+
+CLASS_HEADER = ["class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
+STEP_HEADER = ["step", "offered/s", "sent/s", "achieved/s", "goodput/s", "TTFT p99", "TPOT p99", "saturated"]
+
+
+def _steps(run: Run) -> list[list[str]]:
+    return [[str(r["step"]), _num(r["offered_rps"], ".3g"), _num(r["sent_rps"], ".3g"), _num(r["achieved_rps"], ".3g"),
+             _num(r["goodput_rps"], ".3g"), fmt_ms(r["ttft_p99_ms"]), fmt_ms(r["tpot_p99_ms"]), r["saturated"] or "-"]
+            for r in run.section("stress").get("steps", [])]
+
+
+def _knee(run: Run) -> str:
+    stress = run.section("stress")
+    knee = stress.get("knee_rps")
+    return (f"knee: {'none (the first step saturated)' if knee is None else f'{knee:g} requests/s'}; "
+            f"stopped: {stress.get('stopped_because', '-')}")
 
 
 def _accounting(run: Run) -> str:
@@ -113,9 +153,12 @@ def _generator(run: Run) -> list[str]:
     if "late_sends" in generator:
         lines.append(f"late sends {generator['late_sends']} (sent more than "
                      f"{_num(generator.get('late_threshold_ms'), '.1f')} ms after their scheduled time)")
-    lag = stats_ms(run.histograms.get("send_lag"))
-    if lag:
-        lines.append(f"send lag p50 {fmt_ms(lag['p50'])} ms, p99 {fmt_ms(lag['p99'])} ms, max {fmt_ms(lag['max'])} ms")
+    for name, what in (("send_lag", "send lag (scheduled -> sent)"),
+                       ("delivery_lag", "delivery lag (server emit -> client timestamp)")):
+        lag = stats_ms(run.histograms.get(name))
+        if lag:
+            lines.append(f"{what} p50 {fmt_ms(lag['p50'])} ms, p99 {fmt_ms(lag['p99'])} ms, "
+                         f"max {fmt_ms(lag['max'])} ms")
     return lines + [f"warning: {warning}" for warning in generator.get("warnings") or []]
 
 

@@ -155,3 +155,26 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     assert rows[1]["prefill_padded_share"] == pytest.approx(0.1)
     assert rows[0]["distinct_experts_per_step"] is None
     assert "no SLO was set" in done.stdout and (out / "compare.md").exists()
+
+
+def test_report_shows_slo_shares_classes_stress_steps_and_delivery_lag(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["config"]["slo_ttft_ms"] = 500
+    summary["slo"] = {"objectives_ms": {"ttft": 500}, "requests": 1000, "met_share": {"ttft": 0.5, "all": 0.5}}
+    summary["classes"] = {"chat": {"sent": 750, "ok": 750, "ttft_ms": stats(750), "tpot_ms": stats(750),
+                                   "e2e_ms": stats(750)}}
+    summary["stress"] = {"knee_rps": 24, "stopped_because": "step 3 at 32 requests/s: achieved 25/s",
+                         "steps": [{"step": 0, "offered_rps": 8, "sent_rps": 8, "achieved_rps": 8, "goodput_rps": 8,
+                                    "ttft_p99_ms": 25.0, "tpot_p99_ms": 11.0, "saturated": ""}]}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    histograms = json.loads((run_dir / "histograms.json").read_text())
+    histograms["delivery_lag"] = encoded([1.5] * 99 + [9])
+    (run_dir / "histograms.json").write_text(json.dumps(histograms))
+    done = run_report(run_dir)
+    assert done.returncode == 0, done.stderr
+    assert "met: TTFT 50.0%, all 50.0%" in done.stdout and "knee: 24 requests/s" in done.stdout
+    assert "delivery lag (server emit -> client timestamp) p50 1.50 ms" in done.stdout
+    md = (run_dir / "report.md").read_text()
+    assert "## Request classes (ms)" in md and "| chat | 750 | 750 |" in md and "## Stress steps" in md
