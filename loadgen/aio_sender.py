@@ -36,13 +36,13 @@ async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_
     try:
         last = None
         async for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
-            r.recv_ns.append(time.monotonic_ns())
-            r.tokens.append(len(msg.token_ids))
-            r.server_elapsed_us.append(msg.server_elapsed_us)
+            r.received(msg, time.monotonic_ns())
             last = msg
         close_stream(r, last)
     except grpc.RpcError as exc:
         r.status, r.details = exc.code().name, exc.details() or ""
+    except Exception as exc:  # as stream_generate: a bad reply or a bug is counted, never lost
+        r.status, r.details = "CLIENT_ERROR", repr(exc)
 
 
 async def main() -> None:

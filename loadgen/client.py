@@ -32,6 +32,12 @@ class StreamResult:
     def ok(self) -> bool:
         return self.status == "OK"
 
+    def received(self, msg: moe_pb2.GenerateResponse, now_ns: int) -> None:
+        """One stream message: when it arrived, its tokens, and the server's time for it."""
+        self.recv_ns.append(now_ns)
+        self.tokens.append(len(msg.token_ids))
+        self.server_elapsed_us.append(msg.server_elapsed_us)
+
 
 def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult, timeout_s: float,
                     clock: Callable[[], int] = time.monotonic_ns) -> None:
@@ -41,9 +47,7 @@ def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult
     try:
         last = None
         for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
-            result.recv_ns.append(clock())
-            result.tokens.append(len(msg.token_ids))
-            result.server_elapsed_us.append(msg.server_elapsed_us)
+            result.received(msg, clock())
             last = msg
         close_stream(result, last)
     except grpc.RpcError as exc:
