@@ -10,18 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hdrh.histogram import HdrHistogram
 
 from analysis.server_stats import server_view
+from tests.rundirs import encoded
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def encoded(values_ms) -> str:
-    hist = HdrHistogram(1, 3_600_000_000, 3)
-    for value_ms in values_ms:
-        assert hist.record_value(int(value_ms * 1000))  # False would mean the value was dropped
-    return hist.encode().decode("ascii")
 
 
 def stats(count: int) -> dict:
