@@ -3,11 +3,13 @@ table of throughput, goodput, latency percentiles and the server's batching figu
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from pathlib import Path
 
 from analysis.latency import stats_ms
-from analysis.rundir import Run
+from analysis.rundir import Run, RunDirError, load_run
 from analysis.server_stats import server_view
 from analysis.tables import fmt_ms, markdown_table, text_table
 
@@ -70,3 +72,22 @@ def compare(runs: list[Run], out_dir: Path) -> tuple[str, list[dict]]:
 
 def headline(rows: list[dict], out_dir: Path) -> str:
     return json.dumps({"compare_md": str(out_dir / "compare.md"), "runs": rows})
+
+
+def add_command(commands) -> None:
+    parser = commands.add_parser("compare", help="runs side by side (e.g. one per batching policy)")
+    parser.add_argument("run_dirs", nargs="+", help="run directories")
+    parser.add_argument("--out", help="where compare.md goes (default: the runs' common parent)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> None:
+    runs = [load_run(d) for d in args.run_dirs]
+    out_dir = Path(args.out) if args.out else Path(os.path.commonpath([r.path.resolve() for r in runs]))
+    try:
+        text, rows = compare(runs, out_dir)
+    except OSError as e:
+        raise RunDirError(f"cannot write the comparison: {e}") from None
+    print(text)
+    print(f"\ncompare: {out_dir / 'compare.md'}")
+    print(headline(rows, out_dir))

@@ -1,9 +1,12 @@
 """A run's report: the text for stdout, report.md, and the headline figures as one JSON object."""
 
+import argparse
+import json
 from dataclasses import dataclass
 
 from analysis.latency import stats_ms
-from analysis.rundir import Run
+from analysis.plot import plot_latency_cdf
+from analysis.rundir import Run, RunDirError, load_run
 from analysis.server_stats import ServerView, expert_shares, server_view
 from analysis.tables import STAT_COLUMNS, fmt_ms, markdown_table, stats_rows, text_table
 
@@ -22,6 +25,26 @@ class Report:
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
         return cls(run, latency, server_view(run.section("server")))
+
+
+def add_command(commands) -> None:
+    parser = commands.add_parser("report", help="percentile tables, plots and diagnosis of one run: report.md")
+    parser.add_argument("run_dir", help="directory holding summary.json and histograms.json")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> None:
+    run = load_run(args.run_dir)
+    result = Report.of(run)
+    print(render_text(result))
+    try:
+        plot_latency_cdf(run.histograms, run.path / CDF_PNG)
+        (run.path / REPORT_MD).write_text(render_markdown(result))
+    except OSError as e:  # the message names the file
+        raise RunDirError(f"cannot write the report: {e}") from None
+    print(f"\nreport: {run.path / REPORT_MD}")
+    # Last line: machine-readable headline figures.
+    print(json.dumps(headline(result)))
 
 
 def render_text(report: Report) -> str:
