@@ -61,7 +61,7 @@ define policy_runs
 	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) --headless --only-summary \
 	    --run-dir $$run $(4) || status=$$?; \
 	  kill -TERM $$pid; wait $$pid; trap - EXIT; \
-	  $(PY) -m analysis report $$run >/dev/null; \
+	  $(PY) -m analysis report $$run | grep '^report: '; \
 	done; \
 	$(PY) -m analysis compare $(addprefix $(1)/,$(2)); \
 	[ $$status -eq 0 ] || echo "some requests failed (locust exit $$status): see the reports"; exit $$status

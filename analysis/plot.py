@@ -11,9 +11,9 @@ from matplotlib.ticker import LogFormatter
 from analysis.latency import PERCENTILES, US_PER_MS, cdf_ms
 from analysis.tables import fmt_ms
 
-# Panel title -> histograms drawn in it; service TTFT (from the actual send) sits beside TTFT
-# (from the scheduled send) so that generator lag shows as the gap between the two curves.
-PANELS = {"TTFT": ("ttft", "ttft_service"), "TPOT": ("tpot",), "ITL": ("itl",), "E2E": ("e2e",)}
+# Panel title -> histograms drawn in it; the service views (from the actual send) sit beside the
+# open-loop ones (from the scheduled send), so generator lag shows as the gap between two curves.
+PANELS = {"TTFT": ("ttft", "ttft_service"), "TPOT": ("tpot",), "ITL": ("itl",), "E2E": ("e2e", "e2e_service")}
 MARKED = ("p50", "p99")
 
 
@@ -34,13 +34,19 @@ def plot_latency_cdf(histograms: dict[str, HdrHistogram], path: Path) -> None:
         # rising curve), so the two sets do not overprint.
         for name, side in zip(drawn, (-1, 1), strict=False):
             _draw_cdf(ax, name, histograms[name], side)
-        ax.set_xscale("log")
-        # Plain numbers (20, 30, 1000) rather than 2x10^1; minor ticks get labels when the range is narrow.
-        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+        log_scale(ax, "x")
         ax.legend(loc="lower right", fontsize="small")
     fig.suptitle("Latency CDF")
     fig.savefig(path, dpi=100)
+
+
+def log_scale(ax, which: str) -> None:
+    """A log scale on ax's "x" or "y" axis, labelled with plain numbers (20, 30, 1000) rather
+    than 2x10^1; minor ticks get labels when the range is narrow."""
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def _draw_cdf(ax, name: str, hist: HdrHistogram, side: int) -> None:

@@ -2,17 +2,33 @@
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
+
+from analysis.breakdown import PARTS, TtftSplit, ttft_split
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
+from analysis.plot_breakdown import plot_ttft_split
+from analysis.plot_experts import plot_expert_heatmap
+from analysis.plot_stress import plot_stress
+from analysis.plot_timeline import plot_over_time, plot_stages
+from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
+from analysis.rows import read_rows
 from analysis.rundir import Run, RunDirError, load_run
-from analysis.server_stats import ServerView, expert_shares, server_view
-from analysis.tables import STAT_COLUMNS, fmt_ms, markdown_table, stats_rows, text_table
+from analysis.samples import ServerSeries, read_samples, server_series
+from analysis.server_stats import ServerView, server_view
+from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_num, fmt_plain, markdown_table, stats_rows, text_table
+from analysis.timeseries import ClientSeries, client_series
 
-LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e")
+LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service")
 REPORT_MD = "report.md"
 CDF_PNG = "latency_cdf.png"
+SPLIT_PNG = "ttft_split.png"
+OVER_TIME_PNG = "over_time.png"
+STRESS_PNG = "stress.png"
 
 
 @dataclass(frozen=True)
@@ -20,11 +36,32 @@ class Report:
     run: Run
     latency: dict[str, dict | None]  # LATENCY_ROWS name -> stats in ms, None without samples
     server: ServerView | None
+    split: TtftSplit | None  # from requests.jsonl
+    client: ClientSeries | None  # from the interval logs
+    series: ServerSeries | None  # from server_stats.jsonl
 
     @classmethod
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
-        return cls(run, latency, server_view(run.section("server")))
+        return cls(run, latency, server_view(run.section("server")), ttft_split(read_rows(run.path)),
+                   client_series(run.path), server_series(read_samples(run.path)))
+
+
+def figures(report: Report) -> dict[str, Callable[[Path], None]]:
+    """PNG file name -> what draws it, for the figures this run has the data for."""
+    run, drawn = report.run, {CDF_PNG: lambda path: plot_latency_cdf(report.run.histograms, path)}
+    if report.split:
+        drawn[SPLIT_PNG] = lambda path: plot_ttft_split(report.split, path)
+    if report.client or report.series:
+        warmup_s = run.section("config").get("warmup_s") or 0.0
+        drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, warmup_s, path)
+    if report.series and report.series.stage_ms:
+        drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
+    if report.server and report.server.expert_tokens is not None:
+        drawn[EXPERTS_PNG] = lambda path: plot_expert_heatmap(report.server.expert_tokens, path)
+    if steps := run.section("stress").get("steps"):
+        drawn[STRESS_PNG] = lambda path: plot_stress(steps, run.section("stress").get("knee_rps"), path)
+    return drawn
 
 
 def add_command(commands) -> None:
@@ -38,7 +75,8 @@ def main(args: argparse.Namespace) -> None:
     result = Report.of(run)
     print(render_text(result))
     try:
-        plot_latency_cdf(run.histograms, run.path / CDF_PNG)
+        for name, draw in figures(result).items():
+            draw(run.path / name)
         (run.path / REPORT_MD).write_text(render_markdown(result))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the report: {e}") from None
@@ -51,7 +89,7 @@ def render_text(report: Report) -> str:
     run = report.run
     parts = [f"run {run.path}: {_window(run)}"]
     if config := run.section("config"):
-        parts.append("config: " + " ".join(f"{key}={_plain(value)}" for key, value in config.items()))
+        parts.append("config: " + " ".join(f"{key}={fmt_plain(value)}" for key, value in config.items()))
     parts.append(text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)))
     if run.section("throughput"):
         parts.append("throughput: " + ", ".join(_throughput(run)))
@@ -63,8 +101,10 @@ def render_text(report: Report) -> str:
         parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
     if server_time := run.section("server_time_ms"):
         parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()], stats_rows(server_time)))
+    if report.split:
+        parts.append(text_table(SPLIT_HEADER, _split_rows(report.split)))
     if report.server:
-        parts.append("\n".join(_server_text(report.server)))
+        parts.append("\n".join(server_text(report.server)))
     if generator := _generator(run):
         parts.append("\n".join(f"generator: {line}" for line in generator))
     return "\n\n".join(parts)
@@ -74,7 +114,7 @@ def render_markdown(report: Report) -> str:
     run = report.run
     parts = [f"# Run report: {run.path.resolve().name}", f"Run directory `{run.path}`; {_window(run)}."]
     if config := run.section("config"):
-        rows = [[key, f"`{_plain(value)}`"] for key, value in config.items()]
+        rows = [[key, f"`{fmt_plain(value)}`"] for key, value in config.items()]
         parts += ["## Config", markdown_table(["setting", "value"], rows)]
     parts += ["## Latency (ms)", markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
               "Percentiles decoded from the HDR histograms in histograms.json (3 significant digits).",
@@ -82,7 +122,7 @@ def render_markdown(report: Report) -> str:
     if run.section("throughput"):
         parts += ["## Throughput", _bullets(_throughput(run))]
     if requests := run.section("requests"):
-        row = [_plain(requests.get(key)) for key in ("sent", "ok", "failed", "not_sent", "warmup")]
+        row = [fmt_plain(requests.get(key)) for key in ("sent", "ok", "failed", "not_sent", "warmup")]
         parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
         if by_code := _by_count(requests.get("failed_by_code") or {}):
             parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
@@ -90,8 +130,18 @@ def render_markdown(report: Report) -> str:
         parts += ["## Request classes (ms)", markdown_table(CLASS_HEADER, _classes(run))]
     if run.section("stress"):
         parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
+        if run.section("stress").get("steps"):
+            parts.append(f"![throughput-latency curve and goodput vs offered rate]({STRESS_PNG})")
+    if report.split:
+        parts += ["## Where TTFT went (mean ms per request)", markdown_table(SPLIT_HEADER, _split_rows(report.split)),
+                  "From requests.jsonl: generator lag = scheduled -> sent; server queue, prefill and TTFT from the "
+                  "server's usage summary; network + client = (sent -> first token) - server TTFT.",
+                  f"![TTFT split]({SPLIT_PNG})"]
+    if report.client or report.series:
+        parts += ["## Over time", _over_time_note(report), f"![over time]({OVER_TIME_PNG})"]
     if report.server or run.section("server_time_ms"):
-        parts += ["## Server", *_server_markdown(report.server, run.section("server_time_ms"))]
+        parts += ["## Server", *server_markdown(report.server, run.section("server_time_ms"),
+                                                bool(report.series and report.series.stage_ms))]
     if generator := _generator(run):
         parts += ["## Generator", _bullets(generator)]
     return "\n\n".join(parts) + "\n"
@@ -116,8 +166,8 @@ def headline(report: Report) -> dict:
 
 def _window(run: Run) -> str:
     summary = run.summary
-    return (f"started {_plain(summary.get('started_at'))}, measured window {_num(summary.get('window_s'), '.1f')} s"
-            f" of {_num(summary.get('duration_s'), '.1f')} s")
+    window, duration = fmt_num(summary.get("window_s"), ".1f"), fmt_num(summary.get("duration_s"), ".1f")
+    return f"started {fmt_plain(summary.get('started_at'))}, measured window {window} s of {duration} s"
 
 
 def _throughput(run: Run) -> list[str]:
@@ -125,9 +175,9 @@ def _throughput(run: Run) -> list[str]:
     slos = [f"{name} ≤ {config[key]} ms" for name, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"),
                                                             ("E2E", "slo_e2e_ms"))
             if config.get(key) is not None]
-    lines = [f"{_num(throughput.get('output_tokens_per_s'), '.1f')} output tokens/s",
-             f"{_num(throughput.get('requests_per_s'), '.2f')} requests/s",
-             f"goodput {_num(throughput.get('goodput_requests_per_s'), '.2f')} requests/s "
+    lines = [f"{fmt_num(throughput.get('output_tokens_per_s'), '.1f')} output tokens/s",
+             f"{fmt_num(throughput.get('requests_per_s'), '.2f')} requests/s",
+             f"goodput {fmt_num(throughput.get('goodput_requests_per_s'), '.2f')} requests/s "
              f"({'SLO ' + ', '.join(slos) if slos else 'no SLO set'})"]
     share = run.section("slo").get("met_share") or {}
     if run.section("slo").get("objectives_ms") and share.get("all") is not None:
@@ -140,9 +190,28 @@ def _classes(run: Run) -> list[list[str]]:
     rows = []
     for name, c in run.section("classes").items():
         ttft, tpot = c.get("ttft_ms") or {}, c.get("tpot_ms") or {}
-        rows.append([name, _plain(c.get("sent")), _plain(c.get("ok")), fmt_ms(ttft.get("p50")), fmt_ms(ttft.get("p99")),
-                     fmt_ms(tpot.get("p50")), fmt_ms(tpot.get("p99"))])
+        rows.append([name, fmt_plain(c.get("sent")), fmt_plain(c.get("ok")), fmt_ms(ttft.get("p50")),
+                     fmt_ms(ttft.get("p99")), fmt_ms(tpot.get("p50")), fmt_ms(tpot.get("p99"))])
     return rows
+
+
+SPLIT_HEADER = ["TTFT band", "requests", *PARTS, "TTFT"]
+
+
+def _split_rows(split: TtftSplit) -> list[list[str]]:
+    return [[band, str(n), *(fmt_ms(float(ms)) for ms in means), fmt_ms(float(means.sum()))]
+            for band, (n, means) in split.bands.items()]
+
+
+def _over_time_note(report: Report) -> str:
+    notes = []
+    if report.client:
+        width = float(np.median(report.client.length_s))
+        notes.append(f"Client figures per {width:.3g} s window (interval logs, exact HDR adds), by when requests "
+                     "finished; offered = requests scheduled per second.")
+    if report.series:
+        notes.append("Server figures between consecutive GetStats samples (server_stats.jsonl).")
+    return " ".join(notes)
 
 
 CLASS_HEADER = ["class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
@@ -150,8 +219,9 @@ STEP_HEADER = ["step", "offered/s", "sent/s", "achieved/s", "goodput/s", "TTFT p
 
 
 def _steps(run: Run) -> list[list[str]]:
-    return [[str(r["step"]), _num(r["offered_rps"], ".3g"), _num(r["sent_rps"], ".3g"), _num(r["achieved_rps"], ".3g"),
-             _num(r["goodput_rps"], ".3g"), fmt_ms(r["ttft_p99_ms"]), fmt_ms(r["tpot_p99_ms"]), r["saturated"] or "-"]
+    rates = ("offered_rps", "sent_rps", "achieved_rps", "goodput_rps")
+    return [[str(r["step"]), *(fmt_num(r[key], ".3g") for key in rates), fmt_ms(r["ttft_p99_ms"]),
+             fmt_ms(r["tpot_p99_ms"]), r["saturated"] or "-"]
             for r in run.section("stress").get("steps", [])]
 
 
@@ -165,9 +235,9 @@ def _knee(run: Run) -> str:
 def _accounting(run: Run) -> str:
     requests = run.section("requests")
     by_code = ", ".join(f"{code} {n}" for code, n in _by_count(requests.get("failed_by_code") or {}))
-    return (f"sent {_plain(requests.get('sent'))}, ok {_plain(requests.get('ok'))}, "
-            f"failed {_plain(requests.get('failed'))}{f' ({by_code})' if by_code else ''}, "
-            f"not sent {_plain(requests.get('not_sent'))}, warm-up {_plain(requests.get('warmup'))}")
+    return (f"sent {fmt_plain(requests.get('sent'))}, ok {fmt_plain(requests.get('ok'))}, "
+            f"failed {fmt_plain(requests.get('failed'))}{f' ({by_code})' if by_code else ''}, "
+            f"not sent {fmt_plain(requests.get('not_sent'))}, warm-up {fmt_plain(requests.get('warmup'))}")
 
 
 def _generator(run: Run) -> list[str]:
@@ -175,7 +245,7 @@ def _generator(run: Run) -> list[str]:
     lines = []
     if "late_sends" in generator:
         lines.append(f"late sends {generator['late_sends']} (sent more than "
-                     f"{_num(generator.get('late_threshold_ms'), '.1f')} ms after their scheduled time)")
+                     f"{fmt_num(generator.get('late_threshold_ms'), '.1f')} ms after their scheduled time)")
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
                        ("delivery_lag", "delivery lag (server emit -> client timestamp)")):
         lag = stats_ms(run.histograms.get(name))
@@ -185,57 +255,9 @@ def _generator(run: Run) -> list[str]:
     return lines + [f"warning: {warning}" for warning in generator.get("warnings") or []]
 
 
-def _server_fields(server: ServerView) -> list[tuple[str, str]]:
-    return [("policy", _plain(server.policy)), ("preset", _plain(server.preset)), ("device", _plain(server.device)),
-            ("steps", _plain(server.steps)), ("tokens generated", _plain(server.tokens_generated)),
-            ("requests finished", _plain(server.requests_finished)),
-            ("mean batch size", _num(server.mean_batch_size, ".2f")),
-            ("step time mean", f"{fmt_ms(server.step_time_mean_ms)} ms")]
-
-
-def _server_text(server: ServerView) -> list[str]:
-    lines = [f"server ({server.basis}): " + ", ".join(f"{name} {value}" for name, value in _server_fields(server))]
-    if server.expert_tokens is not None:
-        shares = expert_shares(server.expert_tokens)
-        layer, expert = divmod(int(shares.argmax()), shares.shape[1])
-        uniform = 1 / shares.shape[1]
-        lines.append(f"experts: hottest share per layer {' '.join(f'{s:.3f}' for s in shares.max(axis=1))} "
-                     f"(uniform {uniform:.3f}); hottest overall layer {layer} expert {expert}, "
-                     f"{shares[layer, expert] / uniform:.2f}x uniform")
-    return lines
-
-
-def _server_markdown(server: ServerView | None, server_time: dict) -> list[str]:
-    parts = []
-    if server:
-        fields = [list(field) for field in _server_fields(server)]
-        parts += [f"Counters: {server.basis}.", markdown_table(["field", "value"], fields)]
-    if server_time:
-        parts += ["### Server-side timing (ms)",
-                  markdown_table(["phase", *STAT_COLUMNS.values()], stats_rows(server_time))]
-    if server and server.expert_tokens is not None:
-        shares = expert_shares(server.expert_tokens)
-        n_experts = shares.shape[1]
-        rows = [[str(layer), str(int(tokens.sum())), str(int(row.argmax())), f"{row.max():.3f}",
-                 f"{row.max() * n_experts:.2f}x", " ".join(f"{s:.3f}" for s in row)]
-                for layer, (tokens, row) in enumerate(zip(server.expert_tokens, shares, strict=True))]
-        parts += [f"### Expert token share per layer (uniform 1/{n_experts} = {1 / n_experts:.3f})",
-                  markdown_table(["layer", "routed tokens", "hottest expert", "its share", "vs uniform",
-                                  "share by expert id"], rows)]
-    return parts
-
-
 def _by_count(counts: dict) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def _bullets(lines) -> str:
     return "\n".join(f"- {line}" for line in lines)
-
-
-def _num(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _plain(value: object) -> str:
-    return "none" if value is None else str(value)

@@ -73,7 +73,7 @@ def server_series(samples: list[tuple[float, dict]]) -> ServerSeries | None:
         return None
     rows = [_interval(prev, cur, t - t_prev) | {"t_s": t}
             for (t_prev, prev), (t, cur) in zip(samples, samples[1:], strict=False)]
-    stages = sorted({name for row in rows for name in row["stage_ms"]})
+    stages = list(dict.fromkeys(name for row in rows for name in row["stage_ms"]))  # the server's pipeline order
     columns = {key: np.asarray([row[key] for row in rows], dtype=float)
                for key in rows[0] if key != "stage_ms"}
     stage_ms = {name: np.asarray([row["stage_ms"].get(name, 0.0) for row in rows]) for name in stages}
@@ -148,3 +148,33 @@ def _cache_delta(cur: dict, prev: dict, key: str) -> float:
         return sum((layer.get("cache") or {}).get(key, 0) for layer in stats.get("layers", []))
 
     return total(cur) - total(prev)
+
+
+@dataclass(frozen=True)
+class ExpertInterval:
+    """The routing of the steps between two consecutive snapshots, placed at the later one."""
+
+    t_s: float  # seconds after the run started
+    length_s: float
+    steps: int
+    routed: np.ndarray  # [layer, expert] (token, expert) pairs routed, drops included
+    dropped: np.ndarray  # [layer, expert] pairs over capacity; zeros when dropless
+    capacity_factor: float  # the server's at the later snapshot; 0 = dropless
+
+
+def expert_intervals(samples: list[tuple[float, dict]]) -> list[ExpertInterval]:
+    """Per-layer per-expert loads between consecutive snapshots; intervals without layer stats
+    (an old server) are left out, as are the ones whose layer count changed."""
+    intervals = []
+    for (t_prev, prev), (t, cur) in zip(samples, samples[1:], strict=False):
+        if _was_reset(prev, cur):
+            prev = {}
+        if not cur.get("layers") or len(prev.get("layers", cur["layers"])) != len(cur["layers"]):
+            continue
+        routed, dropped = _layer_delta(cur, prev, "expert_tokens"), _layer_delta(cur, prev, "dropped")
+        if routed.ndim != 2 or routed.size == 0 or dropped.shape not in (routed.shape, (routed.shape[0], 0)):
+            continue
+        intervals.append(ExpertInterval(t, t - t_prev, int(_delta(cur, prev, "steps")), routed,
+                                        dropped if dropped.size else np.zeros_like(routed),
+                                        float(cur.get("capacity_factor") or 0.0)))
+    return intervals

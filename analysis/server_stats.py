@@ -23,6 +23,12 @@ class ServerView:
     expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
     distinct_experts_per_step: float | None  # experts a step activated, mean over steps and layers
     prefill_padded_share: float | None  # padding / (prompt tokens + padding) in batched prefill attention
+    tokens_per_step: float | None  # tokens in a forward pass (prefill + decode), mean over steps
+    kv_efficiency: float | None  # decode attention: cached positions needed / computed (padding included)
+    dropped: int | None  # (token, expert) pairs over capacity, all layers
+    drop_share: float | None  # dropped / routed pairs
+    cache: dict | None  # expert cache hits, misses, copy_ms and hit_rate over all layers; None without a cache
+    stage_ms_per_step: dict[str, float] | None  # stage -> mean ms per step
 
 
 def server_view(server: dict) -> ServerView | None:
@@ -36,6 +42,7 @@ def server_view(server: dict) -> ServerView | None:
         base, basis = {}, "end snapshot (counters were reset during the run)"
     else:
         base, basis = {}, "end snapshot" if end else "start snapshot only"
+    dropped, routed = _layer_total(snap, base, "dropped"), _layer_total(snap, base, "expert_tokens")
     return ServerView(
         basis=basis,
         policy=snap.get("policy"),
@@ -49,6 +56,12 @@ def server_view(server: dict) -> ServerView | None:
         expert_tokens=_expert_tokens(snap, base),
         distinct_experts_per_step=_distinct_experts(snap, base),
         prefill_padded_share=_padded_share(snap, base),
+        tokens_per_step=_hist_mean(snap.get("tokens_per_step"), base.get("tokens_per_step")),
+        kv_efficiency=_ratio(_delta(snap, base, "kv_positions_useful"), _delta(snap, base, "kv_positions_computed")),
+        dropped=dropped,
+        drop_share=_ratio(dropped, routed),
+        cache=_cache(snap, base),
+        stage_ms_per_step=_stages(snap, base),
     )
 
 
@@ -106,3 +119,46 @@ def _padded_share(snap: dict, base: dict) -> float | None:
     if useful is None or padded is None or useful + padded == 0:
         return None
     return padded / (useful + padded)
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
+
+
+def _hist_mean(snap_hist: dict | None, base_hist: dict | None) -> float | None:
+    """Mean of a GetStats Histogram over the basis, from its count and sum."""
+    if not snap_hist:
+        return None
+    base_hist = base_hist or {}
+    return _ratio(snap_hist.get("sum", 0.0) - base_hist.get("sum", 0.0),
+                  snap_hist.get("count", 0) - base_hist.get("count", 0))
+
+
+def _layer_total(snap: dict, base: dict, key: str) -> int | None:
+    if not snap.get("layers"):
+        return None
+    return sum(sum(layer.get(key, [])) for layer in snap["layers"]) - \
+        sum(sum(layer.get(key, [])) for layer in base.get("layers", []))
+
+
+def _cache(snap: dict, base: dict) -> dict | None:
+    if not snap.get("expert_cache") or not snap.get("layers"):
+        return None
+
+    def total(stats: dict, key: str) -> float:
+        return sum((layer.get("cache") or {}).get(key, 0) for layer in stats.get("layers", []))
+
+    counts = {key: total(snap, key) - total(base, key) for key in ("hits", "misses", "copy_ms")}
+    return counts | {"hit_rate": _ratio(counts["hits"], counts["hits"] + counts["misses"])}
+
+
+def _stages(snap: dict, base: dict) -> dict[str, float] | None:
+    stages = snap.get("stages")
+    if not stages:
+        return None
+    before = {s["stage"]: s.get("ms") for s in base.get("stages", [])}
+    steps = (snap.get("step_ms") or {}).get("count", 0) - (base.get("step_ms") or {}).get("count", 0)
+    if steps <= 0:
+        return None
+    return {s["stage"]: (s["ms"].get("sum", 0.0) - (before.get(s["stage"]) or {}).get("sum", 0.0)) / steps
+            for s in stages}

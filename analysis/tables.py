@@ -14,6 +14,18 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def fmt_num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fmt_plain(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+def fmt_percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
 def stats_rows(stats_by_name: dict[str, dict | None]) -> list[list[str]]:
     """One row per name: its stats in ms, or 'no samples' when there are none."""
     rows = []

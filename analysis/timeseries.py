@@ -1,0 +1,107 @@
+"""The client's view over time, one entry per interval of the interval logs: latency
+percentiles of the requests that finished in it, achieved and offered rates, output tokens.
+
+Histograms are recorded when a request finishes, so an interval's TTFT p99 is that of the
+requests finishing in it. Consecutive intervals can be merged into wider windows (exact HDR
+adds) so that a sparse run's percentiles are not those of one or two requests. Offered rate
+counts requests by scheduled send time (warm-up included), from requests.jsonl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis.intervals import Interval, load_intervals, merged
+from analysis.latency import US_PER_MS
+from analysis.rows import column, read_rows
+
+
+@dataclass(frozen=True)
+class ClientSeries:
+    start_s: np.ndarray  # interval start, seconds after the run started
+    length_s: np.ndarray
+    ttft_p50_ms: np.ndarray  # nan where no request finished in the interval
+    ttft_p99_ms: np.ndarray
+    tpot_p50_ms: np.ndarray
+    tpot_p99_ms: np.ndarray
+    achieved_rps: np.ndarray  # measured ok requests finished per second
+    output_tokens_per_s: np.ndarray  # tokens of the measured ok requests that finished in the interval
+    offered_rps: np.ndarray  # requests scheduled per second (nan without requests.jsonl)
+
+    def __len__(self) -> int:
+        return len(self.start_s)
+
+    @property
+    def mid_s(self) -> np.ndarray:
+        return self.start_s + self.length_s / 2
+
+
+# Fewest finished requests per window that the automatic window width aims for.
+MIN_REQUESTS_PER_WINDOW = 5
+MAX_WINDOWS_WIDENED = 10
+
+
+def client_series(run_dir: Path, window_s: float | None = None) -> ClientSeries | None:
+    """None when the run has no interval logs. window_s None: as logged, widened for sparse runs
+    (see auto_window_s); 0: as logged."""
+    ttft = load_intervals(run_dir, "ttft")
+    if not ttft:
+        return None
+    tpot, itl = _aligned(load_intervals(run_dir, "tpot"), ttft), _aligned(load_intervals(run_dir, "itl"), ttft)
+    width = auto_window_s(ttft) if window_s is None else window_s
+    if width > 0:
+        ttft, tpot, itl = (_windows(intervals, width) for intervals in (ttft, tpot, itl))
+    start = np.asarray([i.start_s for i in ttft])
+    length = np.asarray([i.length_s for i in ttft])
+    safe_length = np.where(length > 0, length, np.nan)
+    finished = np.asarray([i.hist.get_total_count() for i in ttft], dtype=float)
+    # A request's first token is its TTFT sample and each later one an ITL sample, so the two
+    # counts add up to the output tokens of the requests that finished.
+    tokens = finished + np.asarray([i.hist.get_total_count() if i else 0 for i in itl], dtype=float)
+    scheduled_s = column(read_rows(run_dir), "scheduled_ms") / 1000
+    if scheduled_s.size:
+        edges = np.append(start, start[-1] + length[-1])
+        offered = np.histogram(scheduled_s, bins=edges)[0] / safe_length
+    else:
+        offered = np.full(len(ttft), np.nan)
+    return ClientSeries(
+        start_s=start, length_s=length,
+        ttft_p50_ms=_percentile(ttft, 50), ttft_p99_ms=_percentile(ttft, 99),
+        tpot_p50_ms=_percentile(tpot, 50), tpot_p99_ms=_percentile(tpot, 99),
+        achieved_rps=finished / safe_length, output_tokens_per_s=tokens / safe_length, offered_rps=offered,
+    )
+
+
+def auto_window_s(intervals: list[Interval]) -> float:
+    """Wide enough for MIN_REQUESTS_PER_WINDOW finished requests at the run's mean rate, but
+    never fewer than MAX_WINDOWS_WIDENED windows; 0 (as logged) when the logged ones suffice."""
+    span_s = intervals[-1].end_s - intervals[0].start_s
+    finished = sum(i.hist.get_total_count() for i in intervals)
+    logged_s = float(np.median([i.length_s for i in intervals]))
+    if not finished or span_s <= 0:
+        return 0.0
+    wanted_s = min(MIN_REQUESTS_PER_WINDOW * span_s / finished, span_s / MAX_WINDOWS_WIDENED)
+    return float(np.ceil(wanted_s / logged_s) * logged_s) if wanted_s > logged_s else 0.0
+
+
+def _windows(intervals: list[Interval | None], window_s: float) -> list[Interval | None]:
+    """Consecutive intervals merged by floor(start / window_s)."""
+    groups: dict[int, list[Interval]] = {}
+    for interval in intervals:
+        if interval is not None:
+            groups.setdefault(int(interval.start_s // window_s), []).append(interval)
+    return [Interval(group[0].start_s, group[-1].end_s - group[0].start_s, merged(group))
+            for _, group in sorted(groups.items())]
+
+
+def _aligned(intervals: list[Interval], reference: list[Interval]) -> list[Interval | None]:
+    """The metric's intervals padded to the reference's length (all logs are written together)."""
+    return (intervals + [None] * len(reference))[: len(reference)]
+
+
+def _percentile(intervals: list[Interval | None], percentile: float) -> np.ndarray:
+    return np.asarray([i.hist.get_value_at_percentile(percentile) / US_PER_MS
+                       if i and i.hist.get_total_count() else np.nan for i in intervals])
