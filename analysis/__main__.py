@@ -4,10 +4,10 @@ adds its parser with `add_command(subparsers)` and runs from `main(args)`."""
 import argparse
 import sys
 
-from analysis import compare, report
+from analysis import capacity, compare, diagnosis, report, soak
 from analysis.rundir import RunDirError
 
-COMMANDS = (report, compare)
+COMMANDS = (report, compare, soak, capacity, diagnosis)
 
 
 def main(argv: list[str] | None = None) -> int:

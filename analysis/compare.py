@@ -1,13 +1,24 @@
-"""Runs side by side, typically one per batching policy on the same seeded workload: one
-table of throughput, goodput, latency percentiles and the server's batching figures."""
+"""Runs side by side, typically one per batching policy on the same seeded workload: the table of
+throughput, goodput, latency percentiles and the server's batching figures; then, per metric,
+which run is best and each run against a baseline run as a ratio with a bootstrap confidence
+interval, or "no significant difference" where the interval holds 1 (estimates in
+analysis/confidence.py), as tables, compare.md and a figure, compare.png.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from analysis import bootstrap
+from analysis.confidence import METRICS, MIN_BEYOND, analyse
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
 from analysis.server_stats import server_view
@@ -15,6 +26,10 @@ from analysis.tables import fmt_ms, markdown_table, text_table
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
           "batch", "experts/step", "padded %"]
+COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
+# Config keys that make two runs' workloads different (SLOs are checked for goodput on their own).
+WORKLOAD_KEYS = ("mode", "rate", "arrival", "burstiness", "prompt_tokens", "prompt_tokens_max", "max_tokens", "seed",
+                 "classes", "profile", "dataset")
 
 
 def figures(run: Run) -> dict:
@@ -57,37 +72,178 @@ def slo_line(runs: list[Run]) -> str:
     return "goodput: requests/s meeting " + " and ".join(p for p in parts if p)
 
 
-def compare(runs: list[Run], out_dir: Path) -> tuple[str, list[dict]]:
-    """Prints nothing; returns the text table and the rows, and writes compare.md to out_dir."""
-    rows = [figures(r) for r in runs]
+def workload_differences(names: list[str], runs: list[Run]) -> list[str]:
+    """One line per workload setting the runs do not share, naming each run's value."""
+    lines = []
+    for key in WORKLOAD_KEYS:
+        values = [r.section("config").get(key) for r in runs]
+        if any(v != values[0] for v in values):
+            lines.append(f"{key}: " + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)))
+    return lines
+
+
+# --- output ---
+
+def confidence_rows(comparisons: dict[str, dict]) -> list[list[str]]:
+    rows = []
+    for metric in METRICS:
+        c = comparisons[metric.key]
+        for i, r in enumerate(c["runs"]):
+            ci = f"[{fmt_ms(r['ci'][0])}, {fmt_ms(r['ci'][1])}]" + " ~" * r["rough_interval"] if r["ci"] else \
+                r["no_interval"] or "-"
+            best = "best" + (" *" if c["significantly_best"] else "") if r["run"] == c["best"] else ""
+            rows.append([f"{metric.label} ({metric.unit})" if i == 0 else "", r["run"], fmt_ms(r["value"]), ci,
+                         best, r["vs_baseline"]["text"]])
+    return rows
+
+
+def notes(comparisons: dict[str, dict]) -> list[str]:
+    return [f"{r['run']}, {c['label']}: {note}" for c in comparisons.values() for r in c["runs"] for note in r["notes"]]
+
+
+def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: float, path: Path) -> None:
+    """One panel per metric: each run's value as a bar with its own interval, coloured by the verdict
+    against the baseline, the ratio written beside it."""
+    colours = {"baseline": "tab:blue", "better": "tab:green", "worse": "tab:red", bootstrap.SAME: "tab:gray",
+               None: "lightgray"}
+    fig = Figure(figsize=(16, 8), dpi=100, layout="constrained")
+    for ax, metric in zip(fig.subplots(2, 4).flat, METRICS, strict=True):
+        runs = comparisons[metric.key]["runs"]
+        y = np.arange(len(runs))
+        values = [r["value"] or 0.0 for r in runs]
+        ax.barh(y, values, color=[colours[r["vs_baseline"]["verdict"]] for r in runs])
+        right = max([*values, *(r["ci"][1] for r in runs if r["ci"] and math.isfinite(r["ci"][1]))], default=0) or 1
+        for yi, r, value in zip(y, runs, values, strict=True):
+            if r["ci"]:
+                ax.plot(r["ci"], [yi, yi], color="black", marker="|", markersize=10)
+            ratio = r["vs_baseline"]["ratio"]
+            label = "" if r["run"] == baseline or ratio is None else bootstrap.fmt_ratio(ratio)
+            ax.text(max(value, r["ci"][1] if r["ci"] else 0) + 0.02 * right, yi, label, va="center", fontsize="small")
+        ax.set_yticks(y, [r["run"] for r in runs])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.3 * right)
+        ax.set_xlabel(metric.unit)
+        ax.set_title(f"{metric.label} ({'lower' if metric.lower_is_better else 'higher'} is better)")
+        ax.grid(True, axis="x", alpha=0.3)
+    names = {"baseline": f"baseline ({baseline})", "better": "better", "worse": "worse",
+             bootstrap.SAME: "no significant difference", None: "no interval"}
+    fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()],
+               loc="outside lower center", ncols=5)
+    fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval (whiskers), ratio to baseline")
+    fig.savefig(path)
+
+
+def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float = 0.95, resamples: int = 2000,
+            seed: int = 0) -> tuple[str, dict]:
+    """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the headline."""
+    names = run_names(runs)
+    rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
+    _, comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
     note = slo_line(runs)
-    text = text_table(HEADER, [_cells(f) for f in rows]) + "\n" + note + "\nlatency in ms"
-    md = "\n\n".join(["# Comparison", markdown_table(HEADER, [_cells(f) for f in rows]),
+    differ = workload_differences(names, runs)
+    warnings = [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in differ]
+    ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best", f"vs {names[baseline]}"]
+    best_rows = [[c["label"], c["best"] or "-", c["best_text"]] for c in comparisons.values()]
+    how = (f"{confidence:.0%} bootstrap intervals, {resamples} resamples, seed {seed}: latency percentiles over "
+           f"the measured requests (point estimates from the HDR histograms; percentile = the k-th smallest, "
+           f"k = round(q n / 100), as HDR counts), rates over the measured window's intervals; "
+           f"'best *': significantly better than the second best; a ratio is run / {names[baseline]}; '~': fewer "
+           f"than {MIN_BEYOND} values beyond the percentile, so its interval (and any verdict on it) is rough")
+    extra = notes(comparisons)
+    sections = [text_table(HEADER, [_cells(f) for f in rows]), note + "\nlatency in ms",
+                text_table(ci_header, confidence_rows(comparisons)),
+                text_table(["metric", "best", "against the second best"], best_rows), how]
+    sections += ["\n".join(f"note: {n}" for n in extra)] if extra else []
+    sections += ["\n".join(f"warning: {w}" for w in warnings)] if warnings else []
+    text = "\n\n".join(sections)
+    md = "\n\n".join(["# Comparison", *(f"**Warning:** {w}" for w in warnings),
+                      markdown_table(HEADER, [_cells(f) for f in rows]),
                       note + "; latency in ms; experts/step: distinct experts a step activated, mean over layers; "
-                      "padded %: padding in batched prefill attention."])
+                      "padded %: padding in batched prefill attention.",
+                      f"## Against {names[baseline]}", markdown_table(ci_header, confidence_rows(comparisons)),
+                      "## Best per metric", markdown_table(["metric", "best", "against the second best"], best_rows),
+                      how + ". Each interval holds at its confidence on its own: over many comparisons a few "
+                      "'significant' ones are expected by chance.", *(f"- {n}" for n in extra),
+                      f"![comparison]({COMPARE_PNG})"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.md").write_text(md + "\n")
-    return text, rows
+    (out_dir / COMPARE_MD).write_text(md + "\n")
+    plot_comparison(comparisons, names[baseline], confidence, out_dir / COMPARE_PNG)
+    headline = {"compare_md": str(out_dir / COMPARE_MD), "compare_png": str(out_dir / COMPARE_PNG), "runs": rows,
+                "baseline": names[baseline], "confidence": confidence, "resamples": resamples, "seed": seed,
+                "warnings": warnings, "comparisons": comparisons}
+    return text, headline
 
 
-def headline(rows: list[dict], out_dir: Path) -> str:
-    return json.dumps({"compare_md": str(out_dir / "compare.md"), "runs": rows})
+def run_names(runs: list[Run]) -> list[str]:
+    """Directory names, or the paths where two runs share a name."""
+    names = [r.path.name for r in runs]
+    return names if len(set(names)) == len(names) else [str(r.path) for r in runs]
+
+
+def baseline_index(runs: list[Run], names: list[str], wanted: str | None) -> int | None:
+    """Which run --baseline names (its directory as given, its path or its name); None when none."""
+    if wanted is None:
+        return 0
+    for i, (run, name) in enumerate(zip(runs, names, strict=True)):
+        if wanted in (name, run.path.name, str(run.path)) or Path(wanted).resolve() == run.path.resolve():
+            return i
+    return None
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _resamples(text: str) -> int:
+    value = int(text)
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"must be at least 100, got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+    return value
 
 
 def add_command(commands) -> None:
-    parser = commands.add_parser("compare", help="runs side by side (e.g. one per batching policy)")
+    parser = commands.add_parser("compare", help="runs side by side (e.g. one per batching policy), with "
+                                 "bootstrap confidence intervals against a baseline run")
     parser.add_argument("run_dirs", nargs="+", help="run directories")
-    parser.add_argument("--out", help="where compare.md goes (default: the runs' common parent)")
-    parser.set_defaults(func=main)
+    parser.add_argument("--out", help="where compare.md and compare.png go (default: the runs' common parent)")
+    parser.add_argument("--baseline", help="run every other is compared with, by directory or name (default: the "
+                        "first)")
+    parser.add_argument("--confidence", type=_share, default=0.95, help="of the intervals (default 0.95)")
+    parser.add_argument("--resamples", type=_resamples, default=2000, help="bootstrap draws (default 2000)")
+    parser.add_argument("--seed", type=_seed, default=0, help="of the bootstrap draws (default 0)")
+    parser.set_defaults(func=main, parser=parser)
 
 
 def main(args: argparse.Namespace) -> None:
     runs = [load_run(d) for d in args.run_dirs]
+    baseline = baseline_index(runs, run_names(runs), args.baseline)
+    if baseline is None:
+        args.parser.error(f"--baseline {args.baseline!r} is none of the run directories given")
     out_dir = Path(args.out) if args.out else Path(os.path.commonpath([r.path.resolve() for r in runs]))
     try:
-        text, rows = compare(runs, out_dir)
+        text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples, args.seed)
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
     print(text)
-    print(f"\ncompare: {out_dir / 'compare.md'}")
-    print(headline(rows, out_dir))
+    print(f"\ncompare: {out_dir / COMPARE_MD}")
+    print(json.dumps(_json_safe(headline)))

@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from analysis.breakdown import PARTS, TtftSplit, ttft_split
+from analysis.diagnosis import Finding, diagnose
+from analysis.diagnosis import render_markdown as diagnosis_markdown
+from analysis.diagnosis import render_text as diagnosis_text
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
 from analysis.plot_breakdown import plot_ttft_split
@@ -39,12 +42,13 @@ class Report:
     split: TtftSplit | None  # from requests.jsonl
     client: ClientSeries | None  # from the interval logs
     series: ServerSeries | None  # from server_stats.jsonl
+    findings: list[Finding]  # the diagnosis rules, fired or not
 
     @classmethod
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
         return cls(run, latency, server_view(run.section("server")), ttft_split(read_rows(run.path)),
-                   client_series(run.path), server_series(read_samples(run.path)))
+                   client_series(run.path), server_series(read_samples(run.path)), diagnose(run))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -107,6 +111,7 @@ def render_text(report: Report) -> str:
         parts.append("\n".join(server_text(report.server)))
     if generator := _generator(run):
         parts.append("\n".join(f"generator: {line}" for line in generator))
+    parts.append(diagnosis_text(report.findings))
     return "\n\n".join(parts)
 
 
@@ -132,6 +137,7 @@ def render_markdown(report: Report) -> str:
         parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
         if run.section("stress").get("steps"):
             parts.append(f"![throughput-latency curve and goodput vs offered rate]({STRESS_PNG})")
+    parts.append(diagnosis_markdown(report.findings).strip())
     if report.split:
         parts += ["## Where TTFT went (mean ms per request)", markdown_table(SPLIT_HEADER, _split_rows(report.split)),
                   "From requests.jsonl: generator lag = scheduled -> sent; server queue, prefill and TTFT from the "
@@ -161,7 +167,8 @@ def headline(report: Report) -> dict:
             "output_tokens_per_s": throughput.get("output_tokens_per_s"),
             "requests_per_s": throughput.get("requests_per_s"),
             "goodput_requests_per_s": throughput.get("goodput_requests_per_s"),
-            "ok": requests.get("ok"), "failed": requests.get("failed")}
+            "ok": requests.get("ok"), "failed": requests.get("failed"),
+            "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
 
 
 def _window(run: Run) -> str:

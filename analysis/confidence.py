@@ -1,0 +1,258 @@
+"""Per-metric estimates of runs and their comparison: each run's point estimate with a bootstrap
+confidence interval, each run against a baseline as a ratio with its interval and a verdict, and
+the best run (statistics in analysis/bootstrap.py).
+
+Latency percentiles (TTFT, TPOT, E2E at p50 and p99) are read from each run's histograms.json;
+their intervals come from a bootstrap over the run's measured requests (requests.jsonl rows that
+finished OK after the warm-up), each value taken as its HDR bucket reports it so that point
+estimate and interval speak of the same numbers. Output tokens/s and goodput are rebuilt from
+requests.jsonl over the measured window as the load generator counts them (a request counts when
+its last message lands in the window: scheduled send + E2E, since E2E counts from the scheduled
+send) and bootstrapped over the window's --interval-s bins. requests.jsonl has no per-token
+times, so a request's tokens are placed evenly between its first and last message: tokens/s can
+differ from summary.json where requests straddle the window's edges (a note gives the
+difference), and tokens of failed requests are not counted. A run whose rows are missing,
+truncated or too few gets a point estimate only, and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis import bootstrap
+from analysis.latency import US_PER_MS
+from analysis.rows import REQUESTS, column, measured_ok, read_rows
+from analysis.rundir import Run
+
+MIN_REQUESTS = 10  # fewer measured values than this: no interval for a percentile
+MIN_BINS = 10  # fewer window bins than this: no interval for a rate
+MIN_BEYOND = 5  # fewer values above a percentile than this: its interval is marked rough
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # as in the JSON headline
+    label: str
+    unit: str
+    lower_is_better: bool
+    source: str  # histogram / requests.jsonl column (ttft, tpot, e2e), or a rate: tokens, good
+    q: float | None = None  # percentile; None for a rate
+
+
+METRICS = (
+    Metric("ttft_p50_ms", "TTFT p50", "ms", True, "ttft", 50.0),
+    Metric("ttft_p99_ms", "TTFT p99", "ms", True, "ttft", 99.0),
+    Metric("tpot_p50_ms", "TPOT p50", "ms", True, "tpot", 50.0),
+    Metric("tpot_p99_ms", "TPOT p99", "ms", True, "tpot", 99.0),
+    Metric("e2e_p50_ms", "E2E p50", "ms", True, "e2e", 50.0),
+    Metric("e2e_p99_ms", "E2E p99", "ms", True, "e2e", 99.0),
+    Metric("output_tokens_per_s", "output tokens/s", "tokens/s", False, "tokens"),
+    Metric("goodput_requests_per_s", "goodput", "requests/s", False, "good"),
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one run's requests.jsonl offers the bootstrap."""
+
+    problem: str  # why the rows cannot be used ("" when they can)
+    latency_ms: dict[str, np.ndarray] = field(default_factory=dict)  # ttft/tpot/e2e -> measured ok values
+    lengths_s: np.ndarray | None = None  # the measured window's bins
+    per_bin: dict[str, np.ndarray] = field(default_factory=dict)  # tokens/good -> count in each bin
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float | None  # the point estimate
+    draws: np.ndarray | None = None  # bootstrap draws; None when there is no interval
+    ci: tuple[float, float] | None = None
+    no_interval: str = ""  # why there is none
+    rough: bool = False  # the percentile sits among the sample's last few values: the interval is rough
+    notes: tuple[str, ...] = ()
+
+
+# --- what each run offers: requests.jsonl rows, binned over the measured window ---
+
+def run_sample(run: Run) -> Sample:
+    if not (run.path / REQUESTS).exists():
+        return Sample(f"{REQUESTS} missing")
+    omitted = run.section("requests").get("rows_omitted") or 0
+    if omitted:
+        return Sample(f"{REQUESTS} truncated ({omitted} rows omitted)")
+    rows = read_rows(run.path)
+    measured = measured_ok(rows)
+    latency = {name: values[~np.isnan(values)] for name in ("ttft", "tpot", "e2e")
+               for values in [column(measured, f"{name}_ms")]}
+    edges = window_edges_ms(run)
+    if edges is None:
+        return Sample("", latency)
+    done = [r for r in rows if r.get("status") == "OK" and None not in (r.get("scheduled_ms"), r.get("ttft_ms"),
+                                                                        r.get("e2e_ms"))]
+    finish_ms = column(done, "scheduled_ms") + column(done, "e2e_ms")
+    good = finish_ms[_meets_slo(done, run.section("config"))]
+    per_bin = {"tokens": tokens_per_bin(done, edges), "good": np.histogram(good, edges)[0].astype(float)}
+    return Sample("", latency, np.diff(edges) / 1000, per_bin)
+
+
+def window_edges_ms(run: Run) -> np.ndarray | None:
+    """Bin edges over the measured window (end of warm-up -> end of schedule), ms after the run's start:
+    --interval-s bins, the last one shorter when the window is not a whole number of them."""
+    config = run.section("config")
+    window_s = run.summary.get("window_s") or run.section("throughput").get("window_s")
+    if not window_s or window_s <= 0:
+        return None
+    start_ms, end_ms = (config.get("warmup_s") or 0.0) * 1000, ((config.get("warmup_s") or 0.0) + window_s) * 1000
+    edges = np.arange(start_ms, end_ms, (config.get("interval_s") or 1.0) * 1000)
+    if end_ms - edges[-1] < 1e-3:  # a sliver of a bin left by float steps
+        edges = edges[:-1]
+    return np.append(edges, end_ms)
+
+
+def _meets_slo(rows: list[dict], config: dict) -> np.ndarray:
+    """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets it."""
+    met = np.ones(len(rows), dtype=bool)
+    for name in ("ttft", "tpot", "e2e"):
+        if (limit := config.get(f"slo_{name}_ms")) is not None:
+            values = column(rows, f"{name}_ms")
+            met &= np.isnan(values) | (values <= limit)
+    return met
+
+
+def tokens_per_bin(rows: list[dict], edges_ms: np.ndarray) -> np.ndarray:
+    """Output tokens received in each bin (a, b], a request's messages placed evenly between its first and last."""
+    first = column(rows, "scheduled_ms") + column(rows, "ttft_ms")
+    last = column(rows, "scheduled_ms") + column(rows, "e2e_ms")
+    messages = np.asarray([r.get("messages") or r.get("output_tokens") or 1 for r in rows], dtype=float)
+    per_message = np.nan_to_num(column(rows, "output_tokens")) / messages
+    step = (last - first) / np.maximum(messages - 1, 1)
+
+    def received_by(t_ms: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Tokens of requests r received at or before t_ms (one time per request)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spread = np.floor((t_ms - first[r]) / step[r]) + 1
+        count = np.where(step[r] > 0, spread, np.where(t_ms >= first[r], messages[r], 0))
+        return np.clip(count, 0, messages[r]) * per_message[r]
+
+    # A request's running total changes only between the last edge before its first message and the first
+    # edge at or after its last one, so the loop runs over the longest request's bins, not the whole window.
+    lo = np.clip(np.searchsorted(edges_ms, first) - 1, 0, len(edges_ms) - 1)
+    hi = np.clip(np.searchsorted(edges_ms, last), 0, len(edges_ms) - 1)
+    per_bin = np.zeros(len(edges_ms) - 1)
+    before = received_by(edges_ms[lo], np.arange(len(rows)))
+    for offset in range(1, int((hi - lo).max(initial=0)) + 1):
+        live = np.nonzero(lo + offset <= hi)[0]
+        now = received_by(edges_ms[lo[live] + offset], live)
+        np.add.at(per_bin, lo[live] + offset - 1, now - before[live])
+        before[live] = now
+    return per_bin
+
+
+# --- estimates and comparisons ---
+
+def estimate(run: Run, sample: Sample, metric: Metric, resamples: int, confidence: float,
+             rng: np.random.Generator) -> Estimate:
+    return (_percentile_estimate if metric.q is not None else _rate_estimate)(
+        run, sample, metric, resamples, confidence, rng)
+
+
+def _percentile_estimate(run, sample, metric, resamples, confidence, rng) -> Estimate:
+    hist = run.histograms.get(metric.source)
+    if hist is None or hist.get_total_count() == 0:
+        return Estimate(None, no_interval="no samples")
+    value = hist.get_value_at_percentile(metric.q) / US_PER_MS
+    if sample.problem:
+        return Estimate(value, no_interval=sample.problem)
+    values = sample.latency_ms.get(metric.source, np.empty(0))
+    n = len(values)
+    notes = () if n == hist.get_total_count() else (f"{REQUESTS} has {n} values, histograms.json "
+                                                     f"{hist.get_total_count()}",)
+    if n < MIN_REQUESTS:
+        return Estimate(value, no_interval=f"too few requests for an interval ({n})", notes=notes)
+    # The recorded value is monotone in the raw one, so only the drawn values need mapping.
+    draws = as_recorded(bootstrap.percentile_draws(values, metric.q, resamples, rng), hist)
+    rough = n - bootstrap.rank(n, metric.q) < MIN_BEYOND
+    return Estimate(value, draws, bootstrap.interval(draws, confidence), rough=rough, notes=notes)
+
+
+def as_recorded(values_ms: np.ndarray, hist) -> np.ndarray:
+    """Each value as the histogram reports it: the highest value of its bucket (integer us, as recorded)."""
+    unique, inverse = np.unique(np.floor(values_ms * US_PER_MS + 1e-6).astype(np.int64), return_inverse=True)
+    top_us = np.asarray([hist.get_highest_equivalent_value(int(v)) for v in unique], dtype=float)
+    return top_us[inverse] / US_PER_MS
+
+
+def _rate_estimate(run, sample, metric, resamples, confidence, rng) -> Estimate:
+    reported = run.section("throughput").get(metric.key)
+    if sample.problem or sample.lengths_s is None:
+        return Estimate(reported, no_interval=sample.problem or "summary.json has no window_s")
+    counts = sample.per_bin[metric.source]
+    value = float(counts.sum() / sample.lengths_s.sum())
+    notes = ()
+    if reported is not None and abs(value - reported) > 0.005 * max(abs(reported), 1e-9):
+        notes = (f"rebuilt from {REQUESTS} {value:.4g} vs summary.json {reported:.4g} "
+                 f"({100 * (value - reported) / reported if reported else math.inf:+.1f}%)",)
+    if len(counts) < MIN_BINS:
+        return Estimate(value, no_interval=f"too few intervals for an interval ({len(counts)})", notes=notes)
+    draws = bootstrap.rate_draws(counts, sample.lengths_s, resamples, rng)
+    return Estimate(value, draws, bootstrap.interval(draws, confidence), notes=notes)
+
+
+def versus(a: Estimate, b: Estimate, metric: Metric, confidence: float) -> dict:
+    """Run a against run b: ratio a / b, its interval, verdict and the sentence saying so."""
+    if a.value is None or b.value is None:
+        return {"ratio": None, "ci": None, "verdict": None, "text": "-"}
+    r = float(bootstrap.ratio(a.value, b.value))
+    if a.draws is None or b.draws is None:
+        why = a.no_interval or b.no_interval
+        return {"ratio": r, "ci": None, "verdict": None, "text": f"{bootstrap.fmt_ratio(r)}, no interval ({why})"}
+    low, high = bootstrap.interval(bootstrap.ratio(a.draws, b.draws), confidence)
+    verdict = bootstrap.verdict(low, high, metric.lower_is_better)
+    span = _span(r, [low, high])
+    text = f"{verdict} ({span})" if verdict == bootstrap.SAME else f"{span}, {verdict}"
+    return {"ratio": r, "ci": [low, high], "verdict": verdict, "text": text}
+
+
+def _span(r: float, ci: list[float]) -> str:
+    """x1.72 [1.41, 2.05]"""
+    return f"{bootstrap.fmt_ratio(r)} [{bootstrap.fmt_ratio(ci[0])[1:]}, {bootstrap.fmt_ratio(ci[1])[1:]}]"
+
+
+def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], baseline: int,
+                   confidence: float) -> dict:
+    runs = []
+    for i, (name, e) in enumerate(zip(names, estimates, strict=True)):
+        against = {"ratio": 1.0, "ci": None, "verdict": "baseline", "text": "baseline"} if i == baseline else \
+            versus(e, estimates[baseline], metric, confidence)
+        runs.append({"run": name, "value": e.value, "ci": list(e.ci) if e.ci else None, "rough_interval": e.rough,
+                     "no_interval": e.no_interval or None, "notes": list(e.notes), "vs_baseline": against})
+    ranked = sorted((i for i, e in enumerate(estimates) if e.value is not None),
+                    key=lambda i: estimates[i].value, reverse=not metric.lower_is_better)
+    result = {"label": metric.label, "unit": metric.unit, "lower_is_better": metric.lower_is_better,
+              "best": names[ranked[0]] if ranked else None, "second": None, "best_vs_second": None,
+              "significantly_best": False, "best_text": "no run has a value" if not ranked else
+              f"{names[ranked[0]]} (the only run with a value)", "runs": runs}
+    if len(ranked) > 1:
+        best, second = ranked[:2]
+        against = versus(estimates[best], estimates[second], metric, confidence)
+        significant = against["verdict"] == "better"
+        text = (f"significantly better than {names[second]} ({_span(against['ratio'], against['ci'])})"
+                if significant else f"best by its point estimate; against {names[second]}: {against['text']}")
+        result |= {"second": names[second], "best_vs_second": against, "significantly_best": significant,
+                   "best_text": text}
+    return result
+
+
+def analyse(runs: list[Run], names: list[str], baseline: int, confidence: float, resamples: int,
+            seed: int) -> tuple[dict[str, list[Estimate]], dict[str, dict]]:
+    """Every metric's estimate per run, and its comparison. Each (run, metric) draws from its own seeded stream."""
+    samples = [run_sample(r) for r in runs]
+    estimates = {m.key: [estimate(run, sample, m, resamples, confidence, np.random.default_rng([seed, i, j]))
+                         for i, (run, sample) in enumerate(zip(runs, samples, strict=True))]
+                 for j, m in enumerate(METRICS)}
+    comparisons = {m.key: compare_metric(m, names, estimates[m.key], baseline, confidence) for m in METRICS}
+    return estimates, comparisons
+
+

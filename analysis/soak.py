@@ -1,0 +1,343 @@
+"""Soak: does a long run drift? p99 TTFT and p99 TPOT, server RSS and queue depth per window,
+each with an ordinary least squares trend over time, its 95% confidence interval and a verdict.
+
+Windows: --window-s of the run after its warm-up (the last window stretches to the run's end,
+so no data is left out). A window's p99 comes from its interval histograms added together
+(exact HDR add; never averaged percentiles); one with fewer than --min-samples requests is
+skipped and counted. RSS and queue depth are the mean of the GetStats samples in the window.
+
+Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)
+excludes 0 AND the fitted change over the run exceeds --min-change of the fitted starting
+level (of the series mean where that start is not above 0); otherwise "no drift". A series
+with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from analysis.intervals import Interval, load_intervals, merged
+from analysis.latency import US_PER_MS
+from analysis.rundir import SUMMARY, RunDirError, load_run
+from analysis.samples import SAMPLES, read_samples
+from analysis.tables import markdown_table, text_table
+
+SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
+MIN_WINDOWS = 3
+S_PER_H = 3600.0
+# Two-sided 95% Student t quantiles (t_0.975) for 1..30 degrees of freedom.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+Z_975 = 1.959964
+# GetStats gauges trended: key -> title, unit, reader.
+SAMPLED = {"rss_mb": ("server RSS", "MB", "process_rss_bytes", 1 / 2**20),
+           "waiting": ("queue depth", "requests", "waiting", 1)}  # key -> title, unit, GetStats field, scale
+
+
+def t_975(df: int) -> float:
+    """t_0.975 with df degrees of freedom: the table to 30, then the Cornish-Fisher expansion
+    around the normal quantile (within 1e-4 of the exact value from df 30 on)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = Z_975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True)
+class Trend:
+    slope_per_s: float
+    ci_per_s: tuple[float, float]  # 95%
+    start: float  # fitted value at the first window
+    end: float  # fitted value at the last window
+    reference: float | None  # level the change is judged against; None when the series is all 0
+    significant: bool  # the CI excludes 0
+    drift: bool
+
+    @property
+    def change(self) -> float:
+        return self.end - self.start
+
+    @property
+    def change_share(self) -> float | None:
+        return self.change / self.reference if self.reference else None
+
+
+def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
+    """OLS of y on t with at least 3 points; drift as in the module docstring."""
+    n = len(t_s)
+    if n < MIN_WINDOWS:
+        raise ValueError(f"a trend needs at least {MIN_WINDOWS} points, got {n}")
+    shifted = y - y[0]  # exact zeros for a constant series, whose mean then is exactly 0 too: slope 0
+    dt, dy = t_s - t_s.mean(), shifted - shifted.mean()
+    sxx = float(dt @ dt)
+    slope = float(dt @ dy) / sxx
+    residuals = dy - slope * dt
+    half = t_975(n - 2) * math.sqrt(float(residuals @ residuals) / (n - 2) / sxx)
+    ci = (slope - half, slope + half)
+    start, end = y.mean() + slope * (t_s[0] - t_s.mean()), y.mean() + slope * (t_s[-1] - t_s.mean())
+    reference = start if start > 0 else (float(y.mean()) if y.mean() > 0 else None)
+    significant = ci[0] > 0 or ci[1] < 0
+    drift = significant and reference is not None and abs(end - start) > min_change * reference
+    return Trend(slope, ci, float(start), float(end), reference, significant, drift)
+
+
+@dataclass(frozen=True)
+class Series:
+    key: str  # JSON name
+    title: str
+    unit: str
+    t_s: np.ndarray  # usable windows: centre (latency) or samples' mean time (gauges), s after the start
+    values: np.ndarray
+    skipped: int  # windows left out (too few requests, or no samples)
+    source: str  # the file it came from
+    trend: Trend | None  # None: fewer than 3 usable windows, or no data
+
+    @property
+    def verdict(self) -> str:
+        if not len(self.values) and not self.skipped:
+            return "no data"
+        if self.trend is None:
+            return "too short"
+        return "drift" if self.trend.drift else "no drift"
+
+
+@dataclass(frozen=True)
+class Windows:
+    start_s: float  # warm-up end
+    window_s: float
+    count: int
+    end_s: float  # the last window stretches to here
+
+    def index(self, t_s: np.ndarray) -> np.ndarray:
+        """Window of each time; -1 before the first window."""
+        k = np.floor((t_s - self.start_s) / self.window_s).astype(int)
+        return np.where(t_s < self.start_s, -1, np.minimum(k, self.count - 1))
+
+    def centres(self) -> np.ndarray:
+        lo = self.start_s + self.window_s * np.arange(self.count)
+        hi = np.append(lo[1:], self.end_s)
+        return (lo + hi) / 2
+
+
+def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
+         skip_s: float | None) -> tuple[Windows, list[Series]]:
+    """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth."""
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory")
+    if skip_s is None:
+        summary = load_run(run_dir).summary if (run_dir / SUMMARY).exists() else {}
+        skip_s = float((summary.get("config") or {}).get("warmup_s") or 0.0)
+    latency = {metric: load_intervals(run_dir, metric) for metric in ("ttft", "tpot")}
+    samples = read_samples(run_dir)
+    ends = [i.end_s for intervals in latency.values() for i in intervals] + [t for t, _ in samples]
+    if not ends:
+        raise RunDirError(f"{run_dir}: no ttft.hlog, tpot.hlog or {SAMPLES} to follow over time")
+    span_s = max(ends) - skip_s
+    count = int(math.floor(span_s / window_s + 0.5))  # a last part under half a window joins the one before
+    if count < MIN_WINDOWS:
+        raise RunDirError(f"{run_dir}: too short for a soak verdict: {max(span_s, 0):.0f} s after the {skip_s:g} s "
+                          f"warm-up is fewer than {MIN_WINDOWS} windows of {window_s:g} s; use a smaller --window-s")
+    windows = Windows(skip_s, window_s, count, max(ends))
+    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change) for metric in latency]
+    series += [_sample_series(key, samples, windows, min_change) for key in ("rss_mb", "waiting")]
+    return windows, series
+
+
+def _latency_series(metric: str, intervals: list[Interval], windows: Windows, min_samples: int,
+                    min_change: float) -> Series:
+    index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
+    t_s, values, skipped = [], [], 0
+    for k, centre in enumerate(windows.centres()):
+        hist = merged([i for i, w in zip(intervals, index, strict=True) if w == k])
+        if hist is None or hist.get_total_count() < min_samples:
+            skipped += bool(intervals)
+            continue
+        t_s.append(centre)
+        values.append(hist.get_value_at_percentile(99.0) / US_PER_MS)
+    return _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped, f"{metric}.hlog",
+                   min_change)
+
+
+def _sample_series(key: str, samples: list[tuple[float, dict]], windows: Windows, min_change: float) -> Series:
+    title, unit, field, scale = SAMPLED[key]
+    # A server that does not report the field gives no data; 0 would read as a real, flat figure.
+    kept = [(t, stats[field] * scale) for t, stats in samples if field in stats]
+    index = windows.index(np.asarray([t for t, _ in kept], dtype=float))
+    values = np.asarray([v for _, v in kept], dtype=float)
+    times = np.asarray([t for t, _ in kept], dtype=float)
+    usable = [k for k in range(windows.count) if (index == k).any()]
+    skipped = windows.count - len(usable) if kept else 0
+    # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
+    t_s = [float(times[index == k].mean()) for k in usable]
+    means = [float(values[index == k].mean()) for k in usable]
+    return _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change)
+
+
+def _series(key, title, unit, t_s, values, skipped, source, min_change) -> Series:
+    t_s, values = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
+    trend = fit_trend(t_s, values, min_change) if len(t_s) >= MIN_WINDOWS else None
+    return Series(key, title, unit, t_s, values, skipped, source, trend)
+
+
+HEADER = ["series", "windows", "start", "end", "change", "slope /h", "95% CI /h", "verdict"]
+
+
+def _cells(s: Series, windows: Windows) -> list[str]:
+    used = f"{len(s.values)}/{windows.count}"
+    if s.trend is None:
+        return [f"{s.title} ({s.unit})", used, "-", "-", "-", "-", "-", s.verdict]
+    tr = s.trend
+    share = "" if tr.change_share is None else f" ({100 * tr.change_share:+.1f}%)"
+    lo, hi = (S_PER_H * v for v in tr.ci_per_s)
+    return [f"{s.title} ({s.unit})", used, _num(tr.start), _num(tr.end), f"{_num(tr.change, '+')}{share}",
+            _num(S_PER_H * tr.slope_per_s, "+"), f"[{_num(lo, '+')}, {_num(hi, '+')}]", s.verdict]
+
+
+def _num(value: float, sign: str = "") -> str:
+    """Four significant digits at most, without an exponent for the magnitudes a run sees."""
+    decimals = 3 if abs(value) < 1 else 2 if abs(value) < 10 else 1 if abs(value) < 1000 else 0
+    return f"{value:{sign}.{decimals}f}"
+
+
+def sentence(s: Series, min_change: float) -> str:
+    """The verdict in words people use: how fast, per hour and over the run."""
+    if s.trend is None:
+        reason = (f"{s.source} missing or without it" if s.verdict == "no data"
+                  else f"fewer than {MIN_WINDOWS} usable windows")
+        return f"{s.title}: {s.verdict} ({reason})"
+    tr = s.trend
+    rate = f"{_num(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
+    over = "" if tr.change_share is None else f", {100 * tr.change_share:+.1f}% over the run"
+    if tr.drift:
+        return f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}{over}"
+    if not tr.significant:
+        return f"{s.title}: no drift ({rate}{over}; the slope's 95% CI includes 0)"
+    return f"{s.title}: no drift ({rate}{over}; a real slope, but under {100 * min_change:g}% of the starting level)"
+
+
+def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int, min_change: float) -> str:
+    rows = [_cells(s, windows) for s in series]
+    lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from {windows.start_s:g} s "
+             f"to {windows.end_s:.0f} s", text_table(HEADER, rows)]
+    lines += [sentence(s, min_change) for s in series]
+    lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})" for s in series if s.skipped]
+    return "\n".join(lines)
+
+
+def _skip_reason(s: Series, min_samples: int) -> str:
+    return f"fewer than {min_samples} requests" if s.unit == "ms" else "no samples"
+
+
+def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
+                    min_change: float) -> str:
+    rows = [_cells(s, windows) for s in series]
+    parts = [f"# Soak: {run_dir.resolve().name}",
+             f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s (after the warm-up) "
+             f"to {windows.end_s:.0f} s into the run.",
+             markdown_table(HEADER, rows), "\n".join(f"- {sentence(s, min_change)}" for s in series)]
+    if skipped := [s for s in series if s.skipped]:
+        parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
+                               for s in skipped))
+    parts += [f"Method: per window, p99 of the interval histograms added together (HDR add) for TTFT and TPOT, "
+              f"the mean of the GetStats samples for RSS and queue depth. Ordinary least squares of each series "
+              f"on time (window centres for latency, the samples' mean time for RSS and queue depth); 95% CI "
+              f"of the slope from Student's t with n - 2 degrees of freedom. "
+              f"Drift: the CI excludes 0 and the fitted change exceeds {100 * min_change:g}% of the fitted "
+              f"starting level (of the series mean where that start is not above 0). Windows are not "
+              f"independent (a slow server stays slow), so treat a borderline CI with care.",
+              f"![soak]({SOAK_PNG})"]
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_soak(series: list[Series], windows: Windows, path: Path) -> None:
+    minutes = windows.end_s >= 600
+    scale, unit = (60.0, "min") if minutes else (1.0, "s")
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    for ax, s in zip(fig.subplots(2, 2).flat, series, strict=True):
+        ax.set_title(f"{s.title}: {s.verdict}")
+        ax.set_xlabel(f"time into the run ({unit})")
+        ax.set_ylabel(f"{s.title} ({s.unit})")
+        ax.grid(True, alpha=0.3)
+        ax.set_xlim(windows.start_s / scale, windows.end_s / scale)
+        if not len(s.values):
+            ax.text(0.5, 0.5, s.verdict, ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax.plot(s.t_s / scale, s.values, "o", label=f"per {windows.window_s:g} s window")
+        if s.trend is not None:
+            ends = np.asarray([s.t_s[0], s.t_s[-1]])
+            rate = f"{_num(S_PER_H * s.trend.slope_per_s, '+')} {s.unit}/h"
+            ax.plot(ends / scale, [s.trend.start, s.trend.end], "--", color="C3" if s.trend.drift else "C2",
+                    label=f"OLS trend {rate}")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="best", fontsize="small")
+    fig.suptitle("Soak: drift over the run")
+    fig.savefig(path, dpi=100)
+
+
+def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
+    def figures(s: Series) -> dict:
+        tr = s.trend
+        return {"verdict": s.verdict, "unit": s.unit, "windows": len(s.values), "skipped": s.skipped,
+                "slope_per_h": None if tr is None else S_PER_H * tr.slope_per_s,
+                "ci_per_h": None if tr is None else [S_PER_H * v for v in tr.ci_per_s],
+                "start": None if tr is None else tr.start, "end": None if tr is None else tr.end,
+                "change_pct": None if tr is None or tr.change_share is None else 100 * tr.change_share}
+
+    return {"soak_md": str(run_dir / SOAK_MD), "soak_png": str(run_dir / SOAK_PNG), "window_s": windows.window_s,
+            "windows": windows.count, "drift": [s.key for s in series if s.verdict == "drift"],
+            "series": {s.key: figures(s) for s in series}}
+
+
+def number(kind: type, low: float, strict: bool):
+    """An argparse type: a number above `low` (or at least `low` when not strict); argparse names the flag."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (value > low if strict else value >= low):
+            raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {low:g}, got {text}")
+        return value
+
+    return parse
+
+
+def add_command(commands) -> None:
+    parser = commands.add_parser(
+        "soak", help="drift of p99 TTFT/TPOT, server RSS and queue depth over a long run: soak.md, soak.png",
+        description=__doc__ + "\nExit status: 0 with a verdict per series; 2 when the run directory is unusable "
+                              "or spans fewer than 3 windows.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="run directory with ttft.hlog, tpot.hlog and server_stats.jsonl")
+    parser.add_argument("--window-s", type=number(float, 0, strict=True), default=60.0,
+                        help="window length in seconds (default 60)")
+    parser.add_argument("--min-change", type=number(float, 0, strict=False), default=0.1,
+                        help="smallest fitted change over the run, as a fraction of the fitted starting level, "
+                             "that counts as drift (default 0.1)")
+    parser.add_argument("--min-samples", type=number(int, 1, strict=False), default=50,
+                        help="requests a window needs for its p99 to count (default 50; under 100 the p99 is "
+                             "the window's largest value or next to it)")
+    parser.add_argument("--skip-s", type=number(float, 0, strict=False), default=None,
+                        help="leave out the first seconds (default: the run's warm-up from summary.json)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> None:
+    run_dir = Path(args.run_dir)
+    windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s)
+    print(render_text(run_dir, windows, series, args.min_samples, args.min_change))
+    try:
+        plot_soak(series, windows, run_dir / SOAK_PNG)
+        (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples, args.min_change))
+    except OSError as e:  # the message names the file
+        raise RunDirError(f"cannot write the soak report: {e}") from None
+    print(f"\nsoak: {run_dir / SOAK_MD}")
+    print(json.dumps(headline(run_dir, windows, series)))
