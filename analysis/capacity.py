@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.arguments import number, numbers
 from analysis.rundir import SUMMARY, RunDirError, load_run
 from analysis.samples import SAMPLES, expert_intervals, read_samples
 from analysis.tables import markdown_table, text_table
@@ -256,48 +257,19 @@ def headline(p: Plan, md: Path | None) -> dict:
                          "worst_expert": r.worst_expert, "measured_drop_share": r.measured} for r in p.rows]}
 
 
-def _number(kind: type, low: float, high: float | None = None):
-    """An argparse type: a number above `low` (and at most `high`); argparse names the flag."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > low or (high is not None and value > high):
-            bounds = f"above {low:g}" + ("" if high is None else f" and at most {high:g}")
-            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
-        return value
-
-    return parse
-
-
-def _numbers(low_ok: bool):
-    """An argparse type: comma-separated numbers, each above 0 (at least 0 when low_ok)."""
-    def parse(text: str) -> list[float]:
-        try:
-            values = [float(v) for v in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-        if not all(v >= 0 if low_ok else v > 0 for v in values) or not all(math.isfinite(v) for v in values):
-            raise argparse.ArgumentTypeError(f"every value must be {'at least' if low_ok else 'above'} 0, got {text}")
-        return values
-
-    return parse
-
-
 def add_command(commands) -> None:
     parser = commands.add_parser(
         "capacity", help="expert capacity planning (seed 5.1): from a run's measured loads or from numbers",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="?", help="run directory (or give --tokens, --top-k and --experts)")
-    parser.add_argument("--target-utilisation", type=_number(float, 0, 1), default=0.8,
+    parser.add_argument("--target-utilisation", type=number(float, 0, high=1), default=0.8,
                         help="share of an expert's slots the average load should fill, in (0, 1] (default 0.8)")
-    parser.add_argument("--capacity-factors", type=_numbers(low_ok=False), default=[1.0, 1.25, 1.5, 2.0],
+    parser.add_argument("--capacity-factors", type=numbers(low_ok=False), default=[1.0, 1.25, 1.5, 2.0],
                         help="capacity factors to estimate drops at (default 1,1.25,1.5,2)")
-    parser.add_argument("--tokens", type=_number(int, 0), help="without a run: tokens per step")
-    parser.add_argument("--top-k", type=_number(int, 0), help="without a run: experts per token")
-    parser.add_argument("--experts", type=_number(int, 0), help="without a run: experts per layer")
-    parser.add_argument("--loads", type=_numbers(low_ok=True),
+    parser.add_argument("--tokens", type=number(int, 0), help="without a run: tokens per step")
+    parser.add_argument("--top-k", type=number(int, 0), help="without a run: experts per token")
+    parser.add_argument("--experts", type=number(int, 0), help="without a run: experts per layer")
+    parser.add_argument("--loads", type=numbers(low_ok=True),
                         help="without a run: each expert's share of the pairs, normalised (default uniform)")
     parser.set_defaults(func=main, error=parser.error)
 

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from analysis import bootstrap
+from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
@@ -200,27 +201,6 @@ def _json_safe(value):
     return value
 
 
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
-
-
-def _resamples(text: str) -> int:
-    value = int(text)
-    if value < 100:
-        raise argparse.ArgumentTypeError(f"must be at least 100, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value
-
-
 def add_command(commands) -> None:
     parser = commands.add_parser("compare", help="runs side by side (e.g. one per batching policy), with "
                                  "bootstrap confidence intervals against a baseline run")
@@ -228,9 +208,12 @@ def add_command(commands) -> None:
     parser.add_argument("--out", help="where compare.md and compare.png go (default: the runs' common parent)")
     parser.add_argument("--baseline", help="run every other is compared with, by directory or name (default: the "
                         "first)")
-    parser.add_argument("--confidence", type=_share, default=0.95, help="of the intervals (default 0.95)")
-    parser.add_argument("--resamples", type=_resamples, default=2000, help="bootstrap draws (default 2000)")
-    parser.add_argument("--seed", type=_seed, default=0, help="of the bootstrap draws (default 0)")
+    parser.add_argument("--confidence", type=number(float, 0, high=1, high_strict=True), default=0.95,
+                        help="of the intervals (default 0.95)")
+    parser.add_argument("--resamples", type=number(int, 100, strict=False), default=2000,
+                        help="bootstrap draws (default 2000)")
+    parser.add_argument("--seed", type=number(int, 0, strict=False), default=0,
+                        help="of the bootstrap draws (default 0)")
     parser.set_defaults(func=main, parser=parser)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from hdrh.codec import HdrCookieException, HdrLengthException
 from hdrh.histogram import HdrHistogram
 
-from analysis.rundir import RunDirError
+from analysis.rundir import RunDirError, read_lines
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,9 @@ class Interval:
 
 def read_hlog(path: Path) -> list[Interval]:
     """The intervals of one .hlog file, in file order; [] when the file does not exist."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{path}: cannot read ({e})") from None
     intervals = []
-    for number, line in enumerate(lines, 1):
-        if not line or line.startswith(("#", '"')):
+    for number, line in read_lines(path):
+        if line.startswith(("#", '"')):
             continue
         fields = line.split(",")
         if fields[0].startswith("Tag="):

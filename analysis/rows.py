@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.rundir import RunDirError
+from analysis.rundir import RunDirError, read_lines
 
 REQUESTS = "requests.jsonl"
 
@@ -16,16 +16,8 @@ REQUESTS = "requests.jsonl"
 def read_rows(run_dir: Path) -> list[dict]:
     """Every row, in file order; [] when the file does not exist."""
     path = run_dir / REQUESTS
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{path}: cannot read ({e})") from None
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in read_lines(path):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:

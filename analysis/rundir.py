@@ -39,6 +39,17 @@ def load_run(path: str | Path) -> Run:
     return Run(path, summary, histograms)
 
 
+def read_lines(file: Path) -> list[tuple[int, str]]:
+    """(line number, text) of each non-blank line of an optional run file; [] when it does not exist."""
+    try:
+        lines = file.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{file}: cannot read ({e})") from None
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
 def _read_json_object(file: Path) -> dict:
     try:
         data = json.loads(file.read_text())

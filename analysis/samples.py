@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.rundir import RunDirError
+from analysis.rundir import RunDirError, read_lines
 
 SAMPLES = "server_stats.jsonl"
 
@@ -49,16 +49,8 @@ class ServerSeries:
 def read_samples(run_dir: Path) -> list[tuple[float, dict]]:
     """(seconds after the run started, GetStats dict) per line; [] when the file does not exist."""
     path = run_dir / SAMPLES
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{path}: cannot read ({e})") from None
     samples = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in read_lines(path):
         try:
             record = json.loads(line)
             samples.append((float(record["t_run_s"]), dict(record["stats"])))

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from analysis.arguments import number
 from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
 from analysis.rundir import SUMMARY, RunDirError, load_run
@@ -297,27 +298,13 @@ def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
             "series": {s.key: figures(s) for s in series}}
 
 
-def number(kind: type, low: float, strict: bool):
-    """An argparse type: a number above `low` (or at least `low` when not strict); argparse names the flag."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (value > low if strict else value >= low):
-            raise argparse.ArgumentTypeError(f"must be {'above' if strict else 'at least'} {low:g}, got {text}")
-        return value
-
-    return parse
-
-
 def add_command(commands) -> None:
     parser = commands.add_parser(
         "soak", help="drift of p99 TTFT/TPOT, server RSS and queue depth over a long run: soak.md, soak.png",
         description=__doc__ + "\nExit status: 0 with a verdict per series; 2 when the run directory is unusable "
                               "or spans fewer than 3 windows.", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="run directory with ttft.hlog, tpot.hlog and server_stats.jsonl")
-    parser.add_argument("--window-s", type=number(float, 0, strict=True), default=60.0,
+    parser.add_argument("--window-s", type=number(float, 0), default=60.0,
                         help="window length in seconds (default 60)")
     parser.add_argument("--min-change", type=number(float, 0, strict=False), default=0.1,
                         help="smallest fitted change over the run, as a fraction of the fitted starting level, "
