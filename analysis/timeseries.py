@@ -9,6 +9,7 @@ counts requests by scheduled send time (warm-up included), from requests.jsonl.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,8 @@ def client_series(run_dir: Path, window_s: float | None = None) -> ClientSeries 
         return None
     tpot, itl = _aligned(load_intervals(run_dir, "tpot"), ttft), _aligned(load_intervals(run_dir, "itl"), ttft)
     width = auto_window_s(ttft) if window_s is None else window_s
-    if width > 0:
-        ttft, tpot, itl = (_windows(intervals, width) for intervals in (ttft, tpot, itl))
+    groups = _groups(ttft, width)
+    ttft, tpot, itl = ([_merge([intervals[i] for i in group]) for group in groups] for intervals in (ttft, tpot, itl))
     start = np.asarray([i.start_s for i in ttft])
     length = np.asarray([i.length_s for i in ttft])
     safe_length = np.where(length > 0, length, np.nan)
@@ -87,14 +88,23 @@ def auto_window_s(intervals: list[Interval]) -> float:
     return float(np.ceil(wanted_s / logged_s) * logged_s) if wanted_s > logged_s else 0.0
 
 
-def _windows(intervals: list[Interval | None], window_s: float) -> list[Interval | None]:
-    """Consecutive intervals merged by floor(start / window_s)."""
-    groups: dict[int, list[Interval]] = {}
-    for interval in intervals:
-        if interval is not None:
-            groups.setdefault(int(interval.start_s // window_s), []).append(interval)
-    return [Interval(group[0].start_s, group[-1].end_s - group[0].start_s, merged(group))
-            for _, group in sorted(groups.items())]
+def _groups(intervals: list[Interval], window_s: float) -> list[list[int]]:
+    """Indices of the intervals in each window: floor(start / window_s) when window_s > 0, else
+    one each; a last window under half the median width (the end of the drain) joins the one
+    before, so that its few finishing requests are not read as a burst of throughput."""
+    keys = [int(i.start_s // window_s) if window_s > 0 else n for n, i in enumerate(intervals)]
+    groups = [[n for n, _ in run] for _, run in itertools.groupby(enumerate(keys), key=lambda item: item[1])]
+    widths = [intervals[g[-1]].end_s - intervals[g[0]].start_s for g in groups]
+    if len(groups) > 1 and widths[-1] < np.median(widths) / 2:
+        groups[-2:] = [groups[-2] + groups[-1]]
+    return groups
+
+
+def _merge(intervals: list[Interval | None]) -> Interval | None:
+    present = [i for i in intervals if i is not None]
+    if not present:
+        return None
+    return Interval(present[0].start_s, present[-1].end_s - present[0].start_s, merged(present))
 
 
 def _aligned(intervals: list[Interval], reference: list[Interval]) -> list[Interval | None]:

@@ -4,7 +4,8 @@ then the run stops by itself and names the knee, the highest rate that held.
 A step saturates when, over its --step-s:
 - achieved throughput (ok requests completing in it) falls below --saturation-share of the
   rate actually offered (its arrivals, shifted by the median latency that separates an
-  arrival from its completion, so Poisson noise is not mistaken for saturation), or
+  arrival from its completion) by more than the count's Poisson noise, so that noise is not
+  mistaken for saturation, or
 - p99 TTFT or TPOT breaks an SLO (--slo-ttft-ms, --slo-tpot-ms), or
 - the requests in flight grow steadily: the least-squares slope of in-flight samples over
   the step exceeds 10% of the offered rate and adds more than twice the in-flight count a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -55,6 +57,13 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def short_of_sent(achieved: int, sent: float, share: float) -> bool:
+    """Completions fell short of the arrivals they answer: below `share` of them, and by more
+    than the Poisson noise of the count (one standard deviation, sqrt(sent)), so that a step of
+    a few dozen requests is not called saturated for two still in flight at its end."""
+    return achieved < share * sent and sent - achieved > math.sqrt(sent)
 
 
 def slope(samples: list[tuple[float, int]]) -> float:
@@ -148,7 +157,7 @@ class Stress:
         # Requests longer than a step may not have completed yet: with none completed and none
         # older than the step, throughput tells nothing (a stall still shows as TTFT and growth).
         conclusive = ok or any((end_ns - r.scheduled_ns) / 1e9 > window_s for r in in_flight)
-        if conclusive and row.achieved_rps < c.saturation_share * sent:
+        if conclusive and short_of_sent(len(ok), sent * window_s, c.saturation_share):
             reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the {sent:.3g}/s sent")
         if c.slo_ttft_ms is not None and row.ttft_p99_ms is not None and row.ttft_p99_ms > c.slo_ttft_ms:
             reasons.append(f"TTFT p99 {row.ttft_p99_ms:.0f} ms > SLO {c.slo_ttft_ms:g} ms")

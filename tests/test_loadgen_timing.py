@@ -1,5 +1,6 @@
 """Load generator logic with scripted clocks: metric definitions, arrival schedules,
-histogram clamping, request accounting and SLO shares."""
+histogram clamping, request accounting, SLO shares and when a stress step counts as short of
+its arrivals."""
 
 import itertools
 import random
@@ -13,6 +14,7 @@ from loadgen.config import ConfigError, LoadConfig
 from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
 from loadgen.slo import Slo
+from loadgen.stress import short_of_sent
 from loadgen.timing import stream_timing
 
 MS = 1_000_000  # ns
@@ -158,3 +160,13 @@ def test_aio_client_is_for_open_loop_schedules():
     for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {})):
         with pytest.raises(ConfigError, match="--client: aio sends open-loop schedules only"):
             LoadConfig(mode=mode, client="aio", **extra)
+
+
+@pytest.mark.parametrize("achieved, sent, saturated", [
+    (15, 17.0, False),  # 0.88 of the arrivals, but 2 short of 17 is within sqrt(17) = 4.1: noise
+    (50, 64.0, True),  # 14 short of 64 is beyond sqrt(64) = 8, and below 0.9 x 64
+    (60, 64.0, False),  # above 0.9 x 64 = 57.6
+    (890, 1000.0, True),  # 110 short of 1000: beyond sqrt(1000) = 31.6, and below 0.9 x 1000
+])
+def test_a_stress_step_falls_short_only_beyond_the_share_and_the_counts_noise(achieved, sent, saturated):
+    assert short_of_sent(achieved, sent, 0.9) is saturated

@@ -17,7 +17,7 @@ from analysis.breakdown import ttft_split
 from analysis.samples import server_series
 from analysis.server_stats import server_view
 from analysis.timeseries import client_series
-from tests.rundirs import request_row, write_hlog, write_rows, write_samples
+from tests.rundirs import histogram, request_row, write_hlog, write_rows, write_samples
 from tests.test_analysis import write_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +66,17 @@ def test_sparse_intervals_merge_into_windows_with_exact_percentiles(tmp_path):
     assert series.output_tokens_per_s.tolist() == [32.0] * 10
     assert series.offered_rps.tolist() == [1.0] * 10
     assert client_series(tmp_path, window_s=0).length_s.tolist() == [1.0] * 20
+
+
+def test_a_short_last_interval_joins_the_one_before(tmp_path):
+    # Ten 1 s intervals of 10 requests, then the drain's 0.2 s with 4: not a burst of 20 requests/s.
+    write_hlog(tmp_path / "ttft.hlog", [[100] * 10] * 10)
+    with open(tmp_path / "ttft.hlog", "a") as f:
+        f.write(f"10.000,0.200,0.000,{histogram([300] * 4).encode().decode()}\n")
+    series = client_series(tmp_path, window_s=0)
+    assert len(series) == 10 and series.length_s[-1] == pytest.approx(1.2)
+    assert series.achieved_rps[-1] == pytest.approx(14 / 1.2)
+    assert series.ttft_p99_ms[-1] == pytest.approx(300, rel=1e-3)
 
 
 def test_server_series_differences_consecutive_snapshots_and_survives_a_reset():
