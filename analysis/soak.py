@@ -213,7 +213,9 @@ def sentence(s: Series, min_change: float) -> str:
     """The verdict in words people use: how fast, per hour and over the run."""
     if s.trend is None:
         reason = (f"{s.source} missing or without it" if s.verdict == "no data"
-                  else f"fewer than {MIN_WINDOWS} usable windows")
+                  else f"fewer than {MIN_WINDOWS} usable windows"
+                  + (f"; {s.skipped} had too few requests: use a larger --window-s or a smaller --min-samples"
+                     if s.skipped else ""))
         return f"{s.title}: {s.verdict} ({reason})"
     tr = s.trend
     rate = f"{_num(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
