@@ -7,7 +7,7 @@ PROTO_OUT := proto/moe_pb2.py proto/moe_pb2_grpc.py
 
 PRESET ?= small
 PORT ?= 50051
-POLICIES := static fcfs dynamic expert_aware latency_sensitive
+POLICIES := fcfs static dynamic expert_aware latency_sensitive
 DEMO_POLICIES ?= $(POLICIES)
 DEMO_PRESET ?= small
 DEMO_RUN_S ?= 20
