@@ -2,6 +2,7 @@
 adds its parser with `add_command(subparsers)` and runs from `main(args)`."""
 
 import argparse
+import os
 import sys
 
 from analysis import capacity, compare, diagnosis, report, soak
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep the interpreter's final flush of
+        # stdout from raising again (the recipe in Python's signal module docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

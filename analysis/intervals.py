@@ -11,10 +11,11 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from hdrh.codec import HdrCookieException, HdrLengthException
 from hdrh.histogram import HdrHistogram
 
-from analysis.rundir import RunDirError, read_lines
+from analysis.rundir import RunDirError, read_lines, worker_dirs
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,32 @@ class Interval:
 
 def read_hlog(path: Path) -> list[Interval]:
     """The intervals of one .hlog file, in file order; [] when the file does not exist."""
-    intervals = []
+    return _parse(path)[1]
+
+
+def load_intervals(run_dir: Path, metric: str) -> list[Interval]:
+    """The run's intervals of one metric. A distributed run keeps them per worker
+    (worker-<i>/<metric>.hlog): the workers' intervals that cover the same time are added."""
+    path = run_dir / f"{metric}.hlog"
+    if path.exists():
+        return read_hlog(path)
+    logs = [_parse(log) for log in worker_dirs(run_dir, f"{metric}.hlog")]
+    logs = [(base_s, intervals) for base_s, intervals in logs if intervals]
+    if not logs:
+        return []
+    if any(base_s is None for base_s, _ in logs):
+        raise RunDirError(f"{run_dir}: a worker's {metric}.hlog has no BaseTime line, so its intervals cannot be "
+                          "lined up with the other workers'")
+    return _align(logs)
+
+
+def _parse(path: Path) -> tuple[float | None, list[Interval]]:
+    """(BaseTime in epoch seconds, or None without one; the intervals)."""
+    base_s, intervals = None, []
     for number, line in read_lines(path):
+        if line.startswith("#[BaseTime:"):
+            base_s = float(line.split()[1])
+            continue
         if line.startswith(("#", '"')):
             continue
         fields = line.split(",")
@@ -43,11 +68,22 @@ def read_hlog(path: Path) -> list[Interval]:
         except (IndexError, ValueError, TypeError, zlib.error, HdrCookieException, HdrLengthException) as e:
             raise RunDirError(f"{path}:{number}: not an interval histogram line ({e})") from None
         intervals.append(Interval(max(start_s, 0.0), length_s, hist))
-    return intervals
+    return base_s, intervals
 
 
-def load_intervals(run_dir: Path, metric: str) -> list[Interval]:
-    return read_hlog(run_dir / f"{metric}.hlog")
+def _align(logs: list[tuple[float, list[Interval]]]) -> list[Interval]:
+    """Workers' intervals on the earliest worker's clock, those of the same period added: each
+    worker writes every --interval-s from its own start, a fraction of a period apart."""
+    first_s = min(base_s for base_s, _ in logs)
+    period_s = float(np.median([i.length_s for _, intervals in logs for i in intervals]))
+    periods: dict[int, list[Interval]] = {}
+    for base_s, intervals in logs:
+        for interval in intervals:
+            start_s = base_s - first_s + interval.start_s
+            shifted = Interval(start_s, interval.length_s, interval.hist)
+            periods.setdefault(round(start_s / period_s), []).append(shifted)
+    return [Interval(min(i.start_s for i in group), max(i.end_s for i in group) - min(i.start_s for i in group),
+                     merged(group)) for _, group in sorted(periods.items())]
 
 
 def merged(intervals: list[Interval]) -> HdrHistogram | None:

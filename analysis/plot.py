@@ -1,4 +1,6 @@
-"""Latency CDF figure: one log-x panel per metric, drawn from the histograms' recorded buckets."""
+"""Latency CDF figure: one panel per metric, drawn from the histograms' recorded buckets, log
+latency across and the fraction on a logit scale, which spreads the tail (p90, p99, p99.9)
+as much as the middle."""
 
 from pathlib import Path
 
@@ -6,7 +8,7 @@ from hdrh.histogram import HdrHistogram
 
 # Figure without pyplot: no global figure state and no GUI backend; PNG output renders through Agg.
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
 from analysis.latency import PERCENTILES, US_PER_MS, cdf_ms
 from analysis.tables import fmt_ms
@@ -15,6 +17,7 @@ from analysis.tables import fmt_ms
 # open-loop ones (from the scheduled send), so generator lag shows as the gap between two curves.
 PANELS = {"TTFT": ("ttft", "ttft_service"), "TPOT": ("tpot",), "ITL": ("itl",), "E2E": ("e2e", "e2e_service")}
 MARKED = ("p50", "p99")
+FRACTION_TICKS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 
 
 def plot_latency_cdf(histograms: dict[str, HdrHistogram], path: Path) -> None:
@@ -22,21 +25,27 @@ def plot_latency_cdf(histograms: dict[str, HdrHistogram], path: Path) -> None:
     for ax, (title, names) in zip(fig.subplots(2, 2).flat, PANELS.items(), strict=True):
         ax.set_title(title)
         ax.set_xlabel("latency (ms, log scale)")
-        ax.set_ylabel("fraction ≤ x")
-        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("share ≤ x (logit scale)")
         ax.grid(True, which="both", alpha=0.3)
         drawn = [name for name in names if name in histograms and histograms[name].get_total_count()]
         if not drawn:
             ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
+            ax.set_yticks([])
             continue
-        # The first curve's labels go left of its points, the second's right and below (clear of the
-        # rising curve), so the two sets do not overprint.
-        for name, side in zip(drawn, (-1, 1), strict=False):
-            _draw_cdf(ax, name, histograms[name], side)
+        most = max(histograms[name].get_total_count() for name in drawn)
+        for name in drawn:
+            _draw_cdf(ax, name, histograms[name])
         log_scale(ax, "x")
-        ax.legend(loc="lower right", fontsize="small")
-    fig.suptitle("Latency CDF")
+        ax.set_yscale("logit")
+        # From half a sample to one minus half a sample: the logit of 0 and 1 is infinite.
+        low, high = 0.5 / (most + 1), 1 - 0.5 / (most + 1)
+        ax.set_ylim(low, high)
+        ax.set_yticks([q for q in FRACTION_TICKS if low <= q <= high])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda q, _: f"{100 * q:g}%"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.legend(loc="upper left", fontsize="small")
+    fig.suptitle("Latency CDF (marks: p50, p99)")
     fig.savefig(path, dpi=100)
 
 
@@ -49,16 +58,13 @@ def log_scale(ax, which: str) -> None:
     axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
-def _draw_cdf(ax, name: str, hist: HdrHistogram, side: int) -> None:
+def _draw_cdf(ax, name: str, hist: HdrHistogram) -> None:
+    n = hist.get_total_count()
     edges_ms, fraction = cdf_ms(hist)
-    (line,) = ax.plot(edges_ms, fraction, drawstyle="steps-post", label=f"{name} (n={hist.get_total_count()})")
+    fraction = fraction.clip(0.5 / (n + 1), 1 - 0.5 / (n + 1))
     by_percentile = hist.get_percentile_to_value_dict([PERCENTILES[key] for key in MARKED])
-    for key in MARKED:
-        value_ms = by_percentile[PERCENTILES[key]] / US_PER_MS
-        y = PERCENTILES[key] / 100
-        # p99 labels sit below their point to stay inside the axes at y = 1.
-        below = side > 0 or key == "p99"
-        ax.plot([value_ms], [y], "o", color=line.get_color())
-        ax.annotate(f"{key} {fmt_ms(value_ms)} ms", (value_ms, y), textcoords="offset points",
-                    xytext=(6 * side, -4 if below else 4), ha="right" if side < 0 else "left",
-                    va="top" if below else "bottom", fontsize="small", color=line.get_color())
+    marks = {key: by_percentile[PERCENTILES[key]] / US_PER_MS for key in MARKED}
+    label = f"{name} (n={n}; " + ", ".join(f"{key} {fmt_ms(ms)} ms" for key, ms in marks.items()) + ")"
+    (line,) = ax.plot(edges_ms, fraction, drawstyle="steps-post", label=label)
+    for key, value_ms in marks.items():
+        ax.plot([value_ms], [min(PERCENTILES[key] / 100, 1 - 0.5 / (n + 1))], "o", color=line.get_color())

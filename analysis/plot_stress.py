@@ -23,7 +23,8 @@ def plot_stress(steps: list[dict], knee_rps: float | None, path: Path) -> None:
     curve.set_ylabel("ms (log scale)")
     offered = [s["offered_rps"] for s in steps]
     goodput.plot(offered, offered, ":", color="grey", label="offered (ideal)")
-    goodput.plot(offered, achieved, "o-", ms=4, label="achieved")
+    # Achieved drawn wide and pale under goodput, so both show where they coincide.
+    goodput.plot(offered, achieved, "o-", lw=5, ms=9, alpha=0.35, label="achieved")
     goodput.plot(offered, [s["goodput_rps"] for s in steps], "s-", ms=4, label="goodput (met the SLOs)")
     if knee_rps is not None:
         goodput.axvline(knee_rps, color="C3", ls="--", label=f"knee {knee_rps:g}/s")

@@ -4,6 +4,7 @@ time went, stage by stage (stages.png)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +15,19 @@ from analysis.samples import ServerSeries
 from analysis.timeseries import ClientSeries
 
 
-def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, warmup_s: float, path: Path) -> None:
+def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, phases: Phases, path: Path) -> None:
     fig = Figure(figsize=(12, 10), layout="constrained")
     axes = fig.subplots(3, 2, sharex=True).ravel()
     rates, tokens, ttft, tpot, queue, experts = axes
+    if server is not None:
+        tokens.plot(server.t_s - server.length_s / 2, server.tokens / server.length_s, "o-", ms=3, color="C2",
+                    label="generated (server)")
     if client is not None:
         t = client.mid_s
-        rates.plot(t, client.offered_rps, "o-", ms=3, label="offered (scheduled)")
+        rates.plot(t, client.offered_rps, "o-", ms=3, label="sent (closed loop)" if phases.closed else
+                   "offered (scheduled)")
         rates.plot(t, client.achieved_rps, "s-", ms=3, label="achieved (finished ok)")
-        tokens.plot(t, client.output_tokens_per_s, "o-", ms=3, color="C2", label="output tokens")
+        tokens.plot(t, client.output_tokens_per_s, ":", color="C7", label="in requests finishing (client)")
         for ax, p50, p99 in ((ttft, client.ttft_p50_ms, client.ttft_p99_ms), (tpot, client.tpot_p50_ms,
                                                                               client.tpot_p99_ms)):
             ax.plot(t, p50, "o-", ms=3, label="p50")
@@ -38,17 +43,27 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, war
         queue.plot(server.t_s, server.running, "s-", ms=3, label="running")
         experts.plot(server.t_s, server.imbalance, "o-", ms=3, color="C3", label="imbalance (max/mean, worst layer)")
         experts.axhline(1.0, color="grey", lw=0.8, ls=":")
+        if np.isfinite(server.imbalance).any():
+            experts.set_ylim(0.9, np.nanmax(server.imbalance) * 1.2)  # room above the line for the legends
         if server.cache_misses.any():
             misses = experts.twinx()
             misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s, width=server.length_s,
                        alpha=0.3, color="C4", label="cache misses/s")
             misses.set_ylabel("expert-cache misses/s")
+            experts.set_zorder(misses.get_zorder() + 1)  # the imbalance line in front of the bars
+            experts.patch.set_visible(False)
             misses.legend(loc="upper right", fontsize="small")
     _titles(queue, "Server queue", "requests")
     _titles(experts, "Expert load imbalance", "max/mean")
+    ends = ([float(client.start_s[-1] + client.length_s[-1])] if client is not None and len(client) else []) + \
+        ([float(server.t_s[-1])] if server is not None else [])
+    end_s = max(ends, default=1.0)
     for ax in axes:
-        if warmup_s > 0:
-            ax.axvspan(0, warmup_s, color="grey", alpha=0.12, lw=0)
+        if phases.warmup_s > 0:
+            ax.axvspan(0, phases.warmup_s, color="grey", alpha=0.12, lw=0)
+        if phases.drain_from_s is not None and phases.drain_from_s < end_s:
+            ax.axvspan(phases.drain_from_s, end_s, color="C1", alpha=0.08, lw=0)
+        ax.set_xlim(0, end_s)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize="small")
@@ -56,8 +71,19 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, war
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     for ax in (queue, experts):
         ax.set_xlabel("time since the run started (s)")
-    fig.suptitle("Over time" + (f" (grey: {warmup_s:g} s warm-up)" if warmup_s > 0 else ""))
+    shaded = [f"grey: {phases.warmup_s:g} s warm-up"] if phases.warmup_s > 0 else []
+    shaded += ["orange: the drain after the last send"] if phases.drain_from_s is not None else []
+    fig.suptitle("Over time" + (f" ({'; '.join(shaded)})" if shaded else ""))
     fig.savefig(path, dpi=90)
+
+
+@dataclass(frozen=True)
+class Phases:
+    """The run's phases on its time axis, from summary.json."""
+
+    warmup_s: float
+    drain_from_s: float | None  # the schedule's end, after which in-flight requests drain
+    closed: bool  # closed loop: requests were sent as earlier ones finished, not scheduled
 
 
 def plot_stages(server: ServerSeries, path: Path) -> None:

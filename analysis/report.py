@@ -17,7 +17,7 @@ from analysis.plot import plot_latency_cdf
 from analysis.plot_breakdown import plot_ttft_split
 from analysis.plot_experts import plot_expert_heatmap
 from analysis.plot_stress import plot_stress
-from analysis.plot_timeline import plot_over_time, plot_stages
+from analysis.plot_timeline import Phases, plot_over_time, plot_stages
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
 from analysis.rows import read_rows
 from analysis.rundir import Run, RunDirError, load_run
@@ -57,8 +57,9 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     if report.split:
         drawn[SPLIT_PNG] = lambda path: plot_ttft_split(report.split, path)
     if report.client or report.series:
-        warmup_s = run.section("config").get("warmup_s") or 0.0
-        drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, warmup_s, path)
+        config = run.section("config")
+        phases = Phases(config.get("warmup_s") or 0.0, run.summary.get("duration_s"), config.get("mode") == "closed")
+        drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases, path)
     if report.series and report.series.stage_ms:
         drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
     if report.server and report.server.expert_tokens is not None:
@@ -77,13 +78,13 @@ def add_command(commands) -> None:
 def main(args: argparse.Namespace) -> None:
     run = load_run(args.run_dir)
     result = Report.of(run)
-    print(render_text(result))
     try:
         for name, draw in figures(result).items():
             draw(run.path / name)
         (run.path / REPORT_MD).write_text(render_markdown(result))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the report: {e}") from None
+    print(render_text(result))
     print(f"\nreport: {run.path / REPORT_MD}")
     # Last line: machine-readable headline figures.
     print(json.dumps(headline(result)))
@@ -259,6 +260,10 @@ def _generator(run: Run) -> list[str]:
         if lag:
             lines.append(f"{what} p50 {fmt_ms(lag['p50'])} ms, p99 {fmt_ms(lag['p99'])} ms, "
                          f"max {fmt_ms(lag['max'])} ms")
+    if workers := run.summary.get("workers"):
+        lines.append(f"{len(workers)} workers (interval logs in worker-<i>/): " + "; ".join(
+            f"worker {w.get('worker')} sent {w.get('sent')}, CPU {fmt_num(w.get('cpu_percent'), '.0f')}%"
+            for w in workers))
     return lines + [f"warning: {warning}" for warning in generator.get("warnings") or []]
 
 

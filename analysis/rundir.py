@@ -50,6 +50,12 @@ def read_lines(file: Path) -> list[tuple[int, str]]:
     return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
 
 
+def worker_dirs(run_dir: Path, name: str) -> list[Path]:
+    """worker-<i>/name of a distributed run (each worker's own files), in worker order."""
+    found = [d / name for d in run_dir.glob("worker-*") if d.name[7:].isdigit() and (d / name).exists()]
+    return sorted(found, key=lambda p: int(p.parent.name[7:]))
+
+
 def _read_json_object(file: Path) -> dict:
     try:
         data = json.loads(file.read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.rundir import RunDirError, read_lines
+from analysis.rundir import RunDirError, read_lines, worker_dirs
 
 SAMPLES = "server_stats.jsonl"
 
@@ -30,6 +30,7 @@ class ServerSeries:
     running: np.ndarray  # requests in the running batch (gauge)
     rss_mb: np.ndarray  # server process resident memory (gauge)
     steps: np.ndarray
+    tokens: np.ndarray  # output tokens generated
     busy_share: np.ndarray  # engine step time / wall time
     cpu_util: np.ndarray  # process CPU, fraction of one core; nan where unknown
     gpu_util: np.ndarray  # GPU utilisation 0..1 (gauge); nan where the server has none
@@ -49,6 +50,9 @@ class ServerSeries:
 def read_samples(run_dir: Path) -> list[tuple[float, dict]]:
     """(seconds after the run started, GetStats dict) per line; [] when the file does not exist."""
     path = run_dir / SAMPLES
+    if not path.exists():
+        # A distributed run: every worker sampled the same server; the first worker's samples serve.
+        path = next(iter(worker_dirs(run_dir, SAMPLES)), path)
     samples = []
     for number, line in read_lines(path):
         try:
@@ -85,6 +89,7 @@ def _interval(prev: dict, cur: dict, length_s: float) -> dict:
         "waiting": cur.get("waiting", 0), "running": cur.get("running", 0),
         "rss_mb": cur.get("process_rss_bytes", 0) / 2**20,
         "steps": steps,
+        "tokens": _delta(cur, prev, "tokens_generated"),
         "busy_share": step_ms / 1000 / length_s if length_s > 0 else float("nan"),
         "cpu_util": cpu_s / length_s if length_s > 0 else float("nan"),
         "gpu_util": gpu / 100 if gpu >= 0 else float("nan"),

@@ -28,7 +28,7 @@ class ClientSeries:
     ttft_p99_ms: np.ndarray
     tpot_p50_ms: np.ndarray
     tpot_p99_ms: np.ndarray
-    achieved_rps: np.ndarray  # measured ok requests finished per second
+    achieved_rps: np.ndarray  # ok requests finished per second (warm-up's included where requests.jsonl has them)
     output_tokens_per_s: np.ndarray  # tokens of the measured ok requests that finished in the interval
     offered_rps: np.ndarray  # requests scheduled per second (nan without requests.jsonl)
 
@@ -62,17 +62,22 @@ def client_series(run_dir: Path, window_s: float | None = None) -> ClientSeries 
     # A request's first token is its TTFT sample and each later one an ITL sample, so the two
     # counts add up to the output tokens of the requests that finished.
     tokens = finished + np.asarray([i.hist.get_total_count() if i else 0 for i in itl], dtype=float)
-    scheduled_s = column(read_rows(run_dir), "scheduled_ms") / 1000
-    if scheduled_s.size:
+    rows = read_rows(run_dir)
+    if rows:
         edges = np.append(start, start[-1] + length[-1])
-        offered = np.histogram(scheduled_s, bins=edges)[0] / safe_length
+        offered = np.histogram(column(rows, "scheduled_ms") / 1000, bins=edges)[0] / safe_length
+        # Completions as summary.json counts them: every ok request, warm-up scheduled or not, by
+        # when its last token came (e2e runs from the scheduled send).
+        ok = [row for row in rows if row.get("status") == "OK" and row.get("e2e_ms") is not None]
+        finished_s = (column(ok, "scheduled_ms") + column(ok, "e2e_ms")) / 1000
+        achieved = np.histogram(finished_s, bins=edges)[0] / safe_length
     else:
-        offered = np.full(len(ttft), np.nan)
+        offered, achieved = np.full(len(ttft), np.nan), finished / safe_length
     return ClientSeries(
         start_s=start, length_s=length,
         ttft_p50_ms=_percentile(ttft, 50), ttft_p99_ms=_percentile(ttft, 99),
         tpot_p50_ms=_percentile(tpot, 50), tpot_p99_ms=_percentile(tpot, 99),
-        achieved_rps=finished / safe_length, output_tokens_per_s=tokens / safe_length, offered_rps=offered,
+        achieved_rps=achieved, output_tokens_per_s=tokens / safe_length, offered_rps=offered,
     )
 
 

@@ -17,6 +17,8 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 
+from analysis.intervals import load_intervals
+from analysis.samples import read_samples, server_series
 from proto import moe_pb2, moe_pb2_grpc
 from tests.conftest import REPO, server_process, stop_process
 
@@ -220,3 +222,7 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
         m = HdrHistogram.decode(merged[name])
         assert [m.get_value_at_percentile(q) for q in (50, 99, 100)] == \
             [one.get_value_at_percentile(q) for q in (50, 99, 100)]
+    # The analysis reads the workers' interval logs and GetStats samples from worker-<i>/.
+    intervals = load_intervals(run_dir, "ttft")
+    assert sum(i.hist.get_total_count() for i in intervals) == HdrHistogram.decode(merged["ttft"]).get_total_count()
+    assert server_series(read_samples(run_dir)) is not None

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from analysis.breakdown import ttft_split
-from analysis.samples import server_series
+from analysis.intervals import load_intervals
+from analysis.samples import read_samples, server_series
 from analysis.server_stats import server_view
 from analysis.timeseries import client_series
 from tests.rundirs import histogram, request_row, write_hlog, write_rows, write_samples
@@ -55,14 +56,14 @@ def test_sparse_intervals_merge_into_windows_with_exact_percentiles(tmp_path):
     # 20 one-second intervals, one request finishing in each, TTFT 100 ms + 10 ms x i.
     write_hlog(tmp_path / "ttft.hlog", [[100 + 10 * i] for i in range(20)])
     write_hlog(tmp_path / "itl.hlog", [[20] * 31 for _ in range(20)])  # 32-token answers
-    write_rows(tmp_path / "requests.jsonl", [request_row(i, 100, 20, 700) | {"scheduled_ms": 500.0 + 1000 * i}
+    write_rows(tmp_path / "requests.jsonl", [request_row(i, 100, 20, 700) | {"scheduled_ms": 100.0 + 1000 * i}
                                              for i in range(20)])
     series = client_series(tmp_path)
     # 20 requests over 20 s: 5 per window would need 5 s, capped so that there are 10 windows: 2 s.
     assert series.length_s.tolist() == [2.0] * 10
     assert series.ttft_p99_ms[3] == pytest.approx(170, rel=1e-3)  # max of 160 and 170 ms
     assert series.ttft_p50_ms[3] == pytest.approx(160, rel=1e-3)
-    assert series.achieved_rps.tolist() == [1.0] * 10
+    assert series.achieved_rps.tolist() == [1.0] * 10  # scheduled at i + 0.1 s, finished 0.7 s later
     assert series.output_tokens_per_s.tolist() == [32.0] * 10
     assert series.offered_rps.tolist() == [1.0] * 10
     assert client_series(tmp_path, window_s=0).length_s.tolist() == [1.0] * 20
@@ -166,3 +167,24 @@ def test_a_broken_line_exits_2_naming_file_and_line(tmp_path, name, line):
                           text=True, timeout=60)
     assert done.returncode == 2
     assert f"{run_dir / name}:1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_distributed_runs_worker_logs_are_added_period_by_period(tmp_path):
+    # Two workers, the second started 0.3 s after the first: their periods line up one to one.
+    for worker, start_unix_s, values in ((0, 1.8e9, [[100]] * 5), (1, 1.8e9 + 0.3, [[200, 300]] * 5)):
+        (tmp_path / f"worker-{worker}").mkdir()
+        write_hlog(tmp_path / f"worker-{worker}" / "ttft.hlog", values, start_unix_s=start_unix_s)
+    write_samples(tmp_path / "worker-1" / "server_stats.jsonl", [stats_snapshot(1.0 + i, 10 * (i + 1), 400.0 * (i + 1),
+                                                                                [[10, 10]]) for i in range(3)])
+    intervals = load_intervals(tmp_path, "ttft")
+    assert [i.hist.get_total_count() for i in intervals] == [3] * 5
+    assert intervals[1].start_s == pytest.approx(1.0) and intervals[1].length_s == pytest.approx(1.3)
+    assert intervals[2].hist.get_max_value() == pytest.approx(300_000, rel=1e-3)
+    assert len(read_samples(tmp_path)) == 3  # the first worker with samples
+    write_run(tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["workers"] = [{"worker": 0, "sent": 5, "cpu_percent": 3.0}, {"worker": 1, "sent": 10, "cpu_percent": 4.2}]
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(tmp_path / "run")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert "2 workers (interval logs in worker-<i>/): worker 0 sent 5, CPU 3%; worker 1 sent 10, CPU 4%" in done.stdout
