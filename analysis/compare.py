@@ -2,7 +2,9 @@
 throughput, goodput, latency percentiles and the server's batching figures; then, per metric,
 which run is best and each run against a baseline run as a ratio with a bootstrap confidence
 interval, or "no significant difference" where the interval holds 1 (estimates in
-analysis/confidence.py), as tables, compare.md and a figure, compare.png.
+analysis/confidence.py), as tables, compare.md and a figure, compare.png. Runs whose workloads or
+servers differ are still compared, with a warning naming each setting; goodput judged against
+different SLOs is not.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from matplotlib.patches import Patch
 
 from analysis import bootstrap
 from analysis.arguments import number
-from analysis.confidence import METRICS, MIN_BEYOND, analyse
+from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
 from analysis.server_stats import server_view
@@ -31,6 +33,9 @@ COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
 # Config keys that make two runs' workloads different (SLOs are checked for goodput on their own).
 WORKLOAD_KEYS = ("mode", "rate", "arrival", "burstiness", "prompt_tokens", "prompt_tokens_max", "max_tokens", "seed",
                  "classes", "profile", "dataset")
+# GetStats fields that make two runs' servers different; policy and policy_knobs differ by design.
+SERVER_KEYS = ("preset", "device", "dtype", "max_batch_size", "kv_slots_total", "router", "routing_skew",
+               "capacity_factor", "moe_kernel", "expert_cache", "cache_policy")
 
 
 def figures(run: Run) -> dict:
@@ -62,25 +67,46 @@ def _cells(f: dict) -> list[str]:
             num(None if f["prefill_padded_share"] is None else 100 * f["prefill_padded_share"], ".1f")]
 
 
-def slo_line(runs: list[Run]) -> str:
-    slos = {(r.section("config").get("slo_ttft_ms"), r.section("config").get("slo_tpot_ms")) for r in runs}
-    if len(slos) != 1:
-        return "goodput: the runs used different SLOs, so their goodput does not compare"
-    ttft, tpot = slos.pop()
-    if ttft is None and tpot is None:
-        return "goodput: no SLO was set, so it equals the ok requests/s"
-    parts = [f"TTFT <= {ttft:g} ms" if ttft is not None else "", f"TPOT <= {tpot:g} ms" if tpot is not None else ""]
-    return "goodput: requests/s meeting " + " and ".join(p for p in parts if p)
+def _objectives(slo: tuple) -> str:
+    """TTFT <= 2000 ms and TPOT <= 200 ms; "" when none is set."""
+    return " and ".join(f"{label} <= {ms:g} ms" for label, ms in zip(("TTFT", "TPOT", "E2E"), slo, strict=True)
+                        if ms is not None)
 
 
-def workload_differences(names: list[str], runs: list[Run]) -> list[str]:
-    """One line per workload setting the runs do not share, naming each run's value."""
+def slo_line(names: list[str], runs: list[Run]) -> str:
+    per_run = [slos(r) for r in runs]
+    if len(set(per_run)) != 1:
+        each = "; ".join(f"{n}: {_objectives(slo) or 'none'}" for n, slo in zip(names, per_run, strict=True))
+        return f"goodput: the runs used different SLOs ({each}), so their goodput is not compared"
+    objectives = _objectives(per_run[0])
+    return f"goodput: requests/s meeting {objectives}" if objectives else \
+        "goodput: no SLO was set, so it equals the ok requests/s"
+
+
+def differences(names: list[str], settings: list[dict], keys: tuple[str, ...]) -> list[str]:
+    """One line per key whose value the runs do not share, naming each run's value."""
     lines = []
-    for key in WORKLOAD_KEYS:
-        values = [r.section("config").get(key) for r in runs]
+    for key in keys:
+        values = [s.get(key) for s in settings]
         if any(v != values[0] for v in values):
             lines.append(f"{key}: " + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)))
     return lines
+
+
+def server_settings(run: Run) -> dict:
+    """The server's settings from its GetStats snapshot at the run's end (at its start without one); {} when
+    the run has neither."""
+    server = run.section("server")
+    return server.get("end") or server.get("start") or {}
+
+
+def setting_warnings(names: list[str], runs: list[Run]) -> list[str]:
+    """Workload and server settings the runs do not share: the comparison then mixes them with the policy."""
+    workload = differences(names, [r.section("config") for r in runs], WORKLOAD_KEYS)
+    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := server_settings(r))]  # skip runs without
+    server = differences([n for n, _ in known], [s for _, s in known], SERVER_KEYS) if len(known) > 1 else []
+    return [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in workload] + \
+        [f"the servers differ, so the comparison mixes server settings and policy: {line}" for line in server]
 
 
 # --- output ---
@@ -127,7 +153,7 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
         ax.set_title(f"{metric.label} ({'lower' if metric.lower_is_better else 'higher'} is better)")
         ax.grid(True, axis="x", alpha=0.3)
     names = {"baseline": f"baseline ({baseline})", "better": "better", "worse": "worse",
-             bootstrap.SAME: "no significant difference", None: "no interval"}
+             bootstrap.SAME: "no significant difference", None: "no verdict"}
     fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()],
                loc="outside lower center", ncols=5)
     fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval (whiskers), ratio to baseline")
@@ -140,9 +166,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
     _, comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
-    note = slo_line(runs)
-    differ = workload_differences(names, runs)
-    warnings = [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in differ]
+    note = slo_line(names, runs)
+    warnings = setting_warnings(names, runs)
     ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best", f"vs {names[baseline]}"]
     best_rows = [[c["label"], c["best"] or "-", c["best_text"]] for c in comparisons.values()]
     how = (f"{confidence:.0%} bootstrap intervals, {resamples} resamples, seed {seed}: latency percentiles over "

@@ -12,7 +12,10 @@ send) and bootstrapped over the window's --interval-s bins. requests.jsonl has n
 times, so a request's tokens are placed evenly between its first and last message: tokens/s can
 differ from summary.json where requests straddle the window's edges (a note gives the
 difference), and tokens of failed requests are not counted. A run whose rows are missing,
-truncated or too few gets a point estimate only, and says why.
+too few, or not the whole run (a row per request sent, and as many measured ones as the
+histograms count) gets a point estimate only, and says why: a bootstrap over part of a run
+would give intervals about some other sample, even ones that miss the run's own figures.
+Goodput of runs judged against different SLOs is not compared.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from analysis.rundir import Run
 MIN_REQUESTS = 10  # fewer measured values than this: no interval for a percentile
 MIN_BINS = 10  # fewer window bins than this: no interval for a rate
 MIN_BEYOND = 5  # fewer values above a percentile than this: its interval is marked rough
+LATENCY = ("ttft", "tpot", "e2e")  # histograms.json names, requests.jsonl columns {name}_ms
+SLO_KEYS = ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")  # config keys goodput is judged by
 
 
 @dataclass(frozen=True)
@@ -79,13 +84,12 @@ class Estimate:
 def run_sample(run: Run) -> Sample:
     if not (run.path / REQUESTS).exists():
         return Sample(f"{REQUESTS} missing")
-    omitted = run.section("requests").get("rows_omitted") or 0
-    if omitted:
-        return Sample(f"{REQUESTS} truncated ({omitted} rows omitted)")
     rows = read_rows(run.path)
     measured = measured_ok(rows)
-    latency = {name: values[~np.isnan(values)] for name in ("ttft", "tpot", "e2e")
+    latency = {name: values[~np.isnan(values)] for name in LATENCY
                for values in [column(measured, f"{name}_ms")]}
+    if problem := incomplete(run, rows, latency):
+        return Sample(problem)
     edges = window_edges_ms(run)
     if edges is None:
         return Sample("", latency)
@@ -95,6 +99,25 @@ def run_sample(run: Run) -> Sample:
     good = finish_ms[_meets_slo(done, run.section("config"))]
     per_bin = {"tokens": tokens_per_bin(done, edges), "good": np.histogram(good, edges)[0].astype(float)}
     return Sample("", latency, np.diff(edges) / 1000, per_bin)
+
+
+def incomplete(run: Run, rows: list[dict], latency_ms: dict[str, np.ndarray]) -> str:
+    """Why the rows are not the whole run ("" when they are): the load generator writes a row per request
+    it sent (summary.json's requests.sent) and the histograms hold the measured OK ones."""
+    sent, omitted = run.section("requests").get("sent"), run.section("requests").get("rows_omitted") or 0
+    if omitted:
+        return (f"{REQUESTS} holds {len(rows)} of the {sent} requests ({omitted} past --max-request-rows): "
+                f"point estimate only")
+    if sent is not None and len(rows) < sent:
+        return f"{REQUESTS} holds {len(rows)} of the {sent} requests: point estimate only"
+    if sent is not None and len(rows) > sent:
+        return f"{REQUESTS} holds {len(rows)} rows, summary.json counts {sent} requests: point estimate only"
+    for name, values in latency_ms.items():
+        hist = run.histograms.get(name)
+        if hist is not None and len(values) != hist.get_total_count():
+            return (f"{REQUESTS} holds {len(values)} measured {name} values, histograms.json "
+                    f"{hist.get_total_count()}: point estimate only")
+    return ""
 
 
 def window_edges_ms(run: Run) -> np.ndarray | None:
@@ -111,11 +134,16 @@ def window_edges_ms(run: Run) -> np.ndarray | None:
     return np.append(edges, end_ms)
 
 
+def slos(run: Run) -> tuple[float | None, ...]:
+    """The run's TTFT, TPOT and E2E objectives in ms, None where unset."""
+    return tuple(run.section("config").get(key) for key in SLO_KEYS)
+
+
 def _meets_slo(rows: list[dict], config: dict) -> np.ndarray:
     """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets it."""
     met = np.ones(len(rows), dtype=bool)
-    for name in ("ttft", "tpot", "e2e"):
-        if (limit := config.get(f"slo_{name}_ms")) is not None:
+    for name, key in zip(LATENCY, SLO_KEYS, strict=True):
+        if (limit := config.get(key)) is not None:
             values = column(rows, f"{name}_ms")
             met &= np.isnan(values) | (values <= limit)
     return met
@@ -165,16 +193,14 @@ def _percentile_estimate(run, sample, metric, resamples, confidence, rng) -> Est
     value = hist.get_value_at_percentile(metric.q) / US_PER_MS
     if sample.problem:
         return Estimate(value, no_interval=sample.problem)
-    values = sample.latency_ms.get(metric.source, np.empty(0))
+    values = sample.latency_ms.get(metric.source, np.empty(0))  # as many as the histogram holds (incomplete())
     n = len(values)
-    notes = () if n == hist.get_total_count() else (f"{REQUESTS} has {n} values, histograms.json "
-                                                     f"{hist.get_total_count()}",)
     if n < MIN_REQUESTS:
-        return Estimate(value, no_interval=f"too few requests for an interval ({n})", notes=notes)
+        return Estimate(value, no_interval=f"too few requests for an interval ({n})")
     # The recorded value is monotone in the raw one, so only the drawn values need mapping.
     draws = as_recorded(bootstrap.percentile_draws(values, metric.q, resamples, rng), hist)
     rough = n - bootstrap.rank(n, metric.q) < MIN_BEYOND
-    return Estimate(value, draws, bootstrap.interval(draws, confidence), rough=rough, notes=notes)
+    return Estimate(value, draws, bootstrap.interval(draws, confidence), rough=rough)
 
 
 def as_recorded(values_ms: np.ndarray, hist) -> np.ndarray:
@@ -221,13 +247,23 @@ def _span(r: float, ci: list[float]) -> str:
 
 
 def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], baseline: int,
-                   confidence: float) -> dict:
+                   confidence: float, incomparable: str = "") -> dict:
+    """Each run against the baseline and the best run; incomparable: why the runs' values do not compare
+    (each run keeps its own value and interval, but there is no ratio, verdict or best run)."""
     runs = []
     for i, (name, e) in enumerate(zip(names, estimates, strict=True)):
-        against = {"ratio": 1.0, "ci": None, "verdict": "baseline", "text": "baseline"} if i == baseline else \
-            versus(e, estimates[baseline], metric, confidence)
+        if i == baseline:
+            against = {"ratio": 1.0, "ci": None, "verdict": "baseline", "text": "baseline"}
+        elif incomparable:
+            against = {"ratio": None, "ci": None, "verdict": None, "text": f"not compared ({incomparable})"}
+        else:
+            against = versus(e, estimates[baseline], metric, confidence)
         runs.append({"run": name, "value": e.value, "ci": list(e.ci) if e.ci else None, "rough_interval": e.rough,
                      "no_interval": e.no_interval or None, "notes": list(e.notes), "vs_baseline": against})
+    if incomparable:
+        return {"label": metric.label, "unit": metric.unit, "lower_is_better": metric.lower_is_better, "best": None,
+                "second": None, "best_vs_second": None, "significantly_best": False,
+                "best_text": f"not compared ({incomparable})", "runs": runs}
     ranked = sorted((i for i, e in enumerate(estimates) if e.value is not None),
                     key=lambda i: estimates[i].value, reverse=not metric.lower_is_better)
     result = {"label": metric.label, "unit": metric.unit, "lower_is_better": metric.lower_is_better,
@@ -252,7 +288,9 @@ def analyse(runs: list[Run], names: list[str], baseline: int, confidence: float,
     estimates = {m.key: [estimate(run, sample, m, resamples, confidence, np.random.default_rng([seed, i, j]))
                          for i, (run, sample) in enumerate(zip(runs, samples, strict=True))]
                  for j, m in enumerate(METRICS)}
-    comparisons = {m.key: compare_metric(m, names, estimates[m.key], baseline, confidence) for m in METRICS}
+    other_slos = "the runs used different SLOs" if len({slos(r) for r in runs}) > 1 else ""
+    comparisons = {m.key: compare_metric(m, names, estimates[m.key], baseline, confidence,
+                                         other_slos if m.source == "good" else "") for m in METRICS}
     return estimates, comparisons
 
 

@@ -4,8 +4,10 @@ and significantly worse; two samples of one distribution come out "no significan
 the Beta shortcut for a percentile's bootstrap matches a brute-force resampling bootstrap and the
 exact binomial law, and its intervals cover the true median as often as they claim; percentiles
 follow HdrHistogram's rank rule; the throughput and goodput point estimates and bins match counts
-made by hand; differing workloads, too few requests, missing or truncated requests.jsonl are said;
-bad input exits 2 naming the file or flag; compare.png is a real PNG of the expected size."""
+made by hand; differing workloads and servers are warned about; too few requests and a missing,
+cut-short or empty requests.jsonl give point estimates only, saying why; goodput under different
+SLOs gets no verdict; bad input exits 2 naming the file or flag; compare.png is a real PNG of the
+expected size."""
 
 import json
 import math
@@ -187,8 +189,13 @@ def test_throughput_and_goodput_point_estimates_by_hand(tmp_path):
         request_row(5, None, None, None, status="UNAVAILABLE", output_tokens=0) | {"scheduled_ms": 6000.0},
     ]
     summary = {"window_s": 10.5, "throughput": {"window_s": 10.5, "output_tokens_per_s": (4 + 4 + 4 + 6 + 3) / 10.5,
-                                                "goodput_requests_per_s": 3 / 10.5}}
+                                                "goodput_requests_per_s": 3 / 10.5},
+               "requests": {"sent": 6, "ok": 5, "failed": 1, "rows_omitted": 0}}
     write_run(tmp_path / "r", [300.0, 900.0, 50.0, 300.0], [10.0] * 4, config=config, rows=rows, summary=summary)
+    # The histograms hold what the measured OK rows do (two of them have no TPOT).
+    hists = {"ttft": encoded([300.0, 900.0, 50.0, 300.0]), "tpot": encoded([100.0, 100.0]),
+             "e2e": encoded([300.0, 900.0, 1050.0, 600.0])}
+    (tmp_path / "r" / "histograms.json").write_text(json.dumps(hists))
     run = load_run(tmp_path / "r")
     edges = window_edges_ms(run)
     assert edges[0] == 2000.0 and edges[-1] == 12500.0 and np.diff(edges).tolist() == [1000.0] * 10 + [500.0]
@@ -234,16 +241,100 @@ def test_missing_or_truncated_rows_give_point_estimates_only(tmp_path):
     write_run(tmp_path / "norows", lognormal(3, 100, 200.0), lognormal(4, 100, 20.0),
               summary={"throughput": {"output_tokens_per_s": 300.0, "goodput_requests_per_s": 9.5}})
     (tmp_path / "norows" / "requests.jsonl").unlink()
-    write_run(tmp_path / "cut", lognormal(5, 100, 200.0), lognormal(6, 100, 20.0),
+    write_run(tmp_path / "capped", lognormal(5, 100, 200.0), lognormal(6, 100, 20.0),
               summary={"requests": {"sent": 150, "ok": 150, "failed": 0, "rows_omitted": 50}})
-    runs = [load_run(tmp_path / name) for name in ("full", "norows", "cut")]
+    runs = [load_run(tmp_path / name) for name in ("full", "norows", "capped")]
     _, headline = compare(runs, tmp_path / "out")
-    norows, cut = by_run(headline, "ttft_p99_ms")["norows"], by_run(headline, "ttft_p99_ms")["cut"]
+    norows, capped = by_run(headline, "ttft_p99_ms")["norows"], by_run(headline, "ttft_p99_ms")["capped"]
     assert norows["no_interval"] == "requests.jsonl missing" and norows["ci"] is None and norows["value"] > 0
-    assert cut["no_interval"] == "requests.jsonl truncated (50 rows omitted)" and cut["ci"] is None
+    assert capped["no_interval"] == ("requests.jsonl holds 100 of the 150 requests (50 past --max-request-rows): "
+                                     "point estimate only") and capped["ci"] is None
     # Without rows, the rates are summary.json's.
     assert by_run(headline, "output_tokens_per_s")["norows"]["value"] == 300.0
     assert by_run(headline, "goodput_requests_per_s")["norows"]["vs_baseline"]["verdict"] is None
+
+
+@pytest.mark.parametrize("kept", [16, 0])
+def test_cut_short_rows_give_point_estimates_only(tmp_path, kept):
+    # A requests.jsonl cut short after the run (summary.json says nothing was omitted): a bootstrap over the
+    # rows left would give intervals about another sample, and rates rebuilt from them would be too low.
+    ttft, tpot = lognormal(1, 100, 200.0), lognormal(2, 100, 20.0)
+    write_run(tmp_path / "full", ttft, tpot)
+    rates = {"output_tokens_per_s": 320.0, "goodput_requests_per_s": 10.0}
+    write_run(tmp_path / "cut", ttft, tpot, summary={"throughput": rates})
+    rows = (tmp_path / "cut" / "requests.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "cut" / "requests.jsonl").write_text("".join(rows[:kept]))
+    text, headline = compare([load_run(tmp_path / "full"), load_run(tmp_path / "cut")], tmp_path / "out")
+    why = f"requests.jsonl holds {kept} of the 100 requests: point estimate only"
+    for metric in METRICS:
+        cut = by_run(headline, metric.key)["cut"]
+        assert cut["ci"] is None and cut["no_interval"] == why, metric.key
+        assert cut["vs_baseline"]["verdict"] is None and cut["vs_baseline"]["text"].endswith(f"no interval ({why})")
+        assert not headline["comparisons"][metric.key]["significantly_best"]
+        if metric.q is None:  # the rates fall back to summary.json's
+            assert cut["value"] == rates[metric.key] and cut["notes"] == []
+        else:  # the percentiles are the histograms', as for the full run
+            assert cut["value"] == by_run(headline, metric.key)["full"]["value"]
+    assert why in text
+
+
+def test_rows_unlike_the_histograms_give_point_estimates_only(tmp_path):
+    write_run(tmp_path / "full", lognormal(1, 100, 200.0), lognormal(2, 100, 20.0))
+    write_run(tmp_path / "odd", lognormal(3, 100, 200.0), lognormal(4, 100, 20.0))
+    # Rows for every request sent, but ten of the measured OK ones lost their TTFT.
+    rows = [json.loads(line) for line in (tmp_path / "odd" / "requests.jsonl").read_text().splitlines()]
+    write_rows(tmp_path / "odd" / "requests.jsonl", [r | {"ttft_ms": None} for r in rows[:10]] + rows[10:])
+    _, headline = compare([load_run(tmp_path / "full"), load_run(tmp_path / "odd")], tmp_path / "out")
+    odd = by_run(headline, "tpot_p50_ms")["odd"]
+    assert odd["ci"] is None
+    assert odd["no_interval"] == ("requests.jsonl holds 90 measured ttft values, histograms.json 100: "
+                                  "point estimate only")
+
+
+def test_different_slos_give_no_goodput_verdict(tmp_path):
+    ttft, tpot = lognormal(1, 200, 200.0), lognormal(2, 200, 20.0)
+    write_run(tmp_path / "strict", ttft, tpot, config={"slo_ttft_ms": 150.0})
+    write_run(tmp_path / "loose", ttft, tpot, config={"slo_ttft_ms": 150.0, "slo_e2e_ms": 5000.0})
+    text, headline = compare([load_run(tmp_path / "strict"), load_run(tmp_path / "loose")], tmp_path / "out")
+    goodput = headline["comparisons"]["goodput_requests_per_s"]
+    loose = by_run(headline, "goodput_requests_per_s")["loose"]
+    assert loose["vs_baseline"] == {"ratio": None, "ci": None, "verdict": None,
+                                    "text": "not compared (the runs used different SLOs)"}
+    assert loose["ci"] is not None  # each run keeps its own figure and interval
+    assert goodput["best"] is None and not goodput["significantly_best"]
+    assert goodput["best_text"] == "not compared (the runs used different SLOs)"
+    assert ("goodput: the runs used different SLOs (strict: TTFT <= 150 ms; loose: TTFT <= 150 ms and "
+            "E2E <= 5000 ms), so their goodput is not compared") in text
+    # The other metrics are judged as usual.
+    assert by_run(headline, "ttft_p50_ms")["loose"]["vs_baseline"]["verdict"] == bootstrap.SAME
+    # The same SLOs, E2E included: goodput is compared.
+    write_run(tmp_path / "same", ttft, tpot, config={"slo_ttft_ms": 150.0, "slo_e2e_ms": 5000.0})
+    text, headline = compare([load_run(tmp_path / "loose"), load_run(tmp_path / "same")], tmp_path / "out")
+    assert by_run(headline, "goodput_requests_per_s")["same"]["vs_baseline"]["verdict"] == bootstrap.SAME
+    assert "goodput: requests/s meeting TTFT <= 150 ms and E2E <= 5000 ms" in text
+
+
+def test_server_difference_is_warned_but_compared(tmp_path):
+    settings = {"preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": 8, "kv_slots_total": 12,
+                "router": "topk", "routing_skew": "affinity:0.1", "capacity_factor": 0.0, "moe_kernel": "sorted",
+                "expert_cache": 0, "cache_policy": "lru"}
+    servers = {"fcfs": {"start": settings | {"policy": "fcfs", "policy_knobs": {}}},  # no end snapshot: the start's
+               "static": {"start": settings | {"max_batch_size": 4},
+                          "end": settings | {"policy": "static", "policy_knobs": {"max_wait_ms": 100},
+                                             "max_batch_size": 32, "routing_skew": "uniform"}},
+               "bare": {}}  # a run without GetStats snapshots is left out of the server comparison
+    for i, (name, server) in enumerate(servers.items()):
+        write_run(tmp_path / name, lognormal(i, 50, 200.0), lognormal(i + 9, 50, 20.0), summary={"server": server})
+    done = run_cli(*(tmp_path / name for name in servers), "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    assert headline["warnings"] == [
+        "the servers differ, so the comparison mixes server settings and policy: max_batch_size: fcfs=8, static=32",
+        "the servers differ, so the comparison mixes server settings and policy: routing_skew: fcfs=affinity:0.1, "
+        "static=uniform"]
+    assert "warning: the servers differ" in done.stdout
+    assert "**Warning:** the servers differ" in (tmp_path / "out" / "compare.md").read_text()
+    assert by_run(headline, "ttft_p50_ms")["static"]["vs_baseline"]["verdict"] is not None
 
 
 def test_png_has_expected_size_and_md_links_it(tmp_path):
