@@ -2,24 +2,26 @@
 the numbers, with their times, that made it fire, did not, or could not be judged.
 
 Throughput: the wait queue grows while the device is under-utilised (the scheduler, policy or
-KV pool holds requests back) or while it is busy (compute-saturated, the knee); one layer's
+KV pool holds requests back), or the requests in the server grow while it is busy
+(compute-saturated, the knee; in a stress run, the step it stopped on saturation; both in
+analysis/saturation.py); one layer's
 expert load is far above its mean; copying expert weights in takes a large share of step
 time. Latency: windows whose TTFT or TPOT p99 jumps, lined up with a hot expert, a cache-miss
 burst, queue growth or the load generator's own lateness (analysis/spikes.py); and the
-generator's lateness over the whole run. Reads only run-directory files.
+generator's lateness, or its closed loop, over the whole run. Reads only run-directory files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
-from analysis.samples import ServerSeries
+from analysis.saturation import queue_rules
 from analysis.server_stats import expert_shares, server_view
 from analysis.spikes import (
     CAUSES,
@@ -34,13 +36,6 @@ from analysis.spikes import (
 )
 from analysis.tables import fmt_ms
 
-# Seed 5.3's own bar: a device busy less than 80% of the time has room a better schedule could use.
-UTILISATION_BUSY = 0.8
-# The queue "grows" when the OLS line through the waiting gauge rises by this many requests over
-# the schedule. A slope uses every sample (thirds would hinge on where one burst falls), and a rise
-# of one request is within the jitter of a gauge read once an interval at low rates.
-QUEUE_RISE_REQUESTS = 2.0
-MIN_SERIES_INTERVALS = 5  # fewer snapshots than this give no slope worth reading
 # Expert load max/mean: with expert parallelism every step waits for the hottest expert, so at
 # 1.5 a third of the expert compute capacity idles (1 - 1/1.5).
 IMBALANCE_MAX_OVER_MEAN = 1.5
@@ -55,116 +50,11 @@ TOP_INTERVALS = 3  # most imbalanced intervals listed beside the run-wide figure
 DIAGNOSIS_MD = "diagnosis.md"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One rule's outcome: fired, did not, or could not be judged (judged False), and why."""
-
-    rule: str  # short id, e.g. "expert_imbalance"
-    title: str
-    fired: bool
-    verdict: str  # one sentence, or what was missing when the rule could not be judged
-    evidence: list[str]  # the numbers (and interval times) behind the verdict
-    judged: bool = True  # False when the run lacks the data the rule needs
-
-
 def diagnose(run: Run) -> list[Finding]:
     signals = read_signals(run)
-    return [*_queue_rules(signals), _imbalance(signals), _data_movement(signals), _spikes(signals),
+    return [*queue_rules(signals), _imbalance(signals), _data_movement(signals), _spikes(signals),
             _generator(signals)]
 
-
-# --- throughput: queue growth against utilisation -------------------------------------------
-
-UNDER = ("throughput_underutilised", "Throughput limited while under-utilised")
-SATURATED = ("compute_saturated", "Compute-saturated (the knee)")
-
-
-def _queue_rules(d: Signals) -> list[Finding]:
-    s = d.series
-    if s is None:
-        return _unjudged_pair("server_stats.jsonl is missing or holds fewer than two GetStats snapshots", [])
-    span = _schedule_span(d)
-    if span.sum() < MIN_SERIES_INTERVALS:
-        return _unjudged_pair(f"only {span.sum()} server_stats.jsonl intervals while requests were scheduled "
-                              f"(need {MIN_SERIES_INTERVALS})", [])
-    t, waiting = s.t_s[span], s.waiting[span]
-    slope = float(np.polyfit(t, waiting, 1)[0])
-    rise = slope * float(t[-1] - t[0])
-    thirds = np.array_split(waiting, 3)
-    queue = (f"wait queue {t[0] - s.length_s[span][0]:.1f}-{t[-1]:.1f} s: OLS slope {slope:+.3f} requests/s, a "
-             f"fitted rise of {rise:+.1f} requests (mean {thirds[0].mean():.1f} in the first third, "
-             f"{thirds[-1].mean():.1f} in the last)")
-    util, util_name, util_line = _utilisation(s, span)
-    if not np.isfinite(util):
-        return _unjudged_pair("no step time or GPU utilisation in server_stats.jsonl to judge utilisation by", [queue])
-    kind, hold = _holding(d, span)
-    evidence = [queue, util_line] + ([hold] if hold else [])
-    if rise < QUEUE_RISE_REQUESTS:
-        flat = f"The wait queue did not grow (fitted rise {rise:+.1f} < {QUEUE_RISE_REQUESTS:g} requests)."
-        return [Finding(*UNDER, False, flat, evidence), Finding(*SATURATED, False, flat, evidence)]
-    if util >= UTILISATION_BUSY:
-        verdict = (f"The wait queue rose by {rise:.1f} requests while {util_name} was {util:.0%} "
-                   f"(>= {UTILISATION_BUSY:.0%}): the server is at capacity at this load, past the knee.")
-        if kind == "policy":
-            verdict += (" Yet in most intervals with requests waiting the batch and KV pool had room: the batching "
-                        "policy, not compute alone, kept them waiting.")
-        return [Finding(*UNDER, False, f"The queue grew but {util_name} was {util:.0%} (>= {UTILISATION_BUSY:.0%}): "
-                        "see compute-saturated.", evidence), Finding(*SATURATED, True, verdict, evidence)]
-    limit = {"kv": "the KV cache pool was full (more --kv-slots would admit them)",
-             "batch": "the running batch was at --max-batch-size",
-             "policy": "the batching policy kept requests waiting while batch places and KV slots were free"}[kind]
-    verdict = (f"The wait queue rose by {rise:.1f} requests while {util_name} was only {util:.0%} "
-               f"(< {UTILISATION_BUSY:.0%}): {limit}; the scheduler held throughput down, not compute.")
-    return [Finding(*UNDER, True, verdict, evidence),
-            Finding(*SATURATED, False, f"The queue grew but {util_name} was only {util:.0%} (< {UTILISATION_BUSY:.0%}):"
-                    " see throughput limited while under-utilised.", evidence)]
-
-
-def _unjudged_pair(why: str, evidence: list[str]) -> list[Finding]:
-    return [Finding(*rule, False, why, evidence, judged=False) for rule in (UNDER, SATURATED)]
-
-
-def _schedule_span(d: Signals) -> np.ndarray:
-    """Series entries while requests were being scheduled: after it the queue only drains."""
-    s = d.series
-    duration_s = d.run.summary.get("duration_s")
-    if not isinstance(duration_s, int | float):
-        return np.ones(len(s), dtype=bool)
-    return s.t_s - s.length_s / 2 <= duration_s
-
-
-def _utilisation(s: ServerSeries, span: np.ndarray) -> tuple[float, str, str]:
-    """GPU utilisation where the server reports it, else the engine's busy share."""
-    gpu = s.gpu_util[span]
-    if np.isfinite(gpu).any():
-        util = float(np.nanmean(gpu))
-        return util, "GPU utilisation", f"GPU utilisation {util:.0%} (mean of {np.isfinite(gpu).sum()} NVML readings)"
-    wall_ms = float(s.length_s[span].sum()) * 1000
-    util = float(s.step_ms[span].sum()) / wall_ms if wall_ms > 0 else float("nan")
-    steps_s = s.step_ms[span].sum() / 1000
-    return util, "the engine's busy share", (f"engine busy {util:.0%} of wall time ({steps_s:.1f} s of steps in "
-                                             f"{wall_ms / 1000:.1f} s; the server reports no GPU utilisation)")
-
-
-def _holding(d: Signals, span: np.ndarray) -> tuple[str | None, str | None]:
-    """What was full in the intervals with requests waiting: the KV pool, the batch, or neither."""
-    s = d.series
-    queued = span & (s.waiting > 0)
-    n = int(queued.sum())
-    if n == 0:
-        return None, None
-    kv_full = queued & (d.kv_total > 0) & (d.kv_in_use >= d.kv_total)
-    batch_full = queued & ~kv_full & (s.running >= (d.max_batch_size or np.inf))
-    room = n - int(kv_full.sum()) - int(batch_full.sum())
-    kind = "kv" if 2 * kv_full.sum() >= n else "batch" if 2 * batch_full.sum() >= n else "policy"
-    total = int(np.nanmax(d.kv_total[span])) if np.isfinite(d.kv_total[span]).any() else "?"
-    line = (f"requests waiting in {n} of {int(span.sum())} intervals: KV pool full ({total} slots) in "
-            f"{int(kv_full.sum())}" + (f" ({_times(s, kv_full)})" if kv_full.any() else "")
-            + f", batch full ({d.max_batch_size}) in {int(batch_full.sum())}, room in both in {room}")
-    return kind, line
-
-
-# --- expert load and data movement ------------------------------------------------------------
 
 def _imbalance(d: Signals) -> Finding:
     rule = ("expert_imbalance", "Expert load imbalance")
@@ -181,11 +71,14 @@ def _imbalance(d: Signals) -> Finding:
     evidence = [f"layer {worst}: expert {hot} took {shares[worst, hot]:.1%} of its routed (token, expert) pairs "
                 f"(mean {1 / tokens.shape[1]:.1%}), max/mean {ratio[worst]:.2f}",
                 f"{len(over)} of {len(ratio)} layers above {IMBALANCE_MAX_OVER_MEAN:g} ({view.basis})"]
-    if d.series is not None and np.isfinite(d.series.imbalance).any():
-        imb = np.nan_to_num(d.series.imbalance, nan=-1.0)
+    if d.series is not None and np.isfinite(d.imbalance).any():
+        imb = np.nan_to_num(d.imbalance, nan=-1.0)
         top = np.argsort(-imb, kind="stable")[:TOP_INTERVALS]
+        sparse = int((np.isfinite(d.series.imbalance) & ~np.isfinite(d.imbalance)).sum())
         evidence.append("highest interval max/mean (most imbalanced layer): "
-                        + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}" for i in top if imb[i] >= 0))
+                        + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}" for i in top if imb[i] >= 0)
+                        + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} (token, expert) pairs per "
+                           "layer left out" if sparse else ""))
     config = d.run.section("server").get("end") or d.run.section("server").get("start") or {}
     if config.get("routing_skew"):
         evidence.append(f"router {config.get('router', '?')}, routing skew {config['routing_skew']}"
@@ -287,6 +180,7 @@ def _generator(d: Signals) -> Finding:
         evidence.append(f"generator CPU {generator['cpu_percent']:.0f}% of a core")
     warnings = generator.get("warnings") or []
     evidence += [f"warning: {w}" for w in warnings]
+    closed = d.run.section("config").get("mode") == "closed" or any(w.startswith("closed loop:") for w in warnings)
     if lags:
         name, worst = max(lags.items(), key=lambda item: item[1])
         p50s = {metric: stats["p50"] for metric in ("ttft", "tpot")
@@ -298,18 +192,18 @@ def _generator(d: Signals) -> Finding:
         if finest and worst > MATERIAL_LAG_SHARE * finest:
             reasons.append(f"its {name} p99 ({fmt_ms(worst)} ms) is over {MATERIAL_LAG_SHARE:.0%} of the finest "
                            f"latency measured ({fmt_ms(finest)} ms p50)")
+    size = f" (lag p99 up to {fmt_ms(max(lags.values()))} ms)" if lags else ""
+    late = f"load generator's own lateness{size} makes the latency figures suspect: " + " and ".join(reasons)
+    if closed:  # no schedule to keep: the loop itself is the generator's limit
+        return Finding(*rule, True, "The closed loop (--mode closed) under-states latency under load: each user waited "
+                       "for its previous response before sending, so a slow server was sent fewer requests and its "
+                       "queueing is missing from the figures (coordinated omission); use --mode fixed to measure "
+                       "latency at a given offered load." + (f" Also, the {late}." if reasons else ""), evidence)
     if not reasons:
         warned = f"; it warned {len(warnings)} time(s), but its lags are small beside the latencies measured" \
             if warnings else " and raised no warnings"
         return Finding(*rule, False, f"The load generator kept its schedule{warned}.", evidence)
-    size = f" (lag p99 up to {fmt_ms(max(lags.values()))} ms)" if lags else ""
-    return Finding(*rule, True, f"The load generator's own lateness{size} makes the latency figures suspect: "
-                   + " and ".join(reasons) + "; see its warnings.", evidence)
-
-
-def _times(s: ServerSeries, mask: np.ndarray, most: int = 4) -> str:
-    ends = [f"{t:.1f}" for t in s.t_s[mask]]
-    return "at " + ", ".join(ends[:most]) + (f" and {len(ends) - most} more" if len(ends) > most else "") + " s"
+    return Finding(*rule, True, f"The {late}; see its warnings.", evidence)
 
 
 # --- rendering and the command ------------------------------------------------------------------

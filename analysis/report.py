@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from analysis.breakdown import PARTS, TtftSplit, ttft_split
-from analysis.diagnosis import Finding, diagnose
+from analysis.diagnosis import diagnose
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
+from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
 from analysis.plot_breakdown import plot_ttft_split

@@ -9,7 +9,8 @@ skipped and counted. RSS and queue depth are the mean of the GetStats samples in
 Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)
 excludes 0 AND the fitted change over the run exceeds --min-change of the fitted starting
 level (of the series mean where that start is not above 0); otherwise "no drift". A series
-with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2.
+with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2, as does a
+--window-s shorter than the run's logging interval (its config interval_s, 1 s when absent).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ Z_975 = 1.959964
 # GetStats gauges trended: key -> title, unit, reader.
 SAMPLED = {"rss_mb": ("server RSS", "MB", "process_rss_bytes", 1 / 2**20),
            "waiting": ("queue depth", "requests", "waiting", 1)}  # key -> title, unit, GetStats field, scale
+DEFAULT_INTERVAL_S = 1.0  # the load generator's --interval-s default, for summaries that do not carry it
+# soak.png draws these from 0, where an empty queue sits. The others (RSS ~1.3 GB, latencies) would be
+# flattened by a 0 baseline: their axes fit the data, but never narrower than --min-change of the level,
+# so a change at the drift bar fills the axis and noise far under it stays flat.
+FROM_ZERO = ("waiting",)
 
 
 def t_975(df: int) -> float:
@@ -134,9 +140,14 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
     """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth."""
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
+    config = (load_run(run_dir).summary.get("config") or {}) if (run_dir / SUMMARY).exists() else {}
+    interval_s = float(config.get("interval_s") or DEFAULT_INTERVAL_S)
+    if window_s < interval_s:  # windows narrower than the logs' intervals are mostly empty, and countless
+        raise RunDirError(f"{run_dir}: --window-s {window_s:g} is shorter than the run's {interval_s:g} s logging "
+                          f"interval (interval_s in {SUMMARY}, {DEFAULT_INTERVAL_S:g} s when absent); use "
+                          f"--window-s {interval_s:g} or more")
     if skip_s is None:
-        summary = load_run(run_dir).summary if (run_dir / SUMMARY).exists() else {}
-        skip_s = float((summary.get("config") or {}).get("warmup_s") or 0.0)
+        skip_s = float(config.get("warmup_s") or 0.0)
     latency = {metric: load_intervals(run_dir, metric) for metric in ("ttft", "tpot")}
     samples = read_samples(run_dir)
     ends = [i.end_s for intervals in latency.values() for i in intervals] + [t for t, _ in samples]
@@ -261,7 +272,12 @@ def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_s
     return "\n\n".join(parts) + "\n"
 
 
-def plot_soak(series: list[Series], windows: Windows, path: Path) -> None:
+def plot_soak(series: list[Series], windows: Windows, path: Path, min_change: float) -> None:
+    soak_figure(series, windows, min_change).savefig(path, dpi=100)
+
+
+def soak_figure(series: list[Series], windows: Windows, min_change: float) -> Figure:
+    """One panel per series, in order: its windows' values and the fitted trend."""
     minutes = windows.end_s >= 600
     scale, unit = (60.0, "min") if minutes else (1.0, "s")
     fig = Figure(figsize=(11, 7.5), layout="constrained")
@@ -278,12 +294,26 @@ def plot_soak(series: list[Series], windows: Windows, path: Path) -> None:
         if s.trend is not None:
             ends = np.asarray([s.t_s[0], s.t_s[-1]])
             rate = f"{_num(S_PER_H * s.trend.slope_per_s, '+')} {s.unit}/h"
+            share = "" if s.trend.change_share is None else f", {100 * s.trend.change_share:+.1f}% over the run"
             ax.plot(ends / scale, [s.trend.start, s.trend.end], "--", color="C3" if s.trend.drift else "C2",
-                    label=f"OLS trend {rate}")
-        ax.set_ylim(bottom=0)
+                    label=f"OLS trend {rate}{share}")
+        if s.key in FROM_ZERO:
+            ax.set_ylim(bottom=0)
+        else:
+            _widen(ax, s, min_change)
         ax.legend(loc="best", fontsize="small")
     fig.suptitle("Soak: drift over the run")
-    fig.savefig(path, dpi=100)
+    return fig
+
+
+def _widen(ax, s: Series, min_change: float) -> None:
+    """The autoscaled axis (points and trend), widened about its middle to min_change of the level."""
+    low, high = ax.get_ylim()
+    level = s.trend.reference if s.trend is not None and s.trend.reference else float(np.abs(s.values).mean())
+    if high - low < min_change * level:
+        middle, half = (low + high) / 2, min_change * level / 2
+        ax.set_ylim(max(middle - half, 0.0) if low >= 0 else middle - half, middle + half)
+    ax.ticklabel_format(axis="y", useOffset=False)  # 1342 MB, not +1.342e3 and offsets
 
 
 def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
@@ -324,7 +354,7 @@ def main(args: argparse.Namespace) -> None:
     windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s)
     print(render_text(run_dir, windows, series, args.min_samples, args.min_change))
     try:
-        plot_soak(series, windows, run_dir / SOAK_PNG)
+        plot_soak(series, windows, run_dir / SOAK_PNG, args.min_change)
         (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples, args.min_change))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None

@@ -34,6 +34,12 @@ SPIKE_MIN_JUMP_MS = {"ttft": 50.0, "tpot": 10.0}
 MIN_WINDOW_SAMPLES = 5
 MIN_WINDOWS = 3  # the median of three is the middle one, so one spiking window cannot set its own bar
 HOT_EXPERT_FACTOR = 1.5  # an interval's imbalance this many times the run's median is a hot expert
+# An interval's max/mean expert load counts only when each layer routed at least this many (token,
+# expert) pairs per expert on average. Below it a request or two set the ratio: an interval that routed
+# 38 tokens (76 pairs a layer over 8 experts, top-2) read 4.00, the most top-2 of 8 can give. At 10 per
+# expert a uniform router alone still reads about 1.4 for 8 experts, so intervals are ranked against
+# each other and the run's median, not against a fixed bar.
+MIN_ROUTED_PER_EXPERT = 10
 CACHE_BURST_FACTOR = 2.0  # an interval's cache misses this many times the run's median is a burst
 QUEUE_SHARE_OF_TTFT = 0.5  # slow requests spending half their TTFT in the server queue: queueing
 FINISH_TOLERANCE_S = 0.25  # a request finishing this close to a window's edge is recorded in either
@@ -53,6 +59,9 @@ class Signals:
     series: ServerSeries | None
     kv_in_use: np.ndarray  # KV pool slots held, at each series entry's later snapshot (gauge)
     kv_total: np.ndarray
+    # The series' imbalance where each layer routed at least MIN_ROUTED_PER_EXPERT pairs per expert, else nan.
+    imbalance: np.ndarray
+    min_routed_per_layer: float  # that minimum in pairs per layer; 0 when the server gives no layer sizes
     max_batch_size: float | None
     expert_cache: int
     rows: list[dict]  # measured OK requests
@@ -88,11 +97,20 @@ def read_signals(run: Run) -> Signals:
     samples = read_samples(run.path)
     last = samples[-1][1] if samples else {}
     later = [stats for _, stats in samples[1:]]  # each series entry's later snapshot
+    series = server_series(samples)
+    layers = last.get("layers") or [{}]
+    num_layers = last.get("num_layers") or len(layers)
+    num_experts = last.get("num_experts") or len(layers[0].get("expert_tokens", []))
+    min_routed = float(MIN_ROUTED_PER_EXPERT * num_experts)
+    imbalance = np.empty(0) if series is None else \
+        np.where(series.routed / num_layers >= min_routed, series.imbalance, np.nan)
     return Signals(
         run=run,
-        series=server_series(samples),
+        series=series,
         kv_in_use=np.asarray([s.get("kv_slots_in_use", np.nan) for s in later], dtype=float),
         kv_total=np.asarray([s.get("kv_slots_total", np.nan) for s in later], dtype=float),
+        imbalance=imbalance,
+        min_routed_per_layer=min_routed,
         max_batch_size=last.get("max_batch_size"),
         expert_cache=int(last.get("expert_cache") or 0),
         rows=measured_ok(read_rows(run.path)),
@@ -162,7 +180,7 @@ def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
     s, found = d.series, {}
     if s is not None:
         near = _overlapping(s, start, end)
-        found["hot expert"] = _hot_expert(s, near)
+        found["hot expert"] = _hot_expert(d, near)
         found["cache-miss burst"] = _miss_burst(s, near)
         found["queue growth"] = _queue_growth(d, near, start)
     else:
@@ -183,14 +201,16 @@ def _overlapping(s: ServerSeries, start_s: float, end_s: float) -> np.ndarray:
     return np.flatnonzero(overlap >= 0.5 * np.minimum(s.length_s, max(end_s - start_s, 1e-9)))
 
 
-def _hot_expert(s: ServerSeries, near: np.ndarray) -> str | None:
-    if not np.isfinite(s.imbalance).any() or not len(near):
+def _hot_expert(d: Signals, near: np.ndarray) -> str | None:
+    """Only intervals that routed enough pairs count, for the run's median and for the spike."""
+    imbalance = d.imbalance
+    if not np.isfinite(imbalance).any() or not len(near):
         return None
-    median = float(np.nanmedian(s.imbalance))
-    imb = np.nan_to_num(s.imbalance[near], nan=0.0)
+    median = float(np.nanmedian(imbalance))
+    imb = np.nan_to_num(imbalance[near], nan=0.0)
     i = int(near[imb.argmax()])
-    if s.imbalance[i] > HOT_EXPERT_FACTOR * median:
-        return (f"max/mean {s.imbalance[i]:.2f} at {when(s, i)} ({s.imbalance[i] / median:.1f}x the run's median "
+    if imbalance[i] > HOT_EXPERT_FACTOR * median:
+        return (f"max/mean {imbalance[i]:.2f} at {when(d.series, i)} ({imbalance[i] / median:.1f}x the run's median "
                 f"{median:.2f})")
     return None
 

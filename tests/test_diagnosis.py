@@ -74,15 +74,19 @@ def getstats(intervals: list[dict], *, kv_total=8, max_batch_size=8, expert_cach
 
 
 def build_run(tmp_path: Path, *, server=None, ttft=None, tpot=None, send_lag=None, rows=None, generator=None,
-              duration_s=30.2, expert_end=None, summary_send_lag=None, **getstats_kw):
+              duration_s=30.2, expert_end=None, summary_send_lag=None, config=None, stress=None, **getstats_kw):
     """A run directory: write_run's summary and histograms, plus the time series given.
     server: interval() dicts -> server_stats.jsonl (snapshot i at i + 1 s, so series entry j covers
-    j + 1 .. j + 2 s); ttft, tpot, send_lag: values (ms) per 1 s interval -> .hlog files."""
+    j + 1 .. j + 2 s); ttft, tpot, send_lag: values (ms) per 1 s interval -> .hlog files.
+    config: keys laid over write_run's config, whose warm-up is set to 0 here; stress: the stress section."""
     run_dir = tmp_path / "run"
     write_run(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["generator"] = QUIET_GENERATOR if generator is None else generator
     summary["duration_s"] = duration_s
+    summary["config"] |= {"warmup_s": 0.0} | (config or {})
+    if stress is not None:
+        summary["stress"] = stress
     if expert_end is not None:  # write_run's start snapshot routed [10, 10, 10, 10]
         end = snapshot(130.0, 300, [expert_end], 3.0)
         summary["server"]["end"] = end | {"router": "topk", "routing_skew": "hot:0.4"}
@@ -105,6 +109,12 @@ def finding(findings, rule):
     return next(f for f in findings if f.rule == rule)
 
 
+def mkdir(path: Path) -> Path:
+    """A second run directory's parent inside one test's tmp_path."""
+    path.mkdir()
+    return path
+
+
 def numbers(text: str, pattern: str) -> list[float]:
     """The numbers a regex's groups catch in text (evidence strings)."""
     match = re.search(pattern, text)
@@ -112,7 +122,7 @@ def numbers(text: str, pattern: str) -> list[float]:
     return [float(group) for group in match.groups()]
 
 
-# --- rules 1 and 2: the wait queue against utilisation -------------------------------------------
+# --- rules 1 and 2: the wait queue, and requests in the server, against utilisation ---------------
 
 def growing_queue(step_ms: float, *, gpu_percent=-1.0, kv_in_use=8, running=6) -> list[dict]:
     """Waiting 0, 1, .., 9 at t = 2 .. 11 s: OLS slope exactly 1 request/s, a fitted rise of 9."""
@@ -124,10 +134,15 @@ def test_queue_growing_while_under_utilised_with_a_full_kv_pool(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0)))  # 400 ms of steps a second: 40% busy
     under, saturated = finding(findings, "throughput_underutilised"), finding(findings, "compute_saturated")
     assert under.fired and not saturated.fired and saturated.judged
-    queue, util, hold = under.evidence
+    queue, held, util, hold = under.evidence
     # t = 2..11, waiting = t - 2: slope 1, rise 1 x (11 - 2) = 9; thirds [0..3] mean 1.5 and [7, 8, 9] mean 8.0.
     assert queue == ("wait queue 1.0-11.0 s: OLS slope +1.000 requests/s, a fitted rise of +9.0 requests "
                      "(mean 1.5 in the first third, 8.0 in the last)")
+    # With 6 running throughout, requests in the server are waiting + 6.
+    assert held == ("requests in the server (waiting + running) 1.0-11.0 s: OLS slope +1.000 requests/s, a fitted "
+                    "rise of +9.0 requests (mean 7.5 in the first third, 14.0 in the last)")
+    assert saturated.verdict == ("Requests in the server rose by 9.0 but the engine's busy share was only 40% "
+                                 "(< 80%): compute was not the limit.")
     assert util.startswith("engine busy 40% of wall time (4.0 s of steps in 10.0 s;")
     # Waiting > 0 from t = 3 s on, with 8 of 8 KV slots held throughout.
     assert hold == ("requests waiting in 9 of 10 intervals: KV pool full (8 slots) in 9 (at 3.0, 4.0, 5.0, 6.0 and 5 "
@@ -140,22 +155,22 @@ def test_gpu_utilisation_is_preferred_to_the_busy_share(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(1000.0, gpu_percent=50.0)))
     under = finding(findings, "throughput_underutilised")
     assert under.fired and not finding(findings, "compute_saturated").fired
-    assert under.evidence[1] == "GPU utilisation 50% (mean of 10 NVML readings)"
+    assert under.evidence[2] == "GPU utilisation 50% (mean of 10 NVML readings)"
 
 
 def test_queue_growing_with_room_everywhere_blames_the_policy(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0, kv_in_use=2, running=2)))
     under = finding(findings, "throughput_underutilised")
     assert under.fired and "batching policy kept requests waiting" in under.verdict
-    assert under.evidence[2].endswith("KV pool full (8 slots) in 0, batch full (8) in 0, room in both in 9")
+    assert under.evidence[3].endswith("KV pool full (8 slots) in 0, batch full (8) in 0, room in both in 9")
 
 
 def test_flat_queue_fires_neither_throughput_rule(tmp_path):
     findings = diagnose(build_run(tmp_path, server=[interval(step_ms=400.0) for _ in range(10)]))
-    for rule in ("throughput_underutilised", "compute_saturated"):
-        f = finding(findings, rule)
-        assert f.judged and not f.fired
-        assert f.verdict == "The wait queue did not grow (fitted rise +0.0 < 2 requests)."
+    under, saturated = finding(findings, "throughput_underutilised"), finding(findings, "compute_saturated")
+    assert under.judged and not under.fired and saturated.judged and not saturated.fired
+    assert under.verdict == "The wait queue did not grow (fitted rise +0.0 < 2 requests)."
+    assert saturated.verdict == "Requests in the server did not grow (fitted rise +0.0 < 2 requests)."
 
 
 def test_queue_growing_while_busy_is_compute_saturated(tmp_path):
@@ -163,17 +178,89 @@ def test_queue_growing_while_busy_is_compute_saturated(tmp_path):
     findings = diagnose(build_run(tmp_path, server=server))
     saturated, under = finding(findings, "compute_saturated"), finding(findings, "throughput_underutilised")
     assert saturated.fired and not under.fired
-    assert "rose by 9.0 requests" in saturated.verdict and "was 100%" in saturated.verdict
+    assert saturated.verdict.startswith("Requests in the server (waiting + running) rose by 9.0 while the engine's "
+                                        "busy share was 100% (>= 80%)")
     assert "Yet" not in saturated.verdict  # the batch was full: nothing held back by the policy
-    assert saturated.evidence[2].endswith("batch full (8) in 9, room in both in 0")
+    assert saturated.evidence[3].endswith("batch full (8) in 9, room in both in 0")
+
+
+def test_a_backlog_admitted_into_the_batch_is_compute_saturated(tmp_path):
+    # A large batch and KV pool admit every arrival: waiting stays 0 while running climbs 1, 2, .., 10
+    # (slope 1, rise 9) with the engine always busy. The wait queue alone would miss it.
+    server = [interval(waiting=0, running=r, kv_in_use=r, step_ms=1000.0) for r in range(1, 11)]
+    findings = diagnose(build_run(tmp_path, server=server, kv_total=64, max_batch_size=64))
+    saturated, under = finding(findings, "compute_saturated"), finding(findings, "throughput_underutilised")
+    assert saturated.fired and "rose by 9.0 while the engine's busy share was 100%" in saturated.verdict
+    assert not under.fired and under.verdict == "The wait queue did not grow (fitted rise +0.0 < 2 requests)."
+    assert saturated.evidence[1].startswith("requests in the server (waiting + running) 1.0-11.0 s: OLS slope "
+                                            "+1.000 requests/s, a fitted rise of +9.0")
+
+
+def test_the_warm_up_ramp_is_left_out(tmp_path):
+    # The server fills from empty in the 5 s warm-up (running 0, 2, 4, 6), then holds 6: over every entry
+    # that is a rise, after the warm-up (entries from 5..6 s on) it is flat.
+    server = [interval(running=r, step_ms=1000.0) for r in (0, 2, 4, 6, 6, 6, 6, 6, 6, 6)]
+    saturated = finding(diagnose(build_run(tmp_path, server=server, config={"warmup_s": 5.0})), "compute_saturated")
+    assert saturated.judged and not saturated.fired
+    assert saturated.evidence[1].startswith("requests in the server (waiting + running) 5.0-11.0 s: OLS slope +0.000")
+    ramp = finding(diagnose(build_run(mkdir(tmp_path / "no_warmup"), server=server)), "compute_saturated")
+    assert ramp.fired  # counted from the start, the ramp reads as growth
+
+
+def stress_section(last_saturated: str, stopped_because: str) -> dict:
+    """Two steps of 5 s (config step_s): step 1 spans 5..10 s, series entries 4..8."""
+    step = {"offered_rps": 1.0, "sent_rps": 1.0, "achieved_rps": 1.0, "saturated": ""}
+    return {"knee_rps": 1.0 if last_saturated else 2.0, "stopped_because": stopped_because,
+            "steps": [step | {"step": 0}, step | {"step": 1, "offered_rps": 2.0, "saturated": last_saturated}]}
+
+
+def stress_run(tmp_path, stress: dict, step_ms: float = 1000.0):
+    # Requests in the server climb all run long, as a rising offered rate makes them; nothing waits.
+    server = [interval(waiting=0, running=r, kv_in_use=r, step_ms=step_ms) for r in range(1, 11)]
+    return build_run(tmp_path, server=server, kv_total=64, max_batch_size=64, stress=stress,
+                     config={"mode": "stress", "step_s": 5.0})
+
+
+def test_a_stress_run_that_stopped_on_saturation_while_busy_is_compute_saturated(tmp_path):
+    stress = stress_section("achieved 1.2/s < 0.9 x the 2/s sent", "step 1 at 2 requests/s: achieved 1.2/s < "
+                            "0.9 x the 2/s sent")
+    saturated = finding(diagnose(stress_run(tmp_path, stress)), "compute_saturated")
+    assert saturated.fired
+    assert saturated.verdict == ("The stress run stopped on saturation in step 1 (achieved 1.2/s < 0.9 x the 2/s sent) "
+                                 "while the engine's busy share was 100% there (>= 80%): the server is "
+                                 "compute-saturated past the knee at 1 requests/s.")
+    assert saturated.evidence[:3] == [
+        "stress run: knee 1 requests/s; stopped: step 1 at 2 requests/s: achieved 1.2/s < 0.9 x the 2/s sent",
+        "last step 1, 5-10 s at 2 requests/s offered: saturated (achieved 1.2/s < 0.9 x the 2/s sent)",
+        "engine busy 100% of wall time (5.0 s of steps in 5.0 s; the server reports no GPU utilisation)"]
+    # Entries 4..8 (5..10 s) hold running 5..9.
+    assert saturated.evidence[3].startswith("requests in the server (waiting + running) 5.0-10.0 s: OLS slope "
+                                            "+1.000 requests/s, a fitted rise of +4.0")
+    # The same stop with the engine 40% busy in that step is not compute.
+    idle = finding(diagnose(stress_run(mkdir(tmp_path / "idle"), stress, step_ms=400.0)), "compute_saturated")
+    assert not idle.fired and "was only 40% there (< 80%)" in idle.verdict
+
+
+def test_a_stress_run_that_never_saturated_is_not_compute_saturated(tmp_path):
+    # Requests in the server rose by 9 over the run, as the offered rate rose, but every step held.
+    stress = stress_section("", "no saturation within 2 steps")
+    findings = diagnose(stress_run(tmp_path, stress))
+    saturated = finding(findings, "compute_saturated")
+    assert saturated.judged and not saturated.fired
+    assert saturated.verdict == ("The stress run did not stop on saturation (no saturation within 2 steps): its last "
+                                 "step held, so no knee was reached.")
+    assert saturated.evidence[0] == "stress run: knee 2 requests/s; stopped: no saturation within 2 steps"
+    assert not finding(findings, "throughput_underutilised").fired
 
 
 def test_oscillating_queue_while_busy_is_not_saturated(tmp_path):
     server = [interval(waiting=j % 2, step_ms=1000.0) for j in range(10)]
     saturated = finding(diagnose(build_run(tmp_path, server=server)), "compute_saturated")
     # Waiting 0, 1, 0, 1 ..: sum (t - 6.5)(w - 0.5) = 2.5 over sum (t - 6.5)^2 = 82.5: slope 0.0303, rise 0.27.
+    # Running stays 2, so requests in the server move the same way.
     assert not saturated.fired
-    assert numbers(saturated.evidence[0], r"OLS slope \+([\d.]+) .* rise of \+([\d.]+)") == [0.030, 0.3]
+    for line in saturated.evidence[:2]:
+        assert numbers(line, r"OLS slope \+([\d.]+) .* rise of \+([\d.]+)") == [0.030, 0.3]
 
 
 def test_the_drain_after_the_schedule_is_left_out(tmp_path):
@@ -183,6 +270,7 @@ def test_the_drain_after_the_schedule_is_left_out(tmp_path):
     saturated = finding(diagnose(build_run(tmp_path, server=server, duration_s=6.0)), "compute_saturated")
     assert saturated.fired
     assert saturated.evidence[0].startswith("wait queue 1.0-6.0 s: OLS slope +1.000 requests/s, a fitted rise of +4.0")
+    assert saturated.evidence[1].startswith("requests in the server (waiting + running) 1.0-6.0 s: OLS slope +1.000")
 
 
 # --- rule 3: expert imbalance -------------------------------------------------------------------
@@ -199,6 +287,17 @@ def test_one_hot_expert_fires_imbalance(tmp_path):
     assert imbalance.evidence[2].startswith("highest interval max/mean (most imbalanced layer): 4.00 at 4.0-5.0 s, "
                                             "1.00 at 1.0-2.0 s")
     assert imbalance.evidence[3] == "router topk, routing skew hot:0.4"
+
+
+def test_near_idle_intervals_are_left_out_of_the_interval_figures(tmp_path):
+    # Entry 3 (4..5 s) routed 4 pairs, all to expert 0: max/mean 4.00, the most top-2 of 4 experts can give,
+    # from one token or two. Under 10 pairs per expert (40 a layer) it is left out; the rest read 1.00.
+    server = [interval() for _ in range(5)]
+    server[3] = interval(routed=(4, 0, 0, 0))
+    imbalance = finding(diagnose(build_run(tmp_path, server=server, expert_end=[70, 30, 10, 10])), "expert_imbalance")
+    assert imbalance.evidence[2] == ("highest interval max/mean (most imbalanced layer): 1.00 at 1.0-2.0 s, 1.00 at "
+                                     "2.0-3.0 s, 1.00 at 3.0-4.0 s; 1 interval(s) under 40 (token, expert) pairs per "
+                                     "layer left out")
 
 
 def test_balanced_experts_do_not_fire_imbalance(tmp_path):
@@ -290,6 +389,14 @@ def test_hot_expert_cache_misses_and_generator_lateness_line_up(tmp_path):
     assert lag == pytest.approx(150, rel=1e-3) and bar == pytest.approx(75, rel=1e-2)
 
 
+def test_a_near_idle_interval_is_no_hot_expert(tmp_path):
+    # The spike's interval (5..6 s) routed 4 pairs, all to expert 0 (max/mean 4.00): too few to count.
+    server = [interval() for _ in range(9)]
+    server[4] = interval(routed=(4, 0, 0, 0))
+    run = build_run(tmp_path, server=server, ttft=ttft_with(400.0), tpot=STEADY_TPOT)
+    assert "no cause found" in finding(diagnose(run), "latency_spikes").evidence[-1]
+
+
 def test_a_small_generator_lag_does_not_explain_a_large_spike(tmp_path):
     send_lag = [[1] * 5 for _ in range(8)]
     send_lag[5] = [20] * 5  # late (> 5 ms) but under a quarter of the 300 ms jump
@@ -350,6 +457,22 @@ def test_a_warning_with_small_lags_is_evidence_but_does_not_fire(tmp_path):
     generator = finding(diagnose(build_run(tmp_path, generator=warned)), "generator_limited")
     assert not generator.fired and "it warned 1 time(s), but its lags are small" in generator.verdict
     assert "warning: the load generator used 93% of a core" in generator.evidence
+
+
+def test_a_closed_loop_fires_as_coordinated_omission(tmp_path):
+    closed = {**QUIET_GENERATOR, "warnings": ["closed loop: each user waited for its previous response before "
+                                              "sending, so a slow or stalled server received fewer requests"]}
+    run = build_run(tmp_path, generator=closed, config={"mode": "closed"}, summary_send_lag=[1.0] * 100)
+    generator = finding(diagnose(run), "generator_limited")
+    assert generator.fired
+    assert generator.verdict.startswith("The closed loop (--mode closed) under-states latency under load")
+    assert "coordinated omission" in generator.verdict and "use --mode fixed" in generator.verdict
+    assert "kept its schedule" not in generator.verdict and "Also" not in generator.verdict  # its lags are small
+    assert generator.evidence[-2].startswith("warning: closed loop:")
+    late = build_run(mkdir(tmp_path / "late"), generator=closed, config={"mode": "closed"},
+                     summary_send_lag=[1.0] * 95 + [12.0] * 5)
+    verdict = finding(diagnose(late), "generator_limited").verdict
+    assert "coordinated omission" in verdict and "Also, the load generator's own lateness" in verdict
 
 
 def test_a_delivery_lag_material_beside_tpot_fires(tmp_path):

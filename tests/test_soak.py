@@ -1,9 +1,10 @@
 """`python -m analysis soak` on run directories built here: a stable run says "no drift" for every
 series; a leaking one (RSS +10 MB per minute, TTFT p99 rising linearly) says drift at the slope
 computed by hand; a real but tiny slope under --min-change is "no drift"; windows with too few
-requests are skipped and counted; a missing file is "no data"; a run under 3 windows exits 2;
-soak.png is a real PNG of the figure's size; and the OLS fit and its t quantiles match
-hand-computed values."""
+requests are skipped and counted; a missing file is "no data"; a run under 3 windows, or a
+--window-s under the run's logging interval, exits 2; soak.png is a real PNG of the figure's size
+whose RSS axis fits a 1 GB level closely enough to show a leak; and the OLS fit and its t
+quantiles match hand-computed values."""
 
 import json
 import struct
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.soak import fit_trend, t_975
+from analysis.soak import fit_trend, soak, soak_figure, t_975
 from tests.rundirs import write_hlog, write_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +129,42 @@ def test_too_short_a_run_exits_2_naming_the_flag(tmp_path):
     assert "too short" in done.stderr and "--window-s" in done.stderr and "Traceback" not in done.stderr
     bad = run_soak(run_dir, "--window-s", "0")
     assert bad.returncode == 2 and "--window-s" in bad.stderr
+
+
+@pytest.mark.parametrize("window_s", ["0.5", "1e-9"])
+def test_a_window_under_the_logging_interval_exits_2_naming_the_flag(tmp_path, window_s):
+    run_dir = tmp_path / "fine"
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100], tpot_ms=lambda i: [30], rss_mb=lambda t: 1000)
+    done = run_soak(run_dir, "--window-s", window_s)  # no summary.json: intervals of the default 1 s
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"--window-s {float(window_s):g} is shorter than the run's 1 s logging interval" in done.stderr
+
+
+def test_the_logging_interval_comes_from_the_summary(tmp_path):
+    run_dir = tmp_path / "coarse"
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10, rss_mb=lambda t: 1000)
+    (run_dir / "summary.json").write_text(json.dumps({"schema": 1, "config": {"interval_s": 5.0, "warmup_s": 0}}))
+    (run_dir / "histograms.json").write_text("{}")
+    done = run_soak(run_dir, "--window-s", "3")
+    assert done.returncode == 2 and "--window-s 3 is shorter than the run's 5 s logging interval" in done.stderr
+    assert figures(run_soak(run_dir, "--window-s", "30"))["windows"] == 10
+
+
+def test_the_rss_axis_fits_its_level_and_the_queue_starts_at_0(tmp_path):
+    # RSS 1000 MB + 0.2 MB/s: 1003 to 1057 MB, a 5% rise. From 0 it would be a flat line at the top.
+    run_dir = tmp_path / "axes"
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
+                   rss_mb=lambda t: 1000 + 0.2 * t, waiting=lambda t: 1 + t % 2)
+    windows, series = soak(run_dir, 30.0, 0.1, 50, None)
+    axes = {s.key: ax for s, ax in zip(series, soak_figure(series, windows, 0.1).axes, strict=True)}
+    rss = next(s for s in series if s.key == "rss_mb")
+    low, high = axes["rss_mb"].get_ylim()
+    assert 900 < low <= rss.trend.start and rss.trend.end <= high < 1150  # the trend spans over half the axis
+    assert (rss.trend.end - rss.trend.start) / (high - low) > 0.4
+    # TTFT is flat at 100 ms: its axis spans at least 10% (--min-change) of the level, near it, not from 0.
+    low, high = axes["ttft_p99_ms"].get_ylim()
+    assert 10 <= high - low < 12 and 90 < low < 100 < high
+    assert axes["waiting"].get_ylim()[0] == 0
 
 
 def test_soak_png_is_a_real_png_of_the_figure_size(tmp_path):
