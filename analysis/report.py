@@ -16,7 +16,7 @@ from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
 from analysis.plot_breakdown import plot_ttft_split
-from analysis.plot_experts import plot_expert_heatmap
+from analysis.plot_experts import plot_experts
 from analysis.plot_stress import plot_stress
 from analysis.plot_timeline import Phases, plot_over_time, plot_stages
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
@@ -64,7 +64,8 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     if report.series and report.series.stage_ms:
         drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
     if report.server and report.server.expert_tokens is not None:
-        drawn[EXPERTS_PNG] = lambda path: plot_expert_heatmap(report.server.expert_tokens, path)
+        drawn[EXPERTS_PNG] = lambda path: plot_experts(report.server.expert_tokens, report.server.active_experts_steps,
+                                                       path)
     if steps := run.section("stress").get("steps"):
         drawn[STRESS_PNG] = lambda path: plot_stress(steps, run.section("stress").get("knee_rps"), path)
     return drawn

@@ -21,6 +21,7 @@ class ServerView:
     mean_batch_size: float | None
     step_time_mean_ms: float | None
     expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
+    active_experts_steps: np.ndarray | None  # [a] = layer-steps in which a experts computed (all layers)
     distinct_experts_per_step: float | None  # experts a step activated, mean over steps and layers
     prefill_padded_share: float | None  # padding / (prompt tokens + padding) in batched prefill attention
     tokens_per_step: float | None  # tokens in a forward pass (prefill + decode), mean over steps
@@ -43,6 +44,7 @@ def server_view(server: dict) -> ServerView | None:
     else:
         base, basis = {}, "end snapshot" if end else "start snapshot only"
     dropped, routed = _layer_total(snap, base, "dropped"), _layer_total(snap, base, "expert_tokens")
+    active = _active_experts(snap, base)
     return ServerView(
         basis=basis,
         policy=snap.get("policy"),
@@ -54,7 +56,8 @@ def server_view(server: dict) -> ServerView | None:
         mean_batch_size=_step_mean(snap, base, "mean_batch_size"),
         step_time_mean_ms=_step_mean(snap, base, "step_time_mean_ms"),
         expert_tokens=_expert_tokens(snap, base),
-        distinct_experts_per_step=_distinct_experts(snap, base),
+        active_experts_steps=active,
+        distinct_experts_per_step=_mean_active(active),
         prefill_padded_share=_padded_share(snap, base),
         tokens_per_step=_hist_mean(snap.get("tokens_per_step"), base.get("tokens_per_step")),
         kv_efficiency=_ratio(_delta(snap, base, "kv_positions_useful"), _delta(snap, base, "kv_positions_computed")),
@@ -102,16 +105,19 @@ def _expert_tokens(snap: dict, base: dict) -> np.ndarray | None:
     return tokens if (tokens.sum(axis=1) > 0).all() else None
 
 
-def _distinct_experts(snap: dict, base: dict) -> float | None:
-    """From each layer's histogram of steps by number of experts that computed."""
+def _active_experts(snap: dict, base: dict) -> np.ndarray | None:
+    """[a] = layer-steps in which a experts computed, summed over layers; None without any."""
     layers = snap.get("layers")
     if not layers:
         return None
     steps = np.asarray([layer["active_experts_steps"] for layer in layers], dtype=np.int64)  # [L, E + 1]
     if base.get("layers"):
         steps = steps - np.asarray([layer["active_experts_steps"] for layer in base["layers"]], dtype=np.int64)
-    total = steps.sum()
-    return float((steps * np.arange(steps.shape[1])).sum() / total) if total else None
+    return steps.sum(axis=0) if steps.sum() else None
+
+
+def _mean_active(active: np.ndarray | None) -> float | None:
+    return float((active * np.arange(len(active))).sum() / active.sum()) if active is not None else None
 
 
 def _padded_share(snap: dict, base: dict) -> float | None:

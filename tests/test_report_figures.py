@@ -117,7 +117,10 @@ def test_ttft_split_adds_up_to_each_band_mean_ttft():
 def test_server_view_reports_moe_figures_over_the_window():
     start = stats_snapshot(1.0, 10, 400.0, [[10, 10]], misses=2, hits=8, copy_ms=5.0, dropped=1)
     end = stats_snapshot(3.0, 30, 1400.0, [[40, 20]], misses=10, hits=30, copy_ms=25.0, dropped=4)
+    end["layers"][0]["active_experts_steps"] = [0, 5, 15]  # 20 steps: 5 with one expert, 15 with both
     view = server_view({"start": start, "end": end})
+    assert view.active_experts_steps.tolist() == [0, 5, 15]
+    assert view.distinct_experts_per_step == pytest.approx((5 * 1 + 15 * 2) / 20)
     assert view.stage_ms_per_step == pytest.approx({"attention": 12.5, "expert_compute": 37.5})  # 1000 ms / 20 steps
     assert view.cache == pytest.approx({"hits": 22, "misses": 8, "copy_ms": 20.0, "hit_rate": 22 / 30})
     assert view.dropped == 3 and view.drop_share == pytest.approx(3 / 40)
