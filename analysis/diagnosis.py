@@ -221,7 +221,7 @@ def render_text(findings: list[Finding]) -> str:
 def render_markdown(findings: list[Finding]) -> str:
     fired = [f for f in findings if f.fired]
     parts = ["## Diagnosis", f"{len(fired)} of {len(findings)} rules fired (seed 5.3; thresholds in "
-             "`analysis/diagnosis.py`)."]
+             "`analysis/diagnosis.py`, `saturation.py` and `spikes.py`)."]
     for f in fired:
         parts += [f"### {f.title}", f.verdict, "\n".join(f"- {e}" for e in f.evidence)]
     if quiet := [f for f in findings if f.judged and not f.fired]:
