@@ -18,14 +18,12 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import asdict
 
 import grpc
 
-from loadgen.arrivals import worker_arrivals
-from loadgen.client import CUT_OFF, StreamResult, close_stream
+from loadgen.client import StreamResult, close_stream, cut_off, fail
 from loadgen.config import LoadConfig
-from loadgen.profiles import Profile
+from loadgen.profiles import schedule_of
 from loadgen.workload import Workload
 from proto import moe_pb2, moe_pb2_grpc
 
@@ -39,10 +37,8 @@ async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_
             r.received(msg, time.monotonic_ns())
             last = msg
         close_stream(r, last)
-    except grpc.RpcError as exc:
-        r.status, r.details = exc.code().name, exc.details() or ""
-    except Exception as exc:  # as stream_generate: a bad reply or a bug is counted, never lost
-        r.status, r.details = "CLIENT_ERROR", repr(exc)
+    except Exception as exc:  # as stream_generate: an RPC error, a bad reply or a bug is counted, never lost
+        fail(r, exc)
 
 
 async def main() -> None:
@@ -67,13 +63,11 @@ async def main() -> None:
         transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
 
     def done(task: asyncio.Task) -> None:
-        emit(asdict(tasks.pop(task)))
+        emit(vars(tasks.pop(task)))  # plain fields only: vars is asdict's result, without its deep copy
 
     config = LoadConfig(**job["config"])
     workload = Workload(config)
-    schedule = Profile.parse(config.profile).arrivals(config.rate, config.seed, job["workers"], job["index"]) \
-        if config.profile else worker_arrivals(config.rate, config.arrival, config.seed, job["workers"],
-                                               job["index"], config.burstiness)
+    schedule = schedule_of(config, job["workers"], job["index"])
     not_sent = 0
     async with grpc.aio.insecure_channel(config.host) as channel:
         stub = moe_pb2_grpc.MoEInferenceStub(channel)
@@ -103,9 +97,8 @@ async def main() -> None:
             task.remove_done_callback(done)
             task.cancel()
             r = tasks.pop(task)
-            r.status = CUT_OFF
-            r.details = f"still streaming {config.drain_s:g} s after the run ended (--drain-s)"
-            emit(asdict(r))
+            cut_off(r, config.drain_s)
+            emit(vars(r))
         emit({"end": True, "not_sent": not_sent})
         while transport.get_write_buffer_size():
             await asyncio.sleep(0.01)

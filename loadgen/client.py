@@ -50,10 +50,21 @@ def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult
             result.received(msg, clock())
             last = msg
         close_stream(result, last)
-    except grpc.RpcError as exc:
+    except Exception as exc:  # an RPC error, a bad reply or a client bug: counted, never lost
+        fail(result, exc)
+
+
+def fail(result: StreamResult, exc: Exception) -> None:
+    """The status of a stream that raised: the gRPC code, or CLIENT_ERROR for anything else."""
+    if isinstance(exc, grpc.RpcError):
         result.status, result.details = exc.code().name, exc.details() or ""
-    except Exception as exc:  # a bad reply or a client bug: counted, never lost
+    else:
         result.status, result.details = "CLIENT_ERROR", repr(exc)
+
+
+def cut_off(result: StreamResult, drain_s: float) -> None:
+    result.status = CUT_OFF
+    result.details = f"still streaming {drain_s:g} s after the run ended (--drain-s)"
 
 
 def close_stream(result: StreamResult, last) -> None:
@@ -62,9 +73,7 @@ def close_stream(result: StreamResult, last) -> None:
         result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"
         return
     result.finish_reason = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
-    u = last.usage
-    result.usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                    "queue_us": u.queue_us, "prefill_us": u.prefill_us, "decode_us": u.decode_us, "ttft_us": u.ttft_us}
+    result.usage = message_dict(last.usage)
 
 
 def server_stats(host: str) -> dict:

@@ -9,7 +9,6 @@ from pathlib import Path
 from loadgen.config import LoadConfig
 from loadgen.recorder import Recorder
 from loadgen.rundir import write_json, write_run_dir
-from loadgen.slo import Slo
 from loadgen.summary import histogram_encodings, summarize
 
 MESSAGE = "moe_results"  # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
@@ -24,8 +23,7 @@ def worker_message(index: int, run) -> dict:
 
 def merge_parts(config: LoadConfig, parts: list[dict], expected: int, server: dict) -> tuple[dict, Recorder]:
     """The run's summary and merged recorder from the workers' messages."""
-    merged = Recorder(0, config.warmup_s, Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms),
-                      max_rows=config.max_request_rows)
+    merged = Recorder.for_config(config, 0)
     for part in parts:
         merged.absorb(part["export"])
     window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen.arrivals import worker_arrivals
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -91,3 +93,11 @@ def read_trace(path: str) -> list[float]:
         raise ValueError(f"trace {path} has no send times")
     times.sort()
     return [t - times[0] for t in times]
+
+
+def schedule_of(config, workers: int, index: int) -> Iterator[tuple[int, float]]:
+    """(request index, send offset s) of one of `workers` processes: the --rate-profile's shape
+    when there is one, else --arrival at a constant --rate. The gevent and aio senders share it."""
+    if config.profile:
+        return Profile.parse(config.profile).arrivals(config.rate, config.seed, workers, index)
+    return worker_arrivals(config.rate, config.arrival, config.seed, workers, index, config.burstiness)

@@ -17,13 +17,11 @@ import gevent
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
-from loadgen.arrivals import worker_arrivals
-from loadgen.client import CUT_OFF, StreamResult, stream_generate
+from loadgen.client import StreamResult, cut_off, stream_generate
 from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
-from loadgen.profiles import Profile
+from loadgen.profiles import schedule_of
 from loadgen.recorder import Recorder
-from loadgen.slo import Slo
 from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
@@ -41,18 +39,10 @@ class Run:
         self.config = config
         self.server_stats = server_stats  # GetStats as a dict, sampled every interval
         self.on_result = on_result
-        self.start_ns = time.monotonic_ns()
         self.started_at = time.time()
-        self.stop_ns: int | None = None
-        self.recorder = Recorder(self.start_ns, config.warmup_s,
-                                 Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms),
-                                 max_rows=config.max_request_rows)
+        self.recorder = Recorder.for_config(config, time.monotonic_ns())
         self.workload = Workload(config)
-        if config.profile:
-            self._schedule = Profile.parse(config.profile).arrivals(config.rate, config.seed, workers, index)
-        else:
-            self._schedule = worker_arrivals(config.rate, config.arrival, config.seed, workers, index,
-                                             config.burstiness)
+        self._schedule = schedule_of(config, workers, index)
         self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
@@ -77,7 +67,7 @@ class Run:
         if self._begun:
             return
         self._begun = True
-        self.start_ns = self.recorder.start_ns = time.monotonic_ns()
+        self.recorder.start_ns = time.monotonic_ns()
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
         if self.aio is not None:
@@ -149,6 +139,14 @@ class Run:
     def _finished(self, greenlet: gevent.Greenlet) -> None:
         self._record(self.inflight.pop(greenlet))
 
+    @property
+    def start_ns(self) -> int:
+        return self.recorder.start_ns
+
+    @property
+    def stop_ns(self) -> int | None:
+        return self.recorder.stop_ns
+
     def _record(self, result: StreamResult) -> None:
         timing = self.recorder.add(result)
         if self.stress is not None:
@@ -158,7 +156,7 @@ class Run:
     def stop(self) -> None:
         """Ends the schedule: no request is sent after this moment."""
         if self.stop_ns is None:
-            self.stop_ns = self.recorder.stop_ns = time.monotonic_ns()
+            self.recorder.stop_ns = time.monotonic_ns()
             if self.aio is not None:
                 self.aio.stop()
 
@@ -180,9 +178,8 @@ class Run:
             greenlet.unlink(self._finished)
             greenlet.kill(block=True, timeout=5)
             del self.inflight[greenlet]
-            result.status = CUT_OFF
-            result.details = f"still streaming {self.config.drain_s:g} s after the run ended (--drain-s)"
-            self.on_result(result, self.recorder.add(result))
+            cut_off(result, self.config.drain_s)
+            self._record(result)
         gevent.sleep(0)  # lets the callbacks of requests that finished during the loop run
         self._ticker.kill()
         self.tick()
