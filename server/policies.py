@@ -15,6 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class StepPlan:
@@ -172,19 +174,20 @@ class ExpertAwarePolicy(FcfsPolicy):
         (ties to the older request)."""
         if n <= 0 or not candidates:
             return []
+        signatures = torch.stack([r.signature for r in candidates]).flatten(1)  # [R, L*E], admission = age order
+        active = torch.stack([r.signature for r in chosen]).flatten(1).any(0) if chosen else None
+        taken = torch.zeros(len(candidates), dtype=torch.bool, device=signatures.device)
         picked = []
-        active = None
-        for r in chosen:
-            active = r.signature.clone() if active is None else active | r.signature
-        pool = list(candidates)  # admission order = age order
-        while pool and len(picked) < n:
+        for _ in range(min(n, len(candidates))):
             if active is None:
-                best = pool[0]
+                i = 0
             else:
-                best = min(pool, key=lambda r: int((r.signature & ~active).sum()))
-            pool.remove(best)
-            picked.append(best)
-            active = best.signature.clone() if active is None else active | best.signature
+                # argmin returns the first minimum: ties go to the older request.
+                new = (signatures & ~active).sum(1).masked_fill(taken, signatures.shape[1] + 1)
+                i = int(new.argmin())
+            taken[i] = True
+            picked.append(candidates[i])
+            active = signatures[i].clone() if active is None else active | signatures[i]
         return picked
 
 

@@ -12,6 +12,7 @@ sort, not topk, whose tie order is unspecified.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import importlib
@@ -168,7 +169,14 @@ class Skew:
             return None
         preference = torch.from_numpy(np.random.default_rng(key).dirichlet([self.value] * n_experts))
         bias = torch.log(preference.clamp(min=AFFINITY_FLOOR)).float()
-        return torch.stack([bias[layer_permutation(n_experts, layer, seed).argsort()] for layer in range(n_layers)])
+        return bias[inverse_permutations(n_layers, n_experts, seed)]
+
+
+@functools.lru_cache(maxsize=16)
+def inverse_permutations(n_layers: int, n_experts: int, seed: int) -> Tensor:
+    """[L, E]: row l is the inverse of layer l's permutation; the same for every request, so
+    it is built once rather than for each request's affinity bias."""
+    return torch.stack([layer_permutation(n_experts, layer, seed).argsort() for layer in range(n_layers)])
 
 
 def layer_permutation(n_experts: int, layer: int, seed: int) -> Tensor:
@@ -176,6 +184,7 @@ def layer_permutation(n_experts: int, layer: int, seed: int) -> Tensor:
     return torch.randperm(n_experts, generator=torch.Generator().manual_seed(seed * 1_000 + layer))
 
 
+@functools.lru_cache(maxsize=64)
 def hot_bias(fraction: float, n_experts: int, top_k: int, samples: int = 8192) -> float:
     """The logit bias that gives one expert `fraction` of the routed slots when router
     logits have unit variance (as this model's gates do), found by bisection on a seeded
