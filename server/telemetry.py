@@ -66,7 +66,6 @@ class Telemetry:
     requests_finished: int = 0
     requests_aborted: int = 0
     requests_rejected: int = 0
-    steps: int = 0
     tokens_generated: int = 0
     prompt_tokens: int = 0
     kv_positions_useful: int = 0  # decode attention: cached positions the tokens needed
@@ -74,7 +73,6 @@ class Telemetry:
     prefill_tokens: int = 0  # prompt tokens prefilled (chunks included)
     prefill_padded_tokens: int = 0  # padding the batched prefill attention added to them
     expert_bytes_read: int = 0  # expert weights the active experts read, summed over steps
-    expert_compute_ms: float = 0.0
     step_ms: Histogram = field(default_factory=lambda: Histogram(MS_BOUNDS))
     stage_ms: dict[str, Histogram] = field(default_factory=lambda: {s: Histogram(MS_BOUNDS) for s in STAGES})
     batch_size: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
@@ -100,7 +98,6 @@ class Telemetry:
     def record_step(self, result, batch: int, generated: int, step_ms: float, expert_bytes: int) -> None:
         """batch: sequences in the step; generated: tokens it produced (a prompt chunk that
         does not end its prompt produces none)."""
-        self.steps += 1
         self.tokens_generated += generated
         self.batch_size.record(batch)
         self.tokens_per_step.record(result.tokens)
@@ -116,7 +113,14 @@ class Telemetry:
             self.dropped += result.dropped
         self.active_steps[torch.arange(self.n_layers), torch.tensor(result.active)] += 1
         self.expert_bytes_read += sum(result.active) * expert_bytes
-        self.expert_compute_ms += result.stage_ms["expert_compute"]
+
+    @property
+    def steps(self) -> int:
+        return self.step_ms.count
+
+    @property
+    def expert_compute_ms(self) -> float:
+        return self.stage_ms["expert_compute"].sum
 
     def snapshot(self) -> Telemetry:
         return copy.deepcopy(self)
