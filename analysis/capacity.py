@@ -26,6 +26,7 @@ import numpy as np
 from analysis.arguments import number, numbers
 from analysis.rundir import SUMMARY, RunDirError, load_run
 from analysis.samples import SAMPLES, expert_intervals, read_samples
+from analysis.server_stats import expert_shares
 from analysis.tables import markdown_table, text_table
 
 CAPACITY_MD = "capacity.md"
@@ -170,8 +171,7 @@ class Plan:
 
     def hottest(self) -> tuple[int, int, float]:
         """(layer, expert, share of its layer's pairs) of the most loaded expert over the whole run."""
-        totals = self.load.routed.sum(axis=0)  # [L, E]
-        shares = totals / totals.sum(axis=1, keepdims=True)
+        shares = expert_shares(self.load.routed.sum(axis=0))  # [L, E]
         layer, expert = np.unravel_index(int(shares.argmax()), shares.shape)
         return int(layer), int(expert), float(shares[layer, expert])
 

@@ -24,8 +24,8 @@ from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
-from analysis.server_stats import server_view
-from analysis.tables import fmt_ms, markdown_table, text_table
+from analysis.server_stats import server_settings, server_view
+from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
           "batch", "experts/step", "padded %"]
@@ -58,13 +58,11 @@ def figures(run: Run) -> dict:
 
 
 def _cells(f: dict) -> list[str]:
-    def num(value, fmt):
-        return "-" if value is None else format(value, fmt)
-
-    return [f["run"], f["policy"] or "-", num(f["output_tokens_per_s"], ".1f"), num(f["goodput_requests_per_s"], ".2f"),
-            fmt_ms(f["ttft_p50_ms"]), fmt_ms(f["ttft_p99_ms"]), fmt_ms(f["tpot_p50_ms"]), fmt_ms(f["tpot_p99_ms"]),
-            num(f["mean_batch_size"], ".2f"), num(f["distinct_experts_per_step"], ".2f"),
-            num(None if f["prefill_padded_share"] is None else 100 * f["prefill_padded_share"], ".1f")]
+    share = f["prefill_padded_share"]
+    return [f["run"], f["policy"] or "-", fmt_num(f["output_tokens_per_s"], ".1f"),
+            fmt_num(f["goodput_requests_per_s"], ".2f"), fmt_ms(f["ttft_p50_ms"]), fmt_ms(f["ttft_p99_ms"]),
+            fmt_ms(f["tpot_p50_ms"]), fmt_ms(f["tpot_p99_ms"]), fmt_num(f["mean_batch_size"], ".2f"),
+            fmt_num(f["distinct_experts_per_step"], ".2f"), fmt_num(None if share is None else 100 * share, ".1f")]
 
 
 def _objectives(slo: tuple) -> str:
@@ -93,17 +91,11 @@ def differences(names: list[str], settings: list[dict], keys: tuple[str, ...]) -
     return lines
 
 
-def server_settings(run: Run) -> dict:
-    """The server's settings from its GetStats snapshot at the run's end (at its start without one); {} when
-    the run has neither."""
-    server = run.section("server")
-    return server.get("end") or server.get("start") or {}
-
-
 def setting_warnings(names: list[str], runs: list[Run]) -> list[str]:
     """Workload and server settings the runs do not share: the comparison then mixes them with the policy."""
     workload = differences(names, [r.section("config") for r in runs], WORKLOAD_KEYS)
-    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := server_settings(r))]  # skip runs without
+    # Runs without a GetStats snapshot are left out.
+    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := server_settings(r.section("server")))]
     server = differences([n for n, _ in known], [s for _, s in known], SERVER_KEYS) if len(known) > 1 else []
     return [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in workload] + \
         [f"the servers differ, so the comparison mixes server settings and policy: {line}" for line in server]
@@ -165,7 +157,7 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the headline."""
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
-    _, comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
+    comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
     note = slo_line(names, runs)
     warnings = setting_warnings(names, runs)
     ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best", f"vs {names[baseline]}"]

@@ -282,8 +282,8 @@ def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], 
 
 
 def analyse(runs: list[Run], names: list[str], baseline: int, confidence: float, resamples: int,
-            seed: int) -> tuple[dict[str, list[Estimate]], dict[str, dict]]:
-    """Every metric's estimate per run, and its comparison. Each (run, metric) draws from its own seeded stream."""
+            seed: int) -> dict[str, dict]:
+    """Every metric's comparison, from each run's estimate. Each (run, metric) draws from its own seeded stream."""
     samples = [run_sample(r) for r in runs]
     estimates = {m.key: [estimate(run, sample, m, resamples, confidence, np.random.default_rng([seed, i, j]))
                          for i, (run, sample) in enumerate(zip(runs, samples, strict=True))]
@@ -291,6 +291,6 @@ def analyse(runs: list[Run], names: list[str], baseline: int, confidence: float,
     other_slos = "the runs used different SLOs" if len({slos(r) for r in runs}) > 1 else ""
     comparisons = {m.key: compare_metric(m, names, estimates[m.key], baseline, confidence,
                                          other_slos if m.source == "good" else "") for m in METRICS}
-    return estimates, comparisons
+    return comparisons
 
 

@@ -22,7 +22,7 @@ from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
 from analysis.saturation import queue_rules
-from analysis.server_stats import expert_shares, server_view
+from analysis.server_stats import expert_shares, server_settings, server_view
 from analysis.spikes import (
     CAUSES,
     MIN_WINDOW_SAMPLES,
@@ -51,7 +51,11 @@ DIAGNOSIS_MD = "diagnosis.md"
 
 
 def diagnose(run: Run) -> list[Finding]:
-    signals = read_signals(run)
+    return rules(read_signals(run))
+
+
+def rules(signals: Signals) -> list[Finding]:
+    """Every rule on a run's signals, read once (analysis/spikes.py read_signals)."""
     return [*queue_rules(signals), _imbalance(signals), _data_movement(signals), _spikes(signals),
             _generator(signals)]
 
@@ -79,7 +83,7 @@ def _imbalance(d: Signals) -> Finding:
                         + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}" for i in top if imb[i] >= 0)
                         + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} (token, expert) pairs per "
                            "layer left out" if sparse else ""))
-    config = d.run.section("server").get("end") or d.run.section("server").get("start") or {}
+    config = server_settings(d.run.section("server"))
     if config.get("routing_skew"):
         evidence.append(f"router {config.get('router', '?')}, routing skew {config['routing_skew']}"
                         + (f", capacity factor {config['capacity_factor']:g}" if config.get("capacity_factor") else ""))

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from analysis.breakdown import PARTS, TtftSplit, ttft_split
-from analysis.diagnosis import diagnose
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
+from analysis.diagnosis import rules
 from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
@@ -20,10 +20,10 @@ from analysis.plot_experts import plot_experts
 from analysis.plot_stress import plot_stress
 from analysis.plot_timeline import Phases, plot_over_time, plot_stages
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
-from analysis.rows import read_rows
 from analysis.rundir import Run, RunDirError, load_run
-from analysis.samples import ServerSeries, read_samples, server_series
+from analysis.samples import ServerSeries
 from analysis.server_stats import ServerView, server_view
+from analysis.spikes import read_signals
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_num, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.timeseries import ClientSeries, client_series
 
@@ -48,8 +48,9 @@ class Report:
     @classmethod
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
-        return cls(run, latency, server_view(run.section("server")), ttft_split(read_rows(run.path)),
-                   client_series(run.path), server_series(read_samples(run.path)), diagnose(run))
+        signals = read_signals(run)  # each run file read once, shared with the diagnosis
+        return cls(run, latency, server_view(run.section("server")), ttft_split(signals.rows),
+                   client_series(run.path, rows=signals.rows), signals.series, rules(signals))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.rundir import RunDirError, read_lines, worker_dirs
+from analysis.server_stats import cache_total, reset_between
 
 SAMPLES = "server_stats.jsonl"
 
@@ -28,7 +29,6 @@ class ServerSeries:
     length_s: np.ndarray
     waiting: np.ndarray  # requests in the wait queue (gauge)
     running: np.ndarray  # requests in the running batch (gauge)
-    rss_mb: np.ndarray  # server process resident memory (gauge)
     steps: np.ndarray
     tokens: np.ndarray  # output tokens generated
     busy_share: np.ndarray  # engine step time / wall time
@@ -36,7 +36,6 @@ class ServerSeries:
     gpu_util: np.ndarray  # GPU utilisation 0..1 (gauge); nan where the server has none
     imbalance: np.ndarray  # the most imbalanced layer's max/mean expert load; nan without routed tokens
     routed: np.ndarray  # (token, expert) pairs routed, all layers
-    dropped: np.ndarray  # pairs over capacity, all layers
     cache_hits: np.ndarray
     cache_misses: np.ndarray
     cache_copy_ms: np.ndarray  # time spent copying expert weights in
@@ -77,7 +76,7 @@ def server_series(samples: list[tuple[float, dict]]) -> ServerSeries | None:
 
 
 def _interval(prev: dict, cur: dict, length_s: float) -> dict:
-    if _was_reset(prev, cur):
+    if reset_between(prev, cur):
         prev = {}
     steps = _delta(cur, prev, "steps")
     step_ms = _delta_hist_sum(cur.get("step_ms"), prev.get("step_ms"))
@@ -87,7 +86,6 @@ def _interval(prev: dict, cur: dict, length_s: float) -> dict:
     return {
         "length_s": length_s,
         "waiting": cur.get("waiting", 0), "running": cur.get("running", 0),
-        "rss_mb": cur.get("process_rss_bytes", 0) / 2**20,
         "steps": steps,
         "tokens": _delta(cur, prev, "tokens_generated"),
         "busy_share": step_ms / 1000 / length_s if length_s > 0 else float("nan"),
@@ -95,17 +93,12 @@ def _interval(prev: dict, cur: dict, length_s: float) -> dict:
         "gpu_util": gpu / 100 if gpu >= 0 else float("nan"),
         "imbalance": _max_over_mean(routed),
         "routed": float(routed.sum()),
-        "dropped": float(_layer_delta(cur, prev, "dropped").sum()),
         "cache_hits": _cache_delta(cur, prev, "hits"),
         "cache_misses": _cache_delta(cur, prev, "misses"),
         "cache_copy_ms": _cache_delta(cur, prev, "copy_ms"),
         "step_ms": step_ms,
         "stage_ms": {s["stage"]: _delta_hist_sum(s.get("ms"), _stage(prev, s["stage"])) for s in cur.get("stages", [])},
     }
-
-
-def _was_reset(prev: dict, cur: dict) -> bool:
-    return cur.get("window_s", 0) < prev.get("window_s", 0) or cur.get("steps", 0) < prev.get("steps", 0)
 
 
 def _delta(cur: dict, prev: dict, key: str) -> float:
@@ -141,10 +134,7 @@ def _max_over_mean(routed: np.ndarray) -> float:
 
 
 def _cache_delta(cur: dict, prev: dict, key: str) -> float:
-    def total(stats: dict) -> float:
-        return sum((layer.get("cache") or {}).get(key, 0) for layer in stats.get("layers", []))
-
-    return total(cur) - total(prev)
+    return cache_total(cur, key) - cache_total(prev, key)
 
 
 @dataclass(frozen=True)
@@ -164,7 +154,7 @@ def expert_intervals(samples: list[tuple[float, dict]]) -> list[ExpertInterval]:
     (an old server) are left out, as are the ones whose layer count changed."""
     intervals = []
     for (t_prev, prev), (t, cur) in zip(samples, samples[1:], strict=False):
-        if _was_reset(prev, cur):
+        if reset_between(prev, cur):
             prev = {}
         if not cur.get("layers") or len(prev.get("layers", cur["layers"])) != len(cur["layers"]):
             continue

@@ -181,9 +181,6 @@ def _holding(d: Signals, span: np.ndarray) -> tuple[str | None, str | None]:
     return kind, line
 
 
-# --- expert load and data movement ------------------------------------------------------------
-
-
 def _times(s: ServerSeries, mask: np.ndarray, most: int = 4) -> str:
     ends = [f"{t:.1f}" for t in s.t_s[mask]]
     return "at " + ", ".join(ends[:most]) + (f" and {len(ends) - most} more" if len(ends) > most else "") + " s"

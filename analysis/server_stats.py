@@ -32,12 +32,18 @@ class ServerView:
     stage_ms_per_step: dict[str, float] | None  # stage -> mean ms per step
 
 
+def server_settings(server: dict) -> dict:
+    """The server's settings from summary.json's `server` section: its GetStats snapshot at the
+    run's end (at its start without one); {} when the run has neither."""
+    return server.get("end") or server.get("start") or {}
+
+
 def server_view(server: dict) -> ServerView | None:
     start, end = server.get("start") or {}, server.get("end") or {}
     snap = end or start
     if not snap:
         return None
-    if start and end and not _reset_between(start, end):
+    if start and end and not reset_between(start, end):
         base, basis = start, "end minus start snapshot"
     elif start and end:
         base, basis = {}, "end snapshot (counters were reset during the run)"
@@ -73,7 +79,8 @@ def expert_shares(expert_tokens: np.ndarray) -> np.ndarray:
     return expert_tokens / expert_tokens.sum(axis=1, keepdims=True)
 
 
-def _reset_between(start: dict, end: dict) -> bool:
+def reset_between(start: dict, end: dict) -> bool:
+    """Were the server's counters reset (ResetStats) between these two GetStats snapshots?"""
     if all(key in snap for snap in (start, end) for key in ("uptime_s", "window_s")):
         moved_s = (end["uptime_s"] - end["window_s"]) - (start["uptime_s"] - start["window_s"])
         if moved_s > RESET_TOLERANCE_S:
@@ -151,11 +158,13 @@ def _cache(snap: dict, base: dict) -> dict | None:
     if not snap.get("expert_cache") or not snap.get("layers"):
         return None
 
-    def total(stats: dict, key: str) -> float:
-        return sum((layer.get("cache") or {}).get(key, 0) for layer in stats.get("layers", []))
-
-    counts = {key: total(snap, key) - total(base, key) for key in ("hits", "misses", "copy_ms")}
+    counts = {key: cache_total(snap, key) - cache_total(base, key) for key in ("hits", "misses", "copy_ms")}
     return counts | {"hit_rate": _ratio(counts["hits"], counts["hits"] + counts["misses"])}
+
+
+def cache_total(stats: dict, key: str) -> float:
+    """One expert-cache counter of a GetStats snapshot, summed over its layers."""
+    return sum((layer.get("cache") or {}).get(key, 0) for layer in stats.get("layers", []))
 
 
 def _stages(snap: dict, base: dict) -> dict[str, float] | None:

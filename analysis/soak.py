@@ -29,7 +29,7 @@ from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
 from analysis.rundir import SUMMARY, RunDirError, load_run
 from analysis.samples import SAMPLES, read_samples
-from analysis.tables import markdown_table, text_table
+from analysis.tables import fmt_ms, markdown_table, text_table
 
 SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
 MIN_WINDOWS = 3
@@ -210,14 +210,8 @@ def _cells(s: Series, windows: Windows) -> list[str]:
     tr = s.trend
     share = "" if tr.change_share is None else f" ({100 * tr.change_share:+.1f}%)"
     lo, hi = (S_PER_H * v for v in tr.ci_per_s)
-    return [f"{s.title} ({s.unit})", used, _num(tr.start), _num(tr.end), f"{_num(tr.change, '+')}{share}",
-            _num(S_PER_H * tr.slope_per_s, "+"), f"[{_num(lo, '+')}, {_num(hi, '+')}]", s.verdict]
-
-
-def _num(value: float, sign: str = "") -> str:
-    """Four significant digits at most, without an exponent for the magnitudes a run sees."""
-    decimals = 3 if abs(value) < 1 else 2 if abs(value) < 10 else 1 if abs(value) < 1000 else 0
-    return f"{value:{sign}.{decimals}f}"
+    return [f"{s.title} ({s.unit})", used, fmt_ms(tr.start), fmt_ms(tr.end), f"{fmt_ms(tr.change, '+')}{share}",
+            fmt_ms(S_PER_H * tr.slope_per_s, "+"), f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]", s.verdict]
 
 
 def sentence(s: Series, min_change: float) -> str:
@@ -229,7 +223,7 @@ def sentence(s: Series, min_change: float) -> str:
                      if s.skipped else ""))
         return f"{s.title}: {s.verdict} ({reason})"
     tr = s.trend
-    rate = f"{_num(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
+    rate = f"{fmt_ms(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
     over = "" if tr.change_share is None else f", {100 * tr.change_share:+.1f}% over the run"
     if tr.drift:
         return f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}{over}"
@@ -293,7 +287,7 @@ def soak_figure(series: list[Series], windows: Windows, min_change: float) -> Fi
         ax.plot(s.t_s / scale, s.values, "o", label=f"per {windows.window_s:g} s window")
         if s.trend is not None:
             ends = np.asarray([s.t_s[0], s.t_s[-1]])
-            rate = f"{_num(S_PER_H * s.trend.slope_per_s, '+')} {s.unit}/h"
+            rate = f"{fmt_ms(S_PER_H * s.trend.slope_per_s, '+')} {s.unit}/h"
             share = "" if s.trend.change_share is None else f", {100 * s.trend.change_share:+.1f}% over the run"
             ax.plot(ends / scale, [s.trend.start, s.trend.end], "--", color="C3" if s.trend.drift else "C2",
                     label=f"OLS trend {rate}{share}")

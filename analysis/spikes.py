@@ -48,6 +48,7 @@ FINISH_TOLERANCE_S = 0.25  # a request finishing this close to a window's edge i
 LAG_SHARE_OF_JUMP = 0.25
 DEFAULT_LATE_MS = 5.0  # loadgen's late-send threshold, for summaries that do not carry it
 
+LAGS = ("send_lag", "delivery_lag")  # the load generator's own lateness, per interval
 CAUSES = ("hot expert", "cache-miss burst", "queue growth", "generator lateness")
 
 
@@ -64,7 +65,8 @@ class Signals:
     min_routed_per_layer: float  # that minimum in pairs per layer; 0 when the server gives no layer sizes
     max_batch_size: float | None
     expert_cache: int
-    rows: list[dict]  # measured OK requests
+    rows: list[dict]  # every row of requests.jsonl
+    lag_intervals: dict[str, list[Interval]]  # send_lag and delivery_lag interval logs
     late_ms: float
 
 
@@ -113,7 +115,8 @@ def read_signals(run: Run) -> Signals:
         min_routed_per_layer=min_routed,
         max_batch_size=last.get("max_batch_size"),
         expert_cache=int(last.get("expert_cache") or 0),
-        rows=measured_ok(read_rows(run.path)),
+        rows=read_rows(run.path),
+        lag_intervals={metric: load_intervals(run.path, metric) for metric in LAGS},
         late_ms=float(run.section("generator").get("late_threshold_ms") or DEFAULT_LATE_MS),
     )
 
@@ -164,7 +167,8 @@ def merge_windows(intervals: list[Interval]) -> list[Window]:
 def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
     """Which causes lined up with one spike, and where they were looked for."""
     metric, window = spike.metric, spike.window
-    timed = [row for row in d.rows if all(row.get(k) is not None for k in ("scheduled_ms", "ttft_ms", "e2e_ms"))]
+    timed = [row for row in measured_ok(d.rows)
+             if all(row.get(k) is not None for k in ("scheduled_ms", "ttft_ms", "e2e_ms"))]
     slow = [row for row in timed if (row.get(f"{metric}_ms") or 0) > spike.limit_ms
             and window.start_s - FINISH_TOLERANCE_S <= _finish_s(row) <= window.end_s + FINISH_TOLERANCE_S]
     if slow:
@@ -262,8 +266,8 @@ def _generator_late(d: Signals, spike: Spike, slow: list[dict]) -> str | None:
     window, jump_ms = spike.window, spike.p99_ms - spike.typical_ms
     bar_ms = max(d.late_ms, LAG_SHARE_OF_JUMP * jump_ms)
     found = []
-    for metric in ("send_lag", "delivery_lag"):
-        hist = merged([i for i in load_intervals(d.run.path, metric) if window.before_s <= i.start_s < window.end_s])
+    for metric in LAGS:
+        hist = merged([i for i in d.lag_intervals[metric] if window.before_s <= i.start_s < window.end_s])
         if hist is not None and hist.get_total_count():
             p99 = hist.get_value_at_percentile(99) / US_PER_MS
             if p99 > bar_ms:

@@ -4,14 +4,15 @@ STAT_COLUMNS = {"count": "count", "mean": "mean", "p50": "p50", "p90": "p90", "p
                 "p999": "p99.9", "max": "max"}
 
 
-def fmt_ms(value: float | None) -> str:
-    """About four significant digits: HDR histograms keep three, more would be noise."""
+def fmt_ms(value: float | None, sign: str = "") -> str:
+    """About four significant digits: HDR histograms keep three, more would be noise. sign "+"
+    prints the sign of positive values too."""
     if value is None:
         return "-"
     for limit, decimals in ((1, 3), (10, 2), (1000, 1)):
         if abs(value) < limit:
-            return f"{value:.{decimals}f}"
-    return f"{value:.0f}"
+            return f"{value:{sign}.{decimals}f}"
+    return f"{value:{sign}.0f}"
 
 
 def fmt_num(value: float | None, spec: str) -> str:

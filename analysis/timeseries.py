@@ -45,9 +45,9 @@ MIN_REQUESTS_PER_WINDOW = 5
 MAX_WINDOWS_WIDENED = 10
 
 
-def client_series(run_dir: Path, window_s: float | None = None) -> ClientSeries | None:
+def client_series(run_dir: Path, window_s: float | None = None, rows: list[dict] | None = None) -> ClientSeries | None:
     """None when the run has no interval logs. window_s None: as logged, widened for sparse runs
-    (see auto_window_s); 0: as logged."""
+    (see auto_window_s); 0: as logged. rows: requests.jsonl's, when the caller has read them."""
     ttft = load_intervals(run_dir, "ttft")
     if not ttft:
         return None
@@ -62,7 +62,7 @@ def client_series(run_dir: Path, window_s: float | None = None) -> ClientSeries 
     # A request's first token is its TTFT sample and each later one an ITL sample, so the two
     # counts add up to the output tokens of the requests that finished.
     tokens = finished + np.asarray([i.hist.get_total_count() if i else 0 for i in itl], dtype=float)
-    rows = read_rows(run_dir)
+    rows = read_rows(run_dir) if rows is None else rows
     if rows:
         edges = np.append(start, start[-1] + length[-1])
         offered = np.histogram(column(rows, "scheduled_ms") / 1000, bins=edges)[0] / safe_length

@@ -4,6 +4,7 @@ writes: histograms, interval logs, GetStats samples and request rows."""
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 from hdrh.histogram import HdrHistogram
@@ -59,3 +60,9 @@ def request_row(i: int, ttft_ms: float, tpot_ms: float | None, e2e_ms: float, *,
             "scheduled_ms": scheduled, "sent_ms": scheduled if sent_ms is None else sent_ms,
             "output_tokens": output_tokens, "messages": output_tokens,
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2e_ms": e2e_ms} | server_us
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])

@@ -11,7 +11,6 @@ expected size."""
 
 import json
 import math
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from analysis import bootstrap
 from analysis.compare import compare
 from analysis.confidence import METRICS, window_edges_ms
 from analysis.rundir import load_run
-from tests.rundirs import encoded, histogram, request_row, write_rows
+from tests.rundirs import encoded, histogram, png_size, request_row, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 LATENCY = [m.key for m in METRICS if m.q is not None]
@@ -341,9 +340,7 @@ def test_png_has_expected_size_and_md_links_it(tmp_path):
     for name, seed in (("x", 1), ("y", 2), ("z", 3)):
         write_run(tmp_path / name, lognormal(seed, 60, 200.0), lognormal(seed + 9, 60, 20.0))
     compare([load_run(tmp_path / n) for n in "xyz"], tmp_path / "out")
-    png = (tmp_path / "out" / "compare.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", png[16:24])
+    width, height = png_size(tmp_path / "out" / "compare.png")
     assert (width, height) == (1600, 800)
     assert "![comparison](compare.png)" in (tmp_path / "out" / "compare.md").read_text()
 

@@ -5,7 +5,6 @@ the run window, and `python -m analysis report` writing every figure as a real P
 expected size, referenced from report.md."""
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from analysis.intervals import load_intervals
 from analysis.samples import read_samples, server_series
 from analysis.server_stats import server_view
 from analysis.timeseries import client_series
-from tests.rundirs import histogram, request_row, write_hlog, write_rows, write_samples
+from tests.rundirs import histogram, png_size, request_row, write_hlog, write_rows, write_samples
 from tests.test_analysis import write_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,12 +43,6 @@ def stats_snapshot(window_s: float, steps: int, step_ms_sum: float, expert_token
             "layers": layers, "stages": stages, "step_ms": {"count": steps, "sum": step_ms_sum},
             "tokens_per_step": {"count": steps, "sum": 4.0 * steps},
             "kv_positions_useful": 3 * steps, "kv_positions_computed": 4 * steps}
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
-    return struct.unpack(">II", data[16:24])
 
 
 def test_sparse_intervals_merge_into_windows_with_exact_percentiles(tmp_path):

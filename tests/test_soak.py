@@ -7,7 +7,6 @@ whose RSS axis fits a 1 GB level closely enough to show a leak; and the OLS fit 
 quantiles match hand-computed values."""
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from analysis.soak import fit_trend, soak, soak_figure, t_975
-from tests.rundirs import write_hlog, write_samples
+from tests.rundirs import png_size, write_hlog, write_samples
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -172,9 +171,7 @@ def test_soak_png_is_a_real_png_of_the_figure_size(tmp_path):
     write_soak_run(run_dir, 300, ttft_ms=lambda i: [100 + i] * 10, tpot_ms=lambda i: [30] * 10,
                    rss_mb=lambda t: 1000 + t)
     figures(run_soak(run_dir, "--window-s", "30"))
-    png = (run_dir / "soak.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", png[16:24])
+    width, height = png_size(run_dir / "soak.png")
     assert (width, height) == (1100, 750)  # 11 x 7.5 inches at 100 dpi
     assert "![soak](soak.png)" in (run_dir / "soak.md").read_text()
 
