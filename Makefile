@@ -21,7 +21,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare test bench-engine bench-loadgen bench lint clean
+.PHONY: install proto serve load demo compare test test-fast bench-engine bench-loadgen bench lint clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -78,8 +78,15 @@ compare: install
 	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
+PYTEST_OK_IF_EMPTY = rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The whole suite, one test at a time (the timing tests measure against known delays).
 test: install
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q; $(PYTEST_OK_IF_EMPTY)
+
+# The edit loop: everything but the end-to-end runs marked slow, on two processes.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" -n 2; $(PYTEST_OK_IF_EMPTY)
 
 bench-engine: install
 	$(PY) -m server.bench_engine

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from scipy import stats
 
 from analysis.arguments import number
 from analysis.intervals import Interval, load_intervals, merged
@@ -34,10 +35,7 @@ from analysis.tables import fmt_ms, markdown_table, text_table
 SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
 MIN_WINDOWS = 3
 S_PER_H = 3600.0
-# Two-sided 95% Student t quantiles (t_0.975) for 1..30 degrees of freedom.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-Z_975 = 1.959964
+CONFIDENCE = 0.95
 # GetStats gauges trended: key -> title, unit, reader.
 SAMPLED = {"rss_mb": ("server RSS", "MB", "process_rss_bytes", 1 / 2**20),
            "waiting": ("queue depth", "requests", "waiting", 1)}  # key -> title, unit, GetStats field, scale
@@ -46,17 +44,6 @@ DEFAULT_INTERVAL_S = 1.0  # the load generator's --interval-s default, for summa
 # flattened by a 0 baseline: their axes fit the data, but never narrower than --min-change of the level,
 # so a change at the drift bar fills the axis and noise far under it stays flat.
 FROM_ZERO = ("waiting",)
-
-
-def t_975(df: int) -> float:
-    """t_0.975 with df degrees of freedom: the table to 30, then the Cornish-Fisher expansion
-    around the normal quantile (within 1e-4 of the exact value from df 30 on)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = Z_975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 @dataclass(frozen=True)
@@ -83,18 +70,15 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
     n = len(t_s)
     if n < MIN_WINDOWS:
         raise ValueError(f"a trend needs at least {MIN_WINDOWS} points, got {n}")
-    shifted = y - y[0]  # exact zeros for a constant series, whose mean then is exactly 0 too: slope 0
-    dt, dy = t_s - t_s.mean(), shifted - shifted.mean()
-    sxx = float(dt @ dt)
-    slope = float(dt @ dy) / sxx
-    residuals = dy - slope * dt
-    half = t_975(n - 2) * math.sqrt(float(residuals @ residuals) / (n - 2) / sxx)
-    ci = (slope - half, slope + half)
-    start, end = y.mean() + slope * (t_s[0] - t_s.mean()), y.mean() + slope * (t_s[-1] - t_s.mean())
+    fit = stats.linregress(t_s, y - y[0])  # shifted: a constant series fits a slope of exactly 0
+    half = stats.t.ppf((1 + CONFIDENCE) / 2, n - 2) * fit.stderr
+    ci = (fit.slope - half, fit.slope + half)
+    start, end = y.mean() + fit.slope * (t_s[0] - t_s.mean()), y.mean() + fit.slope * (t_s[-1] - t_s.mean())
     reference = start if start > 0 else (float(y.mean()) if y.mean() > 0 else None)
     significant = ci[0] > 0 or ci[1] < 0
     drift = significant and reference is not None and abs(end - start) > min_change * reference
-    return Trend(slope, ci, float(start), float(end), reference, significant, drift)
+    return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end), reference, significant,
+                 drift)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The open-loop sender on plain asyncio + grpc.aio, in a process of its own (--client aio).
 
 Locust's process runs gRPC through gevent, whose integration costs timing accuracy at high
-message rates (NOTES.md, `make bench-loadgen`). This process has no gevent: it sends the
+message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it sends the
 schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
 one JSON job line to its stdin ({"config": LoadConfig fields, "workers", "index",
 "start_ns"}), reads one JSON line per finished request from its stdout, and writes "stop"

@@ -27,19 +27,26 @@ class DelayService(moe_pb2_grpc.MoEInferenceServicer):
         self.slots = asyncio.Semaphore(args.capacity)
         self.finished = 0
 
-    async def wait(self, delay_s: float) -> None:
-        """Sleeps delay_s, plus whatever of the stall window the wake-up falls into."""
-        await asyncio.sleep(delay_s)
+    async def wait_until(self, due_s: float) -> float:
+        """Sleeps until due_s (monotonic), plus whatever of the stall window the wake-up falls
+        into; returns the stall it waited, by which every later message of the stream moves."""
+        await asyncio.sleep(max(0.0, due_s - time.monotonic()))
         stall_from = self.started + self.args.stall_at_s
         now = time.monotonic()
         if self.args.stall_s and stall_from <= now < stall_from + self.args.stall_s:
             await asyncio.sleep(stall_from + self.args.stall_s - now)
+            return stall_from + self.args.stall_s - now
+        return 0.0
 
     async def Generate(self, request, context):
         received = time.monotonic_ns()
         async with self.slots:
+            # Deadlines from the moment the stream got its slot, not from the previous wake-up:
+            # a late wake-up (a busy machine) does not push back every later message.
+            due_s = time.monotonic()
             for i in range(request.max_tokens):
-                await self.wait((self.args.ttft_ms if i == 0 else self.args.itl_ms) / 1e3)
+                due_s += (self.args.ttft_ms if i == 0 else self.args.itl_ms) / 1e3
+                due_s += await self.wait_until(due_s)
                 msg = moe_pb2.GenerateResponse(token_ids=[65], text="A",
                                                server_elapsed_us=(time.monotonic_ns() - received) // 1000)
                 if i == request.max_tokens - 1:

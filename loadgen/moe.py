@@ -11,7 +11,7 @@ statistics; the truthful numbers (HDR, from the scheduled send) go to --run-dir.
 
 import grpc.experimental.gevent as grpc_gevent
 
-grpc_gevent.init_gevent()  # before any channel exists, or the process hangs (NOTES.md)
+grpc_gevent.init_gevent()  # before any channel exists, or the process hangs (docs/measured.md)
 
 import gc  # noqa: E402
 import logging  # noqa: E402

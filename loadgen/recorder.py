@@ -23,7 +23,7 @@ LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is t
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged",
                  "rows_omitted")
 LATE_DELIVERY_MS = 5.0  # client delivery lag p99 above this: timestamps are that late
-BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (NOTES.md): timing less exact
+BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
 
 
 @dataclass

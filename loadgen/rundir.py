@@ -1,4 +1,4 @@
-"""The run directory, the interface between measuring and analysing (DESIGN.md):
+"""The run directory, the interface between measuring and analysing (docs/run-directory.md):
 summary.json, histograms.json (HdrHistogram encodings, microseconds), requests.jsonl."""
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gevent
+from scipy import stats
 
 from loadgen.arrivals import gap_s
 from loadgen.timing import stream_timing
@@ -67,14 +68,11 @@ def short_of_sent(achieved: int, sent: float, share: float) -> bool:
 
 
 def slope(samples: list[tuple[float, int]]) -> float:
-    """Least-squares slope of (time s, value) samples."""
-    if len(samples) < 2:
+    """Least-squares slope of (time s, value) samples; 0 without two distinct times."""
+    times = {t for t, _ in samples}
+    if len(times) < 2:
         return 0.0
-    n = len(samples)
-    mt = sum(t for t, _ in samples) / n
-    mv = sum(v for _, v in samples) / n
-    var = sum((t - mt) ** 2 for t, _ in samples)
-    return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
+    return float(stats.linregress(*zip(*samples, strict=True)).slope)
 
 
 class Stress:

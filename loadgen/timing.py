@@ -1,4 +1,4 @@
-"""Per-request latency metrics from monotonic timestamps (DESIGN.md "Metric definitions").
+"""Per-request latency metrics from monotonic timestamps (docs/metrics.md).
 
 Open-loop times count from the scheduled send, so a late generator or a stalled server
 cannot hide its delay; the `_service` variants count from the actual send.

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.server_stats import server_view
+from tests.cli import Done, analysis
 from tests.rundirs import encoded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,15 +55,16 @@ def write_run(run_dir: Path) -> None:
     (run_dir / "histograms.json").write_text(json.dumps(histograms))
 
 
-def run_report(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+def run_report(run_dir: Path) -> Done:
+    return analysis("report", run_dir)
 
 
 def test_report_prints_recorded_percentiles_and_writes_files(tmp_path):
     run_dir = tmp_path / "first"
     write_run(run_dir)
-    result = run_report(run_dir)
+    # The real command, once: the other tests run its main() in this process (tests/cli.py).
+    result = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
 
@@ -137,9 +139,7 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     summary["server"] = {"start": start | {"policy": "static"}, "end": end | {"policy": "static"}}
     (tmp_path / "static" / "summary.json").write_text(json.dumps(summary))
     out = tmp_path / "cmp"
-    done = subprocess.run([sys.executable, "-m", "analysis", "compare", str(tmp_path / "fcfs"),
-                           str(tmp_path / "static"), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    done = analysis("compare", tmp_path / "fcfs", tmp_path / "static", "--out", out)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
     assert [r["policy"] for r in rows] == ["fcfs", "static"]

@@ -5,19 +5,15 @@ naming the flag."""
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from analysis.capacity import capacity_factor, factor_row, load_from_numbers, planned_capacity
 from server.moe import expert_capacity
+from tests.cli import Done, analysis
 from tests.rundirs import write_samples
 from tests.test_analysis import write_run
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_planned_capacity_is_average_load_over_utilisation():
@@ -40,12 +36,11 @@ def test_bad_utilisation_is_refused(utilisation):
 
 # --- `python -m analysis capacity`: drops by capacity factor, from numbers and from a run directory. ---
 
-def run_capacity(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", "capacity", *argv],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+def run_capacity(*argv: str) -> Done:
+    return analysis("capacity", *argv)
 
 
-def figures(done: subprocess.CompletedProcess) -> dict:
+def figures(done: Done) -> dict:
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -11,8 +11,6 @@ expected size."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +20,9 @@ from analysis import bootstrap
 from analysis.compare import compare
 from analysis.confidence import METRICS, window_edges_ms
 from analysis.rundir import load_run
+from tests.cli import Done, analysis
 from tests.rundirs import encoded, histogram, png_size, request_row, write_rows
 
-REPO = Path(__file__).resolve().parents[1]
 LATENCY = [m.key for m in METRICS if m.q is not None]
 
 
@@ -58,9 +56,8 @@ def by_run(headline: dict, key: str) -> dict:
     return {r["run"]: r for r in headline["comparisons"][key]["runs"]}
 
 
-def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", "compare", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def run_cli(*args) -> Done:
+    return analysis("compare", *args)
 
 
 # --- the statistics on their own ---

@@ -1,4 +1,4 @@
-"""The arrows of DESIGN.md hold: analysis imports nothing of ours, server and loadgen only
+"""The arrows of docs/design.md hold: analysis imports nothing of ours, server and loadgen only
 share proto, only service.py and the wiring around it touch grpc inside the server, the
 engine side never imports upward, and only the locustfile imports locust."""
 

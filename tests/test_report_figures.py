@@ -5,9 +5,6 @@ the run window, and `python -m analysis report` writing every figure as a real P
 expected size, referenced from report.md."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +14,10 @@ from analysis.intervals import load_intervals
 from analysis.samples import read_samples, server_series
 from analysis.server_stats import server_view
 from analysis.timeseries import client_series
+from tests.cli import analysis
 from tests.rundirs import histogram, png_size, request_row, write_hlog, write_rows, write_samples
 from tests.test_analysis import write_run
 
-REPO = Path(__file__).resolve().parents[1]
 STAGES = ("attention", "expert_compute")
 
 
@@ -137,8 +134,7 @@ def test_report_writes_every_figure_and_links_it(tmp_path):
                                                    for i in range(5)])
     write_rows(run_dir / "requests.jsonl", [request_row(i, 100, 20, 700, server_queue_us=1000, server_prefill_us=9000,
                                                         server_ttft_us=10500) for i in range(30)])
-    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    done = analysis("report", run_dir)
     assert done.returncode == 0, done.stderr
     md = (run_dir / "report.md").read_text()
     sizes = {"latency_cdf.png": (1100, 750), "over_time.png": (1080, 900), "stages.png": (990, 450),
@@ -159,8 +155,7 @@ def test_a_broken_line_exits_2_naming_file_and_line(tmp_path, name, line):
     run_dir = tmp_path / "run"
     write_run(run_dir)
     (run_dir / name).write_text(line + "\n")
-    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = analysis("report", run_dir)
     assert done.returncode == 2
     assert f"{run_dir / name}:1" in done.stderr and "Traceback" not in done.stderr
 
@@ -181,6 +176,5 @@ def test_a_distributed_runs_worker_logs_are_added_period_by_period(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     summary["workers"] = [{"worker": 0, "sent": 5, "cpu_percent": 3.0}, {"worker": 1, "sent": 10, "cpu_percent": 4.2}]
     (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
-    done = subprocess.run([sys.executable, "-m", "analysis", "report", str(tmp_path / "run")], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = analysis("report", tmp_path / "run")
     assert "2 workers (interval logs in worker-<i>/): worker 0 sent 5, CPU 3%; worker 1 sent 10, CPU 4%" in done.stdout

@@ -7,17 +7,15 @@ whose RSS axis fits a 1 GB level closely enough to show a leak; and the OLS fit 
 quantiles match hand-computed values."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analysis.soak import fit_trend, soak, soak_figure, t_975
+from analysis.soak import fit_trend, soak, soak_figure
+from tests.cli import Done, analysis
 from tests.rundirs import png_size, write_hlog, write_samples
 
-REPO = Path(__file__).resolve().parents[1]
 MB = 2**20
 
 
@@ -31,12 +29,11 @@ def write_soak_run(run_dir: Path, seconds: int, ttft_ms, tpot_ms, rss_mb, waitin
                   [{"process_rss_bytes": int(rss_mb(t) * MB), "waiting": waiting(t)} for t in range(1, seconds + 1)])
 
 
-def run_soak(run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis", "soak", str(run_dir), *flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+def run_soak(run_dir: Path, *flags: str) -> Done:
+    return analysis("soak", run_dir, *flags)
 
 
-def figures(done: subprocess.CompletedProcess) -> dict:
+def figures(done: Done) -> dict:
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -178,16 +175,9 @@ def test_soak_png_is_a_real_png_of_the_figure_size(tmp_path):
 
 def test_fit_trend_matches_the_hand_computed_ols():
     # t = 0..3, y = 1, 3, 2, 4: Sxx = 5, Sxy = 4, slope 0.8; residuals -0.3, 0.9, -0.9, 0.3 give SSR 1.8,
-    # SE = sqrt(1.8 / 2 / 5) = 0.42426; t_0.975(2) = 4.303, so the CI is 0.8 +- 1.8256 and holds 0.
+    # SE = sqrt(1.8 / 2 / 5) = 0.42426; t_0.975(2) = 4.30265, so the CI is 0.8 +- 1.8255 and holds 0.
     trend = fit_trend(np.arange(4.0), np.asarray([1.0, 3.0, 2.0, 4.0]), min_change=0.1)
     assert trend.slope_per_s == pytest.approx(0.8)
-    assert trend.ci_per_s == pytest.approx((0.8 - 4.303 * 0.424264, 0.8 + 4.303 * 0.424264), rel=1e-5)
+    assert trend.ci_per_s == pytest.approx((0.8 - 4.30265 * 0.424264, 0.8 + 4.30265 * 0.424264), rel=1e-5)
     assert (trend.start, trend.end) == pytest.approx((1.3, 3.7))
     assert not trend.significant and not trend.drift
-
-
-def test_t_quantiles():
-    assert (t_975(1), t_975(10), t_975(30)) == (12.706, 2.228, 2.042)
-    # Beyond the table: exact values 2.0211 (40), 2.0003 (60), 1.9799 (120).
-    assert (t_975(40), t_975(60), t_975(120)) == pytest.approx((2.0211, 2.0003, 1.9799), abs=2e-4)
-    assert t_975(10**6) == pytest.approx(1.96, abs=1e-4)

@@ -13,7 +13,7 @@ from tests.test_end_to_end import locust
 
 pytestmark = pytest.mark.slow
 
-# Locust's gevent grpc adds delivery lag (NOTES.md): a few ms at this light load.
+# Locust's gevent grpc adds delivery lag (docs/measured.md): a few ms at this light load.
 TOLERANCE_MS = 8
 
 
@@ -40,9 +40,10 @@ def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     stalled = [r for r in rows if r["ttft_ms"] > 500]
-    # Sent on schedule throughout (open loop): ~20 requests fell due during the 2 s stall.
+    # Sent on schedule throughout (open loop): ~20 requests fell due during the 2 s stall, and
+    # each went out when due, not once the stall ended (a closed loop would send them 2 s late).
     assert len(stalled) >= 15
-    assert summary["generator"]["late_sends"] == 0
+    assert max(r["sent_ms"] - r["scheduled_ms"] for r in stalled) < 50
     assert summary["metrics"]["ttft_ms"]["p99"] >= 1500
     assert summary["metrics"]["ttft_ms"]["max"] <= 2000 + 20 + 3 * TOLERANCE_MS
 
