@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gevent
-from scipy import stats
 
 from loadgen.arrivals import gap_s
 from loadgen.timing import stream_timing
@@ -68,11 +67,15 @@ def short_of_sent(achieved: int, sent: float, share: float) -> bool:
 
 
 def slope(samples: list[tuple[float, int]]) -> float:
-    """Least-squares slope of (time s, value) samples; 0 without two distinct times."""
-    times = {t for t, _ in samples}
-    if len(times) < 2:
+    """Least-squares slope of (time s, value) samples. By hand: scipy in the Locust process slows
+    its sends (docs/measured.md)."""
+    if len(samples) < 2:
         return 0.0
-    return float(stats.linregress(*zip(*samples, strict=True)).slope)
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    var = sum((t - mt) ** 2 for t, _ in samples)
+    return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
 
 
 class Stress:
