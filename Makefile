@@ -7,7 +7,8 @@ PROTO_OUT := proto/moe_pb2.py proto/moe_pb2_grpc.py
 
 PRESET ?= small
 PORT ?= 50051
-POLICIES := fcfs static dynamic expert_aware latency_sensitive
+# Every batching policy, from the server's registry (fcfs first: the comparisons' baseline).
+POLICIES = $(shell $(PY) -c 'from server.policies import POLICIES; print(*POLICIES)')
 DEMO_POLICIES ?= $(POLICIES)
 DEMO_PRESET ?= small
 DEMO_RUN_S ?= 20
@@ -21,7 +22,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare test test-fast bench-engine bench-loadgen bench lint clean
+.PHONY: install proto serve load demo compare test test-fast bench-engine bench-loadgen bench lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -98,6 +99,11 @@ bench: bench-engine bench-loadgen
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The README's option tables, regenerated from the settings' declarations (tests/test_docs.py
+# fails while they are stale).
+docs: install
+	$(PY) -m records.readme README.md
 
 clean:
 	rm -rf $(VENV) $(PROTO_OUT) proto/moe_pb2.pyi runs

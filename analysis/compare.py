@@ -26,6 +26,8 @@ from analysis.latency import stats_ms
 from analysis.rundir import Run, RunDirError, load_run
 from analysis.server_stats import server_settings, server_view
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
+from records.declare import compared_names
+from records.server_settings import ServerSettings, reported
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
           "batch", "experts/step", "padded %"]
@@ -33,9 +35,9 @@ COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
 # Config keys that make two runs' workloads different (SLOs are checked for goodput on their own).
 WORKLOAD_KEYS = ("mode", "rate", "arrival", "burstiness", "prompt_tokens", "prompt_tokens_max", "max_tokens", "seed",
                  "classes", "profile", "dataset")
-# GetStats fields that make two runs' servers different; policy and policy_knobs differ by design.
-SERVER_KEYS = ("preset", "device", "dtype", "max_batch_size", "kv_slots_total", "router", "routing_skew",
-               "capacity_factor", "moe_kernel", "expert_cache", "cache_policy")
+# Server settings that make two runs' servers different: those the declaration marks compared (the
+# policy and its knobs differ by design).
+SERVER_KEYS = tuple(compared_names(ServerSettings))
 
 
 def figures(run: Run) -> dict:
@@ -94,9 +96,10 @@ def differences(names: list[str], settings: list[dict], keys: tuple[str, ...]) -
 def setting_warnings(names: list[str], runs: list[Run]) -> list[str]:
     """Workload and server settings the runs do not share: the comparison then mixes them with the policy."""
     workload = differences(names, [r.section("config") for r in runs], WORKLOAD_KEYS)
-    # Runs without a GetStats snapshot are left out.
-    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := server_settings(r.section("server")))]
-    server = differences([n for n, _ in known], [s for _, s in known], SERVER_KEYS) if len(known) > 1 else []
+    # Runs without a GetStats snapshot are left out, and settings some server did not report.
+    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := reported(server_settings(r.section("server"))))]
+    shared = [key for key in SERVER_KEYS if all(key in s for _, s in known)]
+    server = differences([n for n, _ in known], [s for _, s in known], tuple(shared)) if len(known) > 1 else []
     return [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in workload] + \
         [f"the servers differ, so the comparison mixes server settings and policy: {line}" for line in server]
 

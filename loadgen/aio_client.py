@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
 
 import gevent
 from gevent import subprocess
 from gevent.event import Event
 
 from loadgen.client import StreamResult
+from records.declare import flat
+from records.load_settings import LoadSettings
 
 
 class AioSender:
@@ -26,9 +27,9 @@ class AioSender:
         self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)
 
-    def start(self, config, workers: int, index: int, start_ns: int) -> None:
+    def start(self, settings: LoadSettings, workers: int, index: int, start_ns: int) -> None:
         self.started = True
-        job = {"config": asdict(config), "workers": workers, "index": index, "start_ns": start_ns}
+        job = {"config": flat(settings), "workers": workers, "index": index, "start_ns": start_ns}
         self.proc.stdin.write((json.dumps(job) + "\n").encode())
         self.proc.stdin.flush()
         gevent.spawn(self._read)

@@ -3,7 +3,7 @@
 Locust's process runs gRPC through gevent, whose integration costs timing accuracy at high
 message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it sends the
 schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
-one JSON job line to its stdin ({"config": LoadConfig fields, "workers", "index",
+one JSON job line to its stdin ({"config": the settings, flat, "workers", "index",
 "start_ns"}), reads one JSON line per finished request from its stdout, and writes "stop"
 to end the schedule; the sender then drains for drain_s, cuts off what is left, reports
 it, writes {"end": true, "not_sent": n} and exits. It builds the same schedule and
@@ -22,10 +22,11 @@ import time
 import grpc
 
 from loadgen.client import StreamResult, close_stream, cut_off, fail
-from loadgen.config import LoadConfig
 from loadgen.profiles import schedule_of
 from loadgen.workload import Workload
 from proto import moe_pb2, moe_pb2_grpc
+from records.declare import build
+from records.load_settings import LoadSettings
 
 
 async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_s: float) -> None:
@@ -65,11 +66,12 @@ async def main() -> None:
     def done(task: asyncio.Task) -> None:
         emit(vars(tasks.pop(task)))  # plain fields only: vars is asdict's result, without its deep copy
 
-    config = LoadConfig(**job["config"])
-    workload = Workload(config)
-    schedule = schedule_of(config, job["workers"], job["index"])
+    settings = build(LoadSettings, job["config"])
+    sender = settings.sender
+    workload = Workload(settings)
+    schedule = schedule_of(settings.traffic, job["workers"], job["index"])
     not_sent = 0
-    async with grpc.aio.insecure_channel(config.host) as channel:
+    async with grpc.aio.insecure_channel(sender.host) as channel:
         stub = moe_pb2_grpc.MoEInferenceStub(channel)
         try:  # connect before the first send is due, so the first requests do not pay for it
             await asyncio.wait_for(channel.channel_ready(), timeout=2)
@@ -82,22 +84,22 @@ async def main() -> None:
                 await asyncio.sleep(delay_s)
             if stopped.is_set():
                 break
-            if len(tasks) >= config.max_in_flight:
+            if len(tasks) >= sender.max_in_flight:
                 not_sent += 1
                 continue
             request, klass = workload.request(index)
             r = StreamResult(request.request_id, due_ns, klass)
-            task = asyncio.create_task(send(stub, request, r, config.request_timeout_s))
+            task = asyncio.create_task(send(stub, request, r, sender.request_timeout_s))
             tasks[task] = r
             task.add_done_callback(done)
         await watcher
         if tasks:
-            await asyncio.wait(list(tasks), timeout=config.drain_s)
+            await asyncio.wait(list(tasks), timeout=sender.drain_s)
         for task in list(tasks):
             task.remove_done_callback(done)
             task.cancel()
             r = tasks.pop(task)
-            cut_off(r, config.drain_s)
+            cut_off(r, sender.drain_s)
             emit(vars(r))
         emit({"end": True, "not_sent": not_sent})
         while transport.get_write_buffer_size():

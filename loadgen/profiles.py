@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.arrivals import worker_arrivals
+from records.load_settings import Traffic
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,9 @@ def read_trace(path: str) -> list[float]:
     return [t - times[0] for t in times]
 
 
-def schedule_of(config, workers: int, index: int) -> Iterator[tuple[int, float]]:
+def schedule_of(traffic: Traffic, workers: int, index: int) -> Iterator[tuple[int, float]]:
     """(request index, send offset s) of one of `workers` processes: the --rate-profile's shape
     when there is one, else --arrival at a constant --rate. The gevent and aio senders share it."""
-    if config.profile:
-        return Profile.parse(config.profile).arrivals(config.rate, config.seed, workers, index)
-    return worker_arrivals(config.rate, config.arrival, config.seed, workers, index, config.burstiness)
+    if traffic.profile:
+        return Profile.parse(traffic.profile).arrivals(traffic.rate, traffic.seed, workers, index)
+    return worker_arrivals(traffic.rate, traffic.arrival, traffic.seed, workers, index, traffic.burstiness)

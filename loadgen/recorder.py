@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from loadgen import slo as objectives
 from loadgen.client import StreamResult
 from loadgen.histograms import Histogram
-from loadgen.slo import Slo
 from loadgen.timing import StreamTiming, stream_timing
+from records.load_settings import LoadSettings, Slo
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
 CLASS_METRICS = ("ttft", "tpot", "e2e")
@@ -54,10 +55,10 @@ class Recorder:
     slo_judged: int = 0  # measured ok requests
 
     @classmethod
-    def for_config(cls, config, start_ns: int) -> Recorder:
-        """The recorder a run of this LoadConfig keeps: its warm-up, SLOs and row cap."""
-        return cls(start_ns, config.warmup_s, Slo(config.slo_ttft_ms, config.slo_tpot_ms, config.slo_e2e_ms),
-                   max_rows=config.max_request_rows)
+    def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
+        """The recorder a run with these settings keeps: its warm-up, SLOs and row cap."""
+        return cls(start_ns, settings.recording.warmup_s, settings.slo,
+                   max_rows=settings.recording.max_request_rows)
 
     @property
     def warmup_end_ns(self) -> int:
@@ -77,7 +78,7 @@ class Recorder:
         self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True) if self.in_window(t))
         timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens,
                                result.server_elapsed_us) if result.ok else None
-        checks = self.slo.checks(timing) if timing else {}
+        checks = objectives.checks(self.slo, timing) if timing else {}
         if timing and self.in_window(result.recv_ns[-1]):
             self.window_ok += 1
             self.window_good += all(checks.values())
@@ -176,9 +177,9 @@ class Recorder:
 
     def slo_summary(self) -> dict:
         """The objectives and the share of measured ok requests meeting each, and all."""
-        objectives = {name: ms for name, ms in vars(self.slo).items() if ms is not None}
-        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None for n in [*objectives, "all"]}
-        return {"objectives_ms": objectives, "requests": self.slo_judged, "met_share": share}
+        given = objectives.objectives_ms(self.slo)
+        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None for n in [*given, "all"]}
+        return {"objectives_ms": given, "requests": self.slo_judged, "met_share": share}
 
     def accounting(self) -> dict:
         failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}

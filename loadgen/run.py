@@ -18,7 +18,6 @@ from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
 from loadgen.client import StreamResult, cut_off, stream_generate
-from loadgen.config import LoadConfig
 from loadgen.intervals import IntervalLog
 from loadgen.profiles import schedule_of
 from loadgen.recorder import Recorder
@@ -26,39 +25,41 @@ from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
+from records.load_settings import LoadSettings
 
 
 class Run:
-    def __init__(self, config: LoadConfig, on_result: Callable[[StreamResult, StreamTiming | None], None],
+    def __init__(self, settings: LoadSettings, on_result: Callable[[StreamResult, StreamTiming | None], None],
                  server_stats: Callable[[], dict], workers: int = 1, index: int = 0, run_dir: str | None = None,
                  request_stop: Callable[[], None] = lambda: None):
         """workers, index: this process's place among Locust worker processes; run_dir: where
         its interval logs go (a worker's own directory; default the run's); request_stop: ends
         the Locust test (stress mode calls it when it is done)."""
         self.request_stop = request_stop
-        self.config = config
+        self.settings = settings
+        self.sender = settings.sender
         self.server_stats = server_stats  # GetStats as a dict, sampled every interval
         self.on_result = on_result
         self.started_at = time.time()
-        self.recorder = Recorder.for_config(config, time.monotonic_ns())
-        self.workload = Workload(config)
-        self._schedule = schedule_of(config, workers, index)
+        self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
+        self.workload = Workload(settings)
+        self._schedule = schedule_of(settings.traffic, workers, index)
         self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
         self._cpu_start_s = time.process_time()
-        run_dir = Path(run_dir or config.run_dir)
+        run_dir = Path(run_dir or settings.recording.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
         self.server_log = open(run_dir / "server_stats.jsonl", "w")
         self._ticker = gevent.spawn(self._tick_every_interval)
-        self.stress = Stress(config, self) if config.mode == "stress" else None
+        self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
-            self._schedule = self.stress.arrivals(config.seed)
+            self._schedule = self.stress.arrivals(settings.traffic.seed)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
         self._placement = (workers, index)
-        self.aio = AioSender(self._record) if config.client == "aio" else None
+        self.aio = AioSender(self._record) if self.sender.client == "aio" else None
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -71,7 +72,7 @@ class Run:
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
         if self.aio is not None:
-            self.aio.start(self.config, *self._placement, self.start_ns)
+            self.aio.start(self.settings, *self._placement, self.start_ns)
 
     @property
     def stopping(self) -> bool:
@@ -98,7 +99,7 @@ class Run:
                 if due_ns <= self.stop_ns:  # due inside the run, but the stop came first
                     self.recorder.not_sent += 1
                 return
-            if len(self.inflight) >= self.config.max_in_flight:
+            if len(self.inflight) >= self.sender.max_in_flight:
                 self.recorder.not_sent += 1
                 continue
             self._send(stub, index, due_ns)
@@ -115,7 +116,7 @@ class Run:
     def _send(self, stub, index: int, due_ns: int) -> gevent.Greenlet:
         request, klass = self.workload.request(index)
         result = StreamResult(request.request_id, due_ns, klass)
-        greenlet = self._group.spawn(stream_generate, stub, request, result, self.config.request_timeout_s)
+        greenlet = self._group.spawn(stream_generate, stub, request, result, self.sender.request_timeout_s)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet
@@ -124,7 +125,7 @@ class Run:
         """Interval histograms and a GetStats sample on one clock, every --interval-s."""
         next_s = time.monotonic()
         while True:
-            next_s += self.config.interval_s
+            next_s += self.settings.recording.interval_s
             gevent.sleep(max(0.0, next_s - time.monotonic()))
             self.tick()
 
@@ -169,16 +170,16 @@ class Run:
             if not self.stress.stopped_because:  # stopped from outside (-t, the web UI) before saturation
                 self.stress.stopped_because = f"stopped after {len(self.stress.rows)} steps, before saturation"
         if self.aio is not None:
-            self.aio.wait(self.config.drain_s + 10)
+            self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
-        self._group.join(timeout=self.config.drain_s)
+        self._group.join(timeout=self.sender.drain_s)
         for greenlet, result in list(self.inflight.items()):
             if greenlet.ready():  # finished just now, its callback not run yet: count it as it ended
                 continue
             greenlet.unlink(self._finished)
             greenlet.kill(block=True, timeout=5)
             del self.inflight[greenlet]
-            cut_off(result, self.config.drain_s)
+            cut_off(result, self.sender.drain_s)
             self._record(result)
         gevent.sleep(0)  # lets the callbacks of requests that finished during the loop run
         self._ticker.kill()
@@ -196,7 +197,7 @@ class Run:
         return 100 * (time.process_time() - self._cpu_start_s) / ((time.monotonic_ns() - self.start_ns) / 1e9)
 
     def summary(self) -> dict:
-        summary = summarize(self.config, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
+        summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
                             self.cpu_percent)
         if self.stress is not None:
             summary["stress"] = self.stress.summary()

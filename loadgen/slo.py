@@ -1,29 +1,26 @@
-"""Service-level objectives: which per-request latencies a run is judged by. Goodput counts
-requests meeting every objective given; the share meeting each is reported too."""
+"""Service-level objectives (the --slo-* settings): which per-request latencies a run is judged
+by. Goodput counts requests meeting every objective given; the share meeting each is reported
+too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from loadgen.timing import StreamTiming
+from records.load_settings import Slo
+
+# summary.json's name of each objective -> its setting.
+OBJECTIVES = {"ttft": "slo_ttft_ms", "tpot": "slo_tpot_ms", "e2e": "slo_e2e_ms"}
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft: float | None = None  # ms
-    tpot: float | None = None  # ms
-    e2e: float | None = None  # ms
+def objectives_ms(slo: Slo) -> dict[str, float]:
+    """The objectives given, by name."""
+    return {name: getattr(slo, key) for name, key in OBJECTIVES.items() if getattr(slo, key) is not None}
 
-    def checks(self, t: StreamTiming) -> dict[str, bool]:
-        """Each objective given, met or not; a one-token request has no TPOT and meets it."""
-        out = {}
-        if self.ttft is not None:
-            out["ttft"] = t.ttft_us <= self.ttft * 1000
-        if self.tpot is not None:
-            out["tpot"] = t.tpot_us is None or t.tpot_us <= self.tpot * 1000
-        if self.e2e is not None:
-            out["e2e"] = t.e2e_us <= self.e2e * 1000
-        return out
 
-    def met(self, t: StreamTiming) -> bool:
-        return all(self.checks(t).values())
+def checks(slo: Slo, t: StreamTiming) -> dict[str, bool]:
+    """Each objective given, met or not; a one-token request has no TPOT and meets it."""
+    values_us = {"ttft": t.ttft_us, "tpot": t.tpot_us, "e2e": t.e2e_us}
+    return {name: values_us[name] is None or values_us[name] <= ms * 1000 for name, ms in objectives_ms(slo).items()}
+
+
+def met(slo: Slo, t: StreamTiming) -> bool:
+    return all(checks(slo, t).values())

@@ -29,14 +29,16 @@ from pathlib import Path
 
 import gevent
 
+from loadgen import slo
 from loadgen.arrivals import gap_s
 from loadgen.timing import stream_timing
+from records.load_settings import LoadSettings
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
 SAMPLE_S = 0.1  # in-flight sampling period
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepRow:
     step: int
     offered_rps: float  # the step's nominal rate
@@ -79,8 +81,8 @@ def slope(samples: list[tuple[float, int]]) -> float:
 
 
 class Stress:
-    def __init__(self, config, run):
-        self.config = config
+    def __init__(self, settings: LoadSettings, run):
+        self.settings = settings
         self.run = run
         self.rows: list[StepRow] = []
         self.stopped_because = ""
@@ -89,19 +91,20 @@ class Stress:
         self._lag_s = 0.0  # the last known median latency
 
     def rate(self, step: int) -> float:
-        c = self.config
-        start = c.rate_start or c.rate
+        c = self.settings.stress
+        start = c.rate_start or self.settings.traffic.rate
         return start * c.rate_mult ** step if c.rate_mult else start + c.rate_step * step
 
     def arrivals(self, seed: int) -> Iterator[tuple[int, float]]:
         """(request index, send time s): each step's arrivals at its own rate."""
         rng = random.Random(seed)
         index = itertools.count()
-        for step in range(self.config.max_steps):
-            start, end, rate = step * self.config.step_s, (step + 1) * self.config.step_s, self.rate(step)
+        step_s, traffic = self.settings.stress.step_s, self.settings.traffic
+        for step in range(self.settings.stress.max_steps):
+            start, end, rate = step * step_s, (step + 1) * step_s, self.rate(step)
             t = start
             while True:
-                t += gap_s(rng, rate, self.config.arrival, self.config.burstiness)
+                t += gap_s(rng, rate, traffic.arrival, traffic.burstiness)
                 if t >= end:
                     break
                 self._sent.append(t)
@@ -116,9 +119,10 @@ class Stress:
     def watch(self) -> None:
         """Runs beside the dispatch: samples the in-flight count, judges each step at its end,
         and stops the run at the first saturated step or after --max-steps."""
-        for step in range(self.config.max_steps):
-            step_start = self.run.start_ns + int(step * self.config.step_s * 1e9)
-            step_end = step_start + int(self.config.step_s * 1e9)
+        c = self.settings.stress
+        for step in range(c.max_steps):
+            step_start = self.run.start_ns + int(step * c.step_s * 1e9)
+            step_end = step_start + int(c.step_s * 1e9)
             samples = []
             while time.monotonic_ns() < step_end:
                 samples.append(((time.monotonic_ns() - step_start) / 1e9, len(self.run.inflight)))
@@ -129,11 +133,11 @@ class Stress:
                 self.stopped_because = f"step {step} at {row.offered_rps:g} requests/s: {row.saturated}"
                 break
         else:
-            self.stopped_because = f"no saturation within {self.config.max_steps} steps"
+            self.stopped_because = f"no saturation within {c.max_steps} steps"
         self.run.request_stop()
 
     def judge(self, step: int, start_ns: int, end_ns: int, samples: list[tuple[float, int]]) -> StepRow:
-        c = self.config
+        c, objectives = self.settings.stress, self.settings.slo
         window_s = (end_ns - start_ns) / 1e9
         done, self._done = self._done, []
         ok = [(r, t) for r, t in done if t is not None and start_ns <= r.recv_ns[-1] <= end_ns]
@@ -144,26 +148,28 @@ class Stress:
         ttft += [(r.recv_ns[0] - r.scheduled_ns) / 1e6 for r in in_flight if r.recv_ns and start_ns <= r.recv_ns[0]]
         ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]  # at least this
         tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
-        good = sum(self.run.recorder.slo.met(t) for _, t in ok)
+        good = sum(slo.met(self.run.recorder.slo, t) for _, t in ok)
         offered = self.rate(step)
         # Compare completions with the arrivals one typical latency earlier, which they answer.
         self._lag_s = lag_s = percentile([t.e2e_us / 1e6 for _, t in ok], 50) or self._lag_s
         start_s, end_s = (start_ns - self.run.start_ns) / 1e9 - lag_s, (end_ns - self.run.start_ns) / 1e9 - lag_s
         sent = sum(1 for t in self._sent if start_s <= t < end_s) / window_s
         growth = slope(samples)
-        row = StepRow(step, offered, sent, len(ok) / window_s, tokens / window_s, good / window_s,
-                      percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
-                      growth, "")
+        row = StepRow(step=step, offered_rps=offered, sent_rps=sent, achieved_rps=len(ok) / window_s,
+                      output_tokens_per_s=tokens / window_s, goodput_rps=good / window_s,
+                      ttft_p50_ms=percentile(ttft, 50), ttft_p99_ms=percentile(ttft, 99),
+                      tpot_p50_ms=percentile(tpot, 50), tpot_p99_ms=percentile(tpot, 99),
+                      in_flight_slope_per_s=growth, saturated="")
         reasons = []
         # Requests longer than a step may not have completed yet: with none completed and none
         # older than the step, throughput tells nothing (a stall still shows as TTFT and growth).
         conclusive = ok or any((end_ns - r.scheduled_ns) / 1e9 > window_s for r in in_flight)
         if conclusive and short_of_sent(len(ok), sent * window_s, c.saturation_share):
             reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the {sent:.3g}/s sent")
-        if c.slo_ttft_ms is not None and row.ttft_p99_ms is not None and row.ttft_p99_ms > c.slo_ttft_ms:
-            reasons.append(f"TTFT p99 {row.ttft_p99_ms:.0f} ms > SLO {c.slo_ttft_ms:g} ms")
-        if c.slo_tpot_ms is not None and row.tpot_p99_ms is not None and row.tpot_p99_ms > c.slo_tpot_ms:
-            reasons.append(f"TPOT p99 {row.tpot_p99_ms:.0f} ms > SLO {c.slo_tpot_ms:g} ms")
+        for name, p99, limit in (("TTFT", row.ttft_p99_ms, objectives.slo_ttft_ms),
+                                 ("TPOT", row.tpot_p99_ms, objectives.slo_tpot_ms)):
+            if limit is not None and p99 is not None and p99 > limit:
+                reasons.append(f"{name} p99 {p99:.0f} ms > SLO {limit:g} ms")
         # Growth counts when it is steep and adds more than twice the in-flight count a
         # healthy server holds (arrival rate x latency): ramp-up noise is neither.
         healthy_in_flight = sent * lag_s + 1
@@ -181,7 +187,7 @@ class Stress:
     def summary(self) -> dict:
         out = {"knee_rps": self.knee_rps, "stopped_because": self.stopped_because,
                "steps": [asdict(r) for r in self.rows]}
-        if self._lag_s * 2 > self.config.step_s or (self.rows and not self._lag_s):
+        if self._lag_s * 2 > self.settings.stress.step_s or (self.rows and not self._lag_s):
             out["warning"] = ("requests took longer than half a step (or none completed): a step cannot be "
                               "judged before its requests finish, so the knee is unsound; use a longer --step-s")
         return out

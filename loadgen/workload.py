@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proto import moe_pb2
+from records.load_settings import LoadSettings
 
 PRINTABLE = range(32, 127)
-DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,17 @@ def load_dataset(path: str) -> list[tuple[str, str]]:
 
 
 class Workload:
-    def __init__(self, config):
-        self.config = config
-        self.classes = parse_classes(config.classes) if config.mode == "mixed" and not config.dataset else []
-        self.dataset = load_dataset(config.dataset) if config.dataset else []
+    def __init__(self, settings: LoadSettings):
+        self.seed = settings.traffic.seed
+        self.shape = c = settings.workload
+        self.classes = parse_classes(c.classes) if settings.traffic.mode == "mixed" and not c.dataset else []
+        self.dataset = load_dataset(c.dataset) if c.dataset else []
 
     def request(self, index: int) -> tuple[moe_pb2.GenerateRequest, str]:
         """The request with this run-wide index, and its class name ('' without classes)."""
-        c = self.config
-        rng = random.Random(f"{c.seed}:{index}")
-        rid = f"{c.seed}-{index}"
+        c = self.shape
+        rng = random.Random(f"{self.seed}:{index}")
+        rid = f"{self.seed}-{index}"
         if self.dataset:
             prompt, reply = rng.choice(self.dataset)
             out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped

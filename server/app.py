@@ -1,8 +1,9 @@
-"""Wiring: a ServerConfig becomes an engine, a scheduler and a started gRPC server."""
+"""Wiring: server settings become an engine, a scheduler and a started gRPC server."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -10,12 +11,13 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2
 
-from server.config import DTYPES, ServerConfig
+from records.server_settings import ServerSettings
 from server.engine import Engine
 from server.metrics import serve_metrics
-from server.policies import POLICIES
+from server.policies import build_policy
 from server.scheduler import Scheduler
 from server.service import SERVICE_NAME, Limits, MoEService, create_server, drain
+from server.settings import DTYPES, check, resolve
 from server.telemetry import StepLog
 
 log = logging.getLogger(__name__)
@@ -42,26 +44,27 @@ class App:
             self.metrics_server.shutdown()
 
 
-async def start(config: ServerConfig) -> App:
+async def start(settings: ServerSettings) -> App:
     """Builds the model and starts serving; call from the event loop that will serve."""
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    device, dtype = config.resolved_device, config.resolved_dtype
-    log.info("building %s on %s (%s), seed %d", config.preset, device, dtype, config.seed)
-    engine = Engine(config.preset, config.resolved_kv_slots, device, DTYPES[dtype], config.seed,
-                    config.engine_options)
-    step_log = StepLog(config.step_log) if config.step_log else None
-    scheduler = Scheduler(engine, POLICIES[config.policy](config.policy_config), config.max_queue, step_log)
+    check(settings)
+    settings = resolve(settings)
+    model, serving = settings.model, settings.serving
+    if model.torch_threads:
+        torch.set_num_threads(model.torch_threads)
+    log.info("building %s on %s (%s), seed %d", model.preset, model.device, model.dtype, model.seed)
+    engine = Engine(model.preset, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
+    settings = dataclasses.replace(settings, moe=dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name))
+    step_log = StepLog(serving.step_log) if serving.step_log else None
+    scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log)
     scheduler.start()
-    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, config.max_tokens_limit)
-    service = MoEService(scheduler, limits, {"policy": config.policy, "preset": config.preset,
-                                             "device": device, "dtype": dtype})
-    server, port, health_servicer = await create_server(service, f"{config.host}:{config.port}")
-    log.info("serving %s with policy %s on %s:%d", config.preset, config.policy, config.host, port)
+    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
+    service = MoEService(scheduler, limits, settings)
+    server, port, health_servicer = await create_server(service, f"{serving.host}:{serving.port}")
+    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy, serving.host, port)
     app = App(server, port, service, health_servicer)
     loop = asyncio.get_running_loop()
     scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
-    if config.metrics_port is not None:
-        app.metrics_server, app.metrics_port = serve_metrics(scheduler, config.host, config.metrics_port)
-        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, app.metrics_port)
+    if serving.metrics_port is not None:
+        app.metrics_server, app.metrics_port = serve_metrics(scheduler, serving.host, serving.metrics_port)
+        log.info("Prometheus metrics on http://%s:%d/metrics", serving.host, app.metrics_port)
     return app

@@ -10,6 +10,7 @@ step.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from server.tokenizer import EOS_ID
 LENGTH, STOP = "LENGTH", "STOP"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
@@ -48,7 +49,7 @@ class FailureEvent:
     error: Exception  # a ServerError subclass or the engine's exception; ends the request
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -69,6 +70,10 @@ class Request:
     signature: torch.Tensor | None = None  # [L, E] experts its last step used
     done: bool = False
     generator: torch.Generator | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
     @property
     def prompt_left(self) -> int:
@@ -92,8 +97,7 @@ class Batcher:
         return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts, cache_baseline=self.cache_counters())
 
     def cache_counters(self) -> list[CacheCounters]:
-        cache = self.engine.cache
-        return [CacheCounters(**vars(layer.counters)) for layer in cache.layers] if cache else []
+        return [dataclasses.replace(cache.counters) for cache in self.engine.caches]
 
     @property
     def idle(self) -> bool:
@@ -130,10 +134,11 @@ class Batcher:
 
     def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
         """One engine step for the plan; returns the result and its start and end times."""
-        seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled, req.temperature,
-                         req.generator, request_key(req.request_id, req.seed)) for req, n in plan.prefill]
+        seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled,
+                         temperature=req.temperature, generator=req.generator,
+                         routing_key=request_key(req.request_id, req.seed)) for req, n in plan.prefill]
         seqs += [SeqInput(req.slot, req.output_ids[-1:], len(req.prompt_ids) + len(req.output_ids) - 1,
-                          req.temperature, req.generator) for req in plan.decode]
+                          temperature=req.temperature, generator=req.generator) for req in plan.decode]
         t0 = self.clock()
         result = self.engine.step(seqs)
         return result, t0, self.clock()
@@ -163,8 +168,9 @@ class Batcher:
                 req.done = True
                 finished += 1
                 self.engine.free_slot(req.slot)
-                usage = Usage(len(req.prompt_ids), len(req.output_ids), (req.admitted_ns - req.received_ns) // 1000,
-                              req.prefill_us, (t1 - req.first_token_ns) // 1000)
+                usage = Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
+                              queue_us=(req.admitted_ns - req.received_ns) // 1000, prefill_us=req.prefill_us,
+                              decode_us=(t1 - req.first_token_ns) // 1000)
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
         self.telemetry.requests_finished += finished

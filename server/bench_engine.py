@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from server.expert_cache import ExpertCache
+from server.expert_cache import LayerCache
 from server.kernels import KERNELS, grouped_mm_unsupported, swiglu
 from server.model import PRESETS, Transformer
 from server.moe import MoELayer, StepContext
@@ -46,6 +46,15 @@ FLUSH_BYTES = 128 * 2**20
 BOUND_TARGET = 1.5  # sorted within this multiple of the roofline at T = 1 and T = 256
 
 
+def variant(moe: MoELayer, **parts) -> MoELayer:
+    """A layer sharing moe's router and expert weights, built with some other parts (kernel,
+    skew_bias, cache): each variant is complete when built, as the engine's layers are."""
+    own = {"layer": moe.layer, "top_k": moe.top_k, "router": moe.router, "experts": moe.experts,
+           "kernel": moe.kernel, "capacity_factor": moe.capacity_factor, "skew_bias": moe.skew_bias,
+           "cache": moe.cache}
+    return MoELayer(**(own | parts))
+
+
 def hf_loop_forward(moe: MoELayer, x: Tensor) -> Tensor:
     """The baseline: HuggingFace MixtralSparseMoeBlock's masked loop over every expert, on our weights."""
     probs = F.softmax(moe.router.gate(x), dim=1, dtype=torch.float)  # [T, E]
@@ -56,7 +65,8 @@ def hf_loop_forward(moe: MoELayer, x: Tensor) -> Tensor:
     for e in range(moe.n_experts):  # empty experts included, as HF does
         idx, top_x = torch.where(expert_mask[e])
         h = x[top_x]
-        y = F.linear(F.silu(F.linear(h, moe.w1[e])) * F.linear(h, moe.w3[e]), moe.w2[e])
+        w1, w3, w2 = (w[e] for w in moe.experts.weights)
+        y = F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2)
         out.index_add_(0, top_x, y * weights[top_x, idx, None])
     return out
 
@@ -68,9 +78,8 @@ def step_context(x: Tensor, token_bias: Tensor | None = None) -> StepContext:
                        token_bias=token_bias)
 
 
-def layer_forward(moe: MoELayer, kernel: Callable, x: Tensor) -> tuple[Tensor, StepContext]:
-    """One forward of the real layer with `kernel`, and the step context it reported into."""
-    moe.kernel = kernel
+def layer_forward(moe: MoELayer, x: Tensor) -> tuple[Tensor, StepContext]:
+    """One forward of the real layer, and the step context it reported into."""
     step = step_context(x)
     return moe(x, step), step
 
@@ -103,27 +112,27 @@ def side_by_side_ms(fns: dict[str, Callable], repeats: int, device: torch.device
 def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generator, kernels: list[str]) -> list[dict]:
     """Per T: the loop and each kernel on cold weights, plus the roofline's two rates, all in the
     same rounds, so the bound is measured under the same noise as what it bounds."""
-    device = moe.w1.device
-    moe.skew_bias = None  # the loop routes without skew, as HF does
+    device = moe.experts.w1.device
+    layers = {name: variant(moe, kernel=KERNELS[name], skew_bias=None) for name in kernels}  # HF routes without skew
     flush = torch.empty(FLUSH_BYTES // 4, device=device)
     src = torch.ones(COPY_BYTES // 4, device=device)
     dst = torch.empty_like(src)
     rows = []
     for t in TOKENS:
-        x = norm(torch.randn(t, moe.w1.shape[2], generator=gen, device=device))
+        x = norm(torch.randn(t, moe.experts.w1.shape[2], generator=gen, device=device))
         expected = hf_loop_forward(moe, x)
         fns = {"loop": lambda x=x: hf_loop_forward(moe, x)}
         for name in kernels:
-            out, step = layer_forward(moe, KERNELS[name], x)
+            out, step = layer_forward(layers[name], x)
             if not torch.allclose(out, expected, rtol=1e-4, atol=1e-4):
                 err = (out - expected).abs().max().item()
                 raise RuntimeError(f"T={t}: {name} differs from the loop by up to {err:.3g}")
-            fns[name] = lambda x=x, kernel=KERNELS[name]: layer_forward(moe, kernel, x)
+            fns[name] = lambda x=x, layer=layers[name]: layer_forward(layer, x)
         before = dict.fromkeys(fns, flush.zero_)
         a = step.active[0]
         h = torch.randn(math.ceil(t * moe.top_k / a), x.shape[1], generator=gen, device=device)
         # Run once untimed first, so its weights are warm: the rate of the arithmetic, not of memory.
-        fns["matmul"] = before["matmul"] = lambda h=h: swiglu(h, moe.w1[0], moe.w3[0], moe.w2[0])
+        fns["matmul"] = before["matmul"] = lambda h=h: swiglu(h, *(w[0] for w in moe.experts.weights))
         fns["copy"] = lambda: dst.copy_(src)
         rows.append({"tokens": t, "active_experts": a, "rows_per_expert": h.shape[0],
                      **{f"{name}_ms": ms for name, ms in side_by_side_ms(fns, repeats, device, before).items()}})
@@ -134,7 +143,8 @@ def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int], seed: 
     """[B, L, E] affinity bias of requests with these keys, or None for layer-wide skews."""
     if skew.kind != "affinity":
         return None
-    return torch.stack([skew.request_bias(n_layers, moe.n_experts, key, seed) for key in keys]).to(moe.w1.device)
+    return torch.stack([skew.request_bias(n_layers, moe.n_experts, key, seed) for key in keys]).to(
+        moe.experts.w1.device)
 
 
 def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
@@ -143,17 +153,17 @@ def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
 
 
 def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator, seed: int) -> list[dict]:
-    e, k, d = moe.n_experts, moe.top_k, moe.w1.shape[2]
+    e, k, d = moe.n_experts, moe.top_k, moe.experts.w1.shape[2]
     rows = []
     for spec in SKEWS:
         skew = Skew.parse(spec)
-        moe.skew_bias = skew_bias(skew, moe, seed)
+        skewed = variant(moe, skew_bias=skew_bias(skew, moe, seed))
         for b in BATCHES:
             counts = []
             for s in range(ROUTING_SAMPLES):  # B fresh requests per batch
                 keys = [request_key(f"activated-{b}-{s}-{i}", seed) for i in range(b)]
-                x = norm(torch.randn(b, d, generator=gen, device=moe.w1.device))
-                counts.append(len(routed_experts(moe, x, token_bias(skew, moe, n_layers, keys, seed))))
+                x = norm(torch.randn(b, d, generator=gen, device=moe.experts.w1.device))
+                counts.append(len(routed_experts(skewed, x, token_bias(skew, moe, n_layers, keys, seed))))
             rows.append({"skew": spec, "batch": b, "mean_active": statistics.fmean(counts),
                          "uniform_expected": e * (1 - (1 - k / e) ** b)})
     return rows
@@ -161,27 +171,26 @@ def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Gen
 
 def skew_bias(skew: Skew, moe: MoELayer, seed: int) -> Tensor | None:
     bias = skew.layer_bias(moe.n_experts, moe.top_k, moe.layer, seed)
-    return None if bias is None else bias.to(moe.w1.device)
+    return None if bias is None else bias.to(moe.experts.w1.device)
 
 
 def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator, seed: int) -> list[dict]:
-    device = moe.w1.device
-    weights = (moe.w1.detach(), moe.w3.detach(), moe.w2.detach())
+    device = moe.experts.w1.device
+    weights = tuple(w.detach() for w in moe.experts.weights)
     host = weights if device.type == "cpu" else tuple(w.cpu().pin_memory() for w in weights)  # as the engine does
     keys = [request_key(f"cache-{i}", seed) for i in range(CACHE_REQUESTS)]  # the same requests every step
     rows = []
     for spec in SKEWS:
         skew = Skew.parse(spec)
-        moe.skew_bias = skew_bias(skew, moe, seed)
         bias = token_bias(skew, moe, n_layers, keys, seed)
         for capacity in (moe.n_experts // 4, moe.n_experts // 2):
-            moe.cache = cache = ExpertCache([host], capacity, device, "lru", seed)
-            moe.kernel = KERNELS["sorted"]
+            cache = LayerCache(host, capacity, device, "lru")
+            cached = variant(moe, kernel=KERNELS["sorted"], skew_bias=skew_bias(skew, moe, seed), cache=cache)
             for _ in range(CACHE_STEPS):  # the real layer, so the cache sees the engine's visiting order
                 x = norm(torch.randn(CACHE_REQUESTS, host[0].shape[2], generator=gen, device=device))
-                moe(x, step_context(x, bias))
-            moe.cache = None
-            c = cache.layers[moe.layer].counters
+                cached(x, step_context(x, bias))
+            cache.settle()
+            c = cache.counters
             rows.append({"skew": spec, "resident_experts": capacity, "hits": c.hits, "misses": c.misses,
                          "hit_rate": c.hits / (c.hits + c.misses)})
     return rows
@@ -191,7 +200,7 @@ def roofline(rows: list[dict], moe: MoELayer, expert_bytes: int, variants: list[
     """Per T: the bound = max(A experts' weights at the copy rate, the step's FLOPs at the rate of
     one expert's SwiGLU on m = ceil(T k / A) rows with its weights warm), and each variant against it.
     The copy rate counts the bytes copied, not read + written."""
-    _, i, d = moe.w1.shape
+    _, i, d = moe.experts.w1.shape
     out = []
     for r in rows:
         copy_gb_s = COPY_BYTES / r["copy_ms"] / 1e6
@@ -233,15 +242,15 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     # Only layer 0 is measured: one layer keeps the model's shapes without the other layers' memory.
     margs = dataclasses.replace(PRESETS[args.preset], n_layers=1)
-    model = Transformer(margs, device, torch.float32, "topk", None, args.seed)
+    model = Transformer(margs, seed=args.seed, device=device, dtype=torch.float32)
     model.init_random(args.seed)
     moe, norm = model.layers[0].moe, model.layers[0].ffn_norm
     gen = torch.Generator(device).manual_seed(args.seed)
 
-    skipped = grouped_mm_unsupported(moe.w1, moe.w3, moe.w2)
+    skipped = grouped_mm_unsupported((margs.expert_dim, margs.dim), device, torch.float32)
     kernels = ["sorted"] if skipped else ["sorted", "grouped_mm"]
     variants = ["loop", *kernels]
-    expert_bytes = 3 * margs.dim * margs.expert_dim * moe.w1.element_size()
+    expert_bytes = 3 * margs.dim * margs.expert_dim * moe.experts.w1.element_size()
     machine = {"torch": torch.__version__, "threads": args.threads, "device": str(device), "dtype": "float32",
                "preset": args.preset, "dim": margs.dim, "experts": margs.n_experts, "top_k": margs.top_k,
                "expert_dim": margs.expert_dim, "expert_bytes": expert_bytes, "repeats": args.repeats}

@@ -7,32 +7,17 @@ what the step did: routing counts, drops, active experts, stage times.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 from torch import Tensor
 
-from server.expert_cache import ExpertCache
-from server.kernels import KERNELS, resolve_kernel
+from records.server_settings import MoE
+from server.expert_cache import LayerCache
 from server.model import PRESETS, KVCache, StepLayout, Transformer
 from server.moe import StepContext
 from server.routing import Skew
 from server.stages import StageTimer
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    router: str = "topk"  # topk, noisy_topk, balanced or module:Class
-    noise_scale: float = 1.0  # noisy_topk only
-    renormalize: bool | None = None  # None = the preset's choice
-    skew: str = "uniform"  # uniform, zipf:S, hot:F, affinity:ALPHA
-    capacity_factor: float | None = None  # None = dropless
-    moe_kernel: str = "sorted"  # sorted, grouped_mm, reference
-    expert_cache: int = 0  # resident experts per layer; 0 = all resident, no cache
-    cache_policy: str = "lru"
 
 
 @dataclass
@@ -40,12 +25,13 @@ class SeqInput:
     slot: int
     token_ids: list[int]  # the prompt (prefill) or the last generated token (decode)
     start_pos: int  # position of token_ids[0] in the sequence; 0 = a new sequence
+    _: KW_ONLY
     temperature: float = 0.0
     generator: torch.Generator | None = None  # required when temperature > 0
     routing_key: int = 0  # seeds the request's affinity preference (affinity skew)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepResult:
     next_ids: list[int]  # one per input sequence
     routed: Tensor  # [L, E] (token, expert) pairs routed, on the CPU
@@ -61,27 +47,17 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
-                 options: EngineOptions = EngineOptions()):
+    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int, moe: MoE = MoE()):
         self.args = args = PRESETS[preset]
         self.device = torch.device(device)
         self.dtype = dtype
         self.seed = seed
-        self.options = options
-        self.model = Transformer(args, self.device, dtype, options.router, self._router_options(), seed)
+        self.model = Transformer(args, moe, seed, self.device, dtype)
         self.model.init_random(seed)
         self.model.eval()
-        self.skew = Skew.parse(options.skew)
-        layers = [block.moe for block in self.model.layers]
-        self.cache = self._build_cache(layers, seed) if options.expert_cache else None
-        self.kernel_name = resolve_kernel(options.moe_kernel, layers[0].w1, layers[0].w3, layers[0].w2,
-                                          self.cache is not None)
-        for i, moe in enumerate(layers):
-            moe.kernel = KERNELS[self.kernel_name]
-            moe.cache = self.cache
-            moe.capacity_factor = options.capacity_factor
-            bias = self.skew.layer_bias(args.n_experts, args.top_k, i, seed)
-            moe.skew_bias = None if bias is None else bias.to(self.device)
+        self.kernel_name = self.model.kernel_name
+        self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers if b.moe.cache is not None]
+        self.skew = Skew.parse(moe.routing_skew)
         self.slot_bias = torch.zeros(kv_slots, args.n_layers, args.n_experts, device=self.device) \
             if self.skew.kind == "affinity" else None
         self.kv = KVCache(args, kv_slots, self.device, dtype)
@@ -89,25 +65,6 @@ class Engine:
         self._free = list(range(kv_slots - 1, -1, -1))
         self.timer = StageTimer(self.device)
         self._warm_up()
-
-    def _router_options(self) -> dict:
-        """Only what was asked for, so custom routers see no options they never declared."""
-        options = {}
-        if self.options.router == "noisy_topk":
-            options["noise_scale"] = self.options.noise_scale
-        if self.options.renormalize is not None:
-            options["renormalize"] = self.options.renormalize
-        return options
-
-    def _build_cache(self, layers, seed: int) -> ExpertCache:
-        """Moves expert weights to host memory (pinned on CUDA) behind a resident cache."""
-        host = []
-        for moe in layers:
-            for w in (moe.w1, moe.w3, moe.w2):
-                if self.device.type == "cuda":
-                    w.data = w.data.cpu().pin_memory()
-            host.append((moe.w1.data, moe.w3.data, moe.w2.data))
-        return ExpertCache(host, self.options.expert_cache, self.device, self.options.cache_policy, seed)
 
     def _warm_up(self) -> None:
         """One prefill and one decode step, so the first request does not pay torch's
@@ -156,9 +113,10 @@ class Engine:
                 next_ids[i] = torch.multinomial(probs, 1, generator=s.generator)[0]
         ids = next_ids.tolist()  # the step's hand-off: every queued kernel and event has completed
         self.timer.mark("decode")
-        if self.cache is not None:
-            self.cache.settle()
-        dropped = torch.stack(ctx.dropped).cpu() if ctx.dropped else None
-        return StepResult(ids, torch.stack(ctx.routed).cpu(), dropped, ctx.active,
-                          torch.stack(ctx.seq_experts, dim=1).cpu(), self.timer.end(), len(tokens),
-                          layout.kv_useful, layout.kv_computed, layout.prefill_tokens, layout.prefill_padded)
+        for cache in self.caches:
+            cache.settle()
+        return StepResult(next_ids=ids, routed=torch.stack(ctx.routed).cpu(),
+                          dropped=torch.stack(ctx.dropped).cpu() if ctx.dropped else None, active=ctx.active,
+                          seq_experts=torch.stack(ctx.seq_experts, dim=1).cpu(), stage_ms=self.timer.end(),
+                          tokens=len(tokens), kv_useful=layout.kv_useful, kv_computed=layout.kv_computed,
+                          prefill_tokens=layout.prefill_tokens, prefill_padded=layout.prefill_padded)

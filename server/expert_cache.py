@@ -37,19 +37,26 @@ class CacheCounters:
 
 
 class LayerCache:
-    def __init__(self, host: tuple[Tensor, Tensor, Tensor], capacity: int, device: torch.device, policy: str,
-                 rng: random.Random):
+    """One MoE layer's resident experts. rng: the random policy's draws (the layers of a model
+    share one, seeded)."""
+
+    def __init__(self, host: tuple[Tensor, Tensor, Tensor], capacity: int, device: torch.device, policy: str = "lru",
+                 rng: random.Random | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown cache policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.host = host  # w1 [E, I, D], w3 [E, I, D], w2 [E, D, I] in host memory
         self.resident = tuple(torch.empty((capacity, *w.shape[1:]), dtype=w.dtype, device=device) for w in host)
         self.capacity = capacity
         self.policy = policy
-        self.rng = rng
+        self.rng = rng or random.Random(0)
+        self.clock = Clock(torch.device(device))
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # expert -> slot, least recently used first
         self.uses: dict[int, int] = {}
         self.counters = CacheCounters()
         self.expert_bytes = sum(w[0].numel() * w.element_size() for w in host)
+        self._pending: list = []  # copy intervals not read yet (CUDA events complete after the step's sync)
 
-    def ensure(self, experts: list[int], clock: Clock, pending: list) -> list[int]:
+    def ensure(self, experts: list[int]) -> list[int]:
         """Makes experts resident together (at most capacity of them); returns their slots."""
         slots = []
         for e in experts:
@@ -61,10 +68,10 @@ class LayerCache:
                 continue
             self.counters.misses += 1
             slot = len(self.slot_of) if len(self.slot_of) < self.capacity else self._evict(set(experts))
-            start = clock.now()
+            start = self.clock.now()
             for dst, src in zip(self.resident, self.host, strict=True):
                 dst[slot].copy_(src[e], non_blocking=True)
-            pending.append((self.counters, start, clock.now()))
+            self._pending.append((start, self.clock.now()))
             self.counters.bytes_copied += self.expert_bytes
             self.slot_of[e] = slot
             slots.append(slot)
@@ -81,29 +88,11 @@ class LayerCache:
         self.counters.evictions += 1
         return self.slot_of.pop(victim)
 
-
-class ExpertCache:
-    def __init__(self, host_weights: list[tuple[Tensor, Tensor, Tensor]], capacity: int, device: torch.device,
-                 policy: str = "lru", seed: int = 0):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown cache policy {policy!r}; choose from {', '.join(POLICIES)}")
-        self.capacity = capacity
-        self.clock = Clock(device)
-        rng = random.Random(seed)
-        self.layers = [LayerCache(w, capacity, device, policy, rng) for w in host_weights]
-        self._pending: list = []  # copy intervals not read yet (CUDA events complete after the step's sync)
-
-    def ensure(self, layer: int, experts: list[int]) -> list[int]:
-        return self.layers[layer].ensure(experts, self.clock, self._pending)
-
-    def resident(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        return self.layers[layer].resident
-
     def settle(self) -> None:
         """Adds the step's copy times; call after the step's host sync (every copy event of
         the step has completed by then)."""
-        for counters, start, end in self._pending:
+        for start, end in self._pending:
             ms = self.clock.elapsed_ms(start, end)
-            counters.copy_ms += ms
-            counters.wait_ms += ms
+            self.counters.copy_ms += ms
+            self.counters.wait_ms += ms
         self._pending.clear()

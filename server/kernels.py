@@ -9,13 +9,16 @@ resident slots when the expert cache is on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 log = logging.getLogger(__name__)
+
+
+Kernel = Callable[[Tensor, Sequence[int], Sequence[int], Tensor, Tensor, Tensor], Tensor]
 
 
 def swiglu(h: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
@@ -60,26 +63,28 @@ def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w
 KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts, "reference": per_token_experts}
 
 
-def grouped_mm_unsupported(w1: Tensor, w3: Tensor, w2: Tensor) -> str | None:
-    """Why torch._grouped_mm cannot run these weights here, or None. Probes one real call,
-    since support depends on the torch build, the device, the dtype and alignment."""
+def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why torch._grouped_mm cannot run experts of this (expert hidden, model) shape here, or
+    None. Probes one real call on zero weights of one expert, since support depends on the
+    torch build, the device, the dtype and the alignment of the shape."""
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
+    i, d = shape
+    w1 = torch.zeros(1, i, d, device=device, dtype=dtype)
+    w2 = torch.zeros(1, d, i, device=device, dtype=dtype)
     try:
-        x = torch.zeros(2, w1.shape[2], device=w1.device, dtype=w1.dtype)
-        counts = [2] + [0] * (w1.shape[0] - 1)
-        grouped_mm_experts(x, counts, range(w1.shape[0]), w1, w3, w2)
+        grouped_mm_experts(torch.zeros(2, d, device=device, dtype=dtype), [2], range(1), w1, w1, w2)
     except (RuntimeError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     return None
 
 
-def resolve_kernel(name: str, w1: Tensor, w3: Tensor, w2: Tensor, cached: bool) -> str:
+def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype, cached: bool) -> str:
     """The name of the kernel to run for `name`: grouped_mm falls back to sorted, logging why."""
     if name != "grouped_mm":
         return name
     reason = "the expert cache is on (resident slots are not in expert order)" if cached \
-        else grouped_mm_unsupported(w1, w3, w2)
+        else grouped_mm_unsupported(shape, device, dtype)
     if reason:
         log.warning("--moe-kernel grouped_mm unavailable, using sorted: %s", reason)
         return "sorted"

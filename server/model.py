@@ -11,19 +11,24 @@ E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from server.moe import MoELayer, StepContext
-from server.routing import router_class
+from records.server_settings import MoE
+from server.expert_cache import LayerCache
+from server.kernels import KERNELS, resolve_kernel
+from server.moe import Experts, MoELayer, StepContext
+from server.routing import Skew, router_class, router_options
+from server.tokenizer import VOCAB_SIZE
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    vocab_size: int = 258
+    vocab_size: int = VOCAB_SIZE
     dim: int = 64
     n_layers: int = 2
     n_heads: int = 4
@@ -205,24 +210,41 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, router: nn.Module, device, dtype):
+    def __init__(self, args: ModelArgs, moe: MoELayer, device, dtype):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.attention = Attention(args, device, dtype)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
-        self.moe = MoELayer(args, layer, router, device, dtype)
+        self.moe = moe
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, device="cpu", dtype=torch.float32, router: str = "topk",
-                 router_options: dict | None = None, seed: int = 0):
+    """The model, every layer complete when built from the MoE settings: its router (with the
+    options it takes), kernel (grouped_mm falls back to sorted where it cannot run: see
+    `kernel_name`), capacity factor, routing skew and expert cache."""
+
+    def __init__(self, args: ModelArgs, moe: MoE = MoE(), seed: int = 0, device="cpu", dtype=torch.float32):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
-        make_router = router_class(router)
-        self.layers = nn.ModuleList(
-            Block(args, i, make_router(args, i, seed, device, dtype, **(router_options or {})), device, dtype)
-            for i in range(args.n_layers))
+        cached = moe.expert_cache > 0
+        self.kernel_name = resolve_kernel(moe.moe_kernel, (args.expert_dim, args.dim), torch.device(device), dtype,
+                                          cached)
+        router = router_class(moe.router)
+        options = router_options(router, {"noise_scale": moe.noise_scale, "renormalize": moe.renormalize})
+        skew = Skew.parse(moe.routing_skew)
+        rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
+
+        def moe_layer(i: int) -> MoELayer:
+            experts = Experts(args, device, dtype, on_host=cached)
+            bias = skew.layer_bias(args.n_experts, args.top_k, i, seed)
+            cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device), moe.cache_policy, rng) \
+                if cached else None
+            return MoELayer(layer=i, top_k=args.top_k, router=router(args, i, seed, device, dtype, **options),
+                            experts=experts, kernel=KERNELS[self.kernel_name], capacity_factor=moe.capacity_factor,
+                            skew_bias=None if bias is None else bias.to(device), cache=cache)
+
+        self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
         cos, sin = rope_tables(args, device)
@@ -237,7 +259,8 @@ class Transformer(nn.Module):
             if name.endswith("norm.weight"):
                 continue
             fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
-            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32)
+            # Drawn on the generator's device, so experts kept on the host get the same values.
+            p.copy_(torch.randn(p.shape, generator=gen, device=gen.device, dtype=torch.float32)
                     .mul_(1 / math.sqrt(fan_in)))
 
     @torch.no_grad()

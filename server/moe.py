@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from server.expert_cache import ExpertCache
-from server.kernels import swiglu
+from server.expert_cache import LayerCache
+from server.kernels import Kernel, swiglu
 from server.stages import StageTimer
 
 
@@ -40,20 +40,42 @@ class StepContext:
     active: list[int] = field(default_factory=list)  # per layer: experts that computed
 
 
+class Experts(nn.Module):
+    """One layer's expert weights, stacked: w1, w3 [E, I, D] and w2 [E, D, I]. With an expert
+    cache they stay in host memory (pinned on CUDA) and the cache holds the resident ones."""
+
+    def __init__(self, args, device, dtype, on_host: bool = False):
+        super().__init__()
+        e, i, d = args.n_experts, args.expert_dim, args.dim
+        where = {"device": device}
+        if on_host:
+            where = {"device": "cpu", "pin_memory": torch.device(device).type == "cuda"}
+        self.w1 = nn.Parameter(torch.empty(e, i, d, dtype=dtype, **where))
+        self.w3 = nn.Parameter(torch.empty(e, i, d, dtype=dtype, **where))
+        self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=dtype, **where))
+
+    @property
+    def weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.w1, self.w3, self.w2
+
+
 class MoELayer(nn.Module):
-    def __init__(self, args, layer: int, router: nn.Module, device, dtype):
+    """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
+    layer-wide routing bias and expert cache never change afterwards."""
+
+    def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts, kernel: Kernel,
+                 capacity_factor: float | None = None, skew_bias: Tensor | None = None,
+                 cache: LayerCache | None = None):
         super().__init__()
         self.layer = layer
-        self.top_k = args.top_k
-        self.n_experts = e = args.n_experts
+        self.top_k = top_k
+        self.n_experts = experts.w1.shape[0]
         self.router = router
-        self.w1 = nn.Parameter(torch.empty(e, args.expert_dim, args.dim, device=device, dtype=dtype))
-        self.w3 = nn.Parameter(torch.empty(e, args.expert_dim, args.dim, device=device, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(e, args.dim, args.expert_dim, device=device, dtype=dtype))
-        self.register_buffer("skew_bias", None, persistent=False)  # [E] layer-wide routing bias
-        self.capacity_factor: float | None = None  # None = dropless
-        self.kernel = None  # set by the engine (server.kernels)
-        self.cache: ExpertCache | None = None
+        self.experts = experts
+        self.kernel = kernel
+        self.capacity_factor = capacity_factor
+        self.register_buffer("skew_bias", skew_bias, persistent=False)  # [E] layer-wide routing bias
+        self.cache = cache
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)
@@ -96,18 +118,18 @@ class MoELayer(nn.Module):
 
     def compute(self, xs: Tensor, counts: list[int]) -> Tensor:
         if self.cache is None:
-            return self.kernel(xs, counts, range(self.n_experts), self.w1, self.w3, self.w2)
+            return self.kernel(xs, counts, range(self.n_experts), *self.experts.weights)
         # Through the cache, expert by expert, resident ones first: visiting the same experts in
         # id order every step is a scan that makes LRU evict exactly the expert needed next.
         starts = [0]
         for n in counts:
             starts.append(starts[-1] + n)
-        resident = self.cache.layers[self.layer].slot_of
+        resident = self.cache.slot_of
         ys = torch.empty_like(xs)
         for e in sorted((e for e, n in enumerate(counts) if n), key=lambda e: e not in resident):
             a, b = starts[e], starts[e + 1]
-            (slot,) = self.cache.ensure(self.layer, [e])
-            ys[a:b] = self.kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident(self.layer))
+            (slot,) = self.cache.ensure([e])
+            ys[a:b] = self.kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident)
         return ys
 
     @staticmethod
@@ -127,6 +149,6 @@ class MoELayer(nn.Module):
         for t in range(x.shape[0]):
             for j in range(self.top_k):
                 e = int(experts[t, j])
-                y = swiglu(x[t:t + 1], self.w1[e], self.w3[e], self.w2[e])
+                y = swiglu(x[t:t + 1], *(w[e] for w in self.experts.weights))
                 out[t] += weights[t, j].to(x.dtype) * y[0]
         return out

@@ -7,21 +7,46 @@ slot: prefilling or decoding, in admission order) and the free KV slots. It retu
 `StepPlan`: prompt chunks to prefill (a waiting request in it gets a KV slot) and resident
 requests to decode, or nothing and when to ask again. Policies never preempt: a full KV
 pool makes admission wait. The engine and the service never ask which policy runs.
+
+A policy is a frozen dataclass whose fields are its knobs, named as the batching settings
+that set them (records/server_settings.py), and one entry in POLICIES.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar, Protocol
 
 import torch
+
+from records.declare import require
+from records.server_settings import Batching
+
+
+class Pending(Protocol):
+    """What a policy reads of a request (server/batcher.py's Request)."""
+
+    request_id: str
+    received_ns: int
+    priority: int
+    prompt_len: int
+    prompt_left: int  # prompt tokens not yet in the KV cache; 0 once decoding
+    last_run_ns: int  # end of the last step that ran it (its arrival before the first)
+    signature: torch.Tensor | None  # [L, E] bool: the experts its last step used; None before its prefill
+
+
+class Policy(Protocol):
+    name: ClassVar[str]
+
+    def plan(self, v: View) -> StepPlan: ...
 
 
 @dataclass
 class StepPlan:
-    prefill: list[tuple[object, int]] = field(default_factory=list)  # (request, prompt tokens this step)
-    decode: list = field(default_factory=list)
+    prefill: list[tuple[Pending, int]] = field(default_factory=list)  # (request, prompt tokens this step)
+    decode: list[Pending] = field(default_factory=list)
     wake_in_s: float | None = None  # with an empty plan: ask again after this long, or on new work
 
     def __bool__(self) -> bool:
@@ -31,41 +56,30 @@ class StepPlan:
 @dataclass(frozen=True)
 class View:
     now_ns: int
-    waiting: Sequence  # not yet admitted, oldest first
-    resident: Sequence  # hold a KV slot, in admission order
+    waiting: Sequence[Pending]  # not yet admitted, oldest first
+    resident: Sequence[Pending]  # hold a KV slot, in admission order
     free_slots: int
 
 
-@dataclass(frozen=True)
-class PolicyConfig:
-    max_batch_size: int = 32  # sequences per step
-    max_wait_ms: float = 50.0  # static/dynamic: longest wait for a batch; expert_aware: age bound
-    max_step_tokens: int = 512  # latency_sensitive: tokens per step (decodes first, then prefill chunks)
-
-
-def age_ms(req, now_ns: int) -> float:
+def age_ms(req: Pending, now_ns: int) -> float:
     return (now_ns - req.received_ns) / 1e6
 
 
-def decoding(resident: Sequence) -> list:
+def decoding(resident: Sequence[Pending]) -> list[Pending]:
     return [r for r in resident if r.prompt_left == 0]
 
 
-class FcfsPolicy:
+@dataclass(frozen=True)
+class Fcfs:
     """Continuous batching in arrival order: every step decodes the resident requests and
     admits waiting ones, whole prompts, while KV slots and batch places allow."""
 
-    name = "fcfs"
-
-    def __init__(self, config: PolicyConfig):
-        self.config = config
-
-    def knobs(self) -> dict[str, float]:
-        return {"max_batch_size": self.config.max_batch_size}
+    name: ClassVar[str] = "fcfs"
+    max_batch_size: int
 
     def plan(self, v: View) -> StepPlan:
-        plan = StepPlan(decode=decoding(v.resident)[:self.config.max_batch_size])
-        room = self.config.max_batch_size - len(plan.decode)
+        plan = StepPlan(decode=decoding(v.resident)[:self.max_batch_size])
+        room = self.max_batch_size - len(plan.decode)
         resuming = [r for r in v.resident if r.prompt_left][:room]
         plan.prefill = [(r, r.prompt_left) for r in resuming]
         room -= len(resuming)
@@ -73,23 +87,23 @@ class FcfsPolicy:
         return plan
 
 
-class StaticPolicy(FcfsPolicy):
+@dataclass(frozen=True)
+class Static:
     """Pre-Orca static batching: gather up to max_batch_size requests or wait max_wait_ms,
     prefill them together, decode until every one of them finishes; arrivals wait for the
     next batch."""
 
-    name = "static"
-
-    def knobs(self) -> dict[str, float]:
-        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+    name: ClassVar[str] = "static"
+    max_batch_size: int
+    max_wait_ms: float
 
     def plan(self, v: View) -> StepPlan:
         if v.resident:
             return StepPlan(decode=decoding(v.resident))
-        size = min(self.config.max_batch_size, v.free_slots)
+        size = min(self.max_batch_size, v.free_slots)
         if not v.waiting or size == 0:
             return StepPlan()
-        wait_left_ms = self.config.max_wait_ms - age_ms(v.waiting[0], v.now_ns)
+        wait_left_ms = self.max_wait_ms - age_ms(v.waiting[0], v.now_ns)
         if len(v.waiting) < size and wait_left_ms > 0:
             return StepPlan(wake_in_s=wait_left_ms / 1e3)
         return StepPlan(prefill=[(r, r.prompt_left) for r in list(v.waiting)[:size]])
@@ -100,29 +114,29 @@ def length_bucket(tokens: int) -> int:
     return math.ceil(math.log2(max(tokens, 1)))
 
 
-class DynamicPolicy(FcfsPolicy):
+@dataclass(frozen=True)
+class Dynamic:
     """Continuous batching whose admissions merge requests of similar prompt length: waiting
     requests are grouped into power-of-two length buckets, and the oldest request's bucket
     is admitted together once it fills the free batch places or its oldest member has
     waited max_wait_ms. Less padding in the batched prefill."""
 
-    name = "dynamic"
-
-    def knobs(self) -> dict[str, float]:
-        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+    name: ClassVar[str] = "dynamic"
+    max_batch_size: int
+    max_wait_ms: float
 
     def plan(self, v: View) -> StepPlan:
-        plan = StepPlan(decode=decoding(v.resident)[:self.config.max_batch_size])
-        room = min(self.config.max_batch_size - len(plan.decode), v.free_slots)
+        plan = StepPlan(decode=decoding(v.resident)[:self.max_batch_size])
+        room = min(self.max_batch_size - len(plan.decode), v.free_slots)
         if not v.waiting or room <= 0:
             return plan
         buckets: dict[int, list] = {}
         for r in v.waiting:
-            buckets.setdefault(length_bucket(len(r.prompt_ids)), []).append(r)
+            buckets.setdefault(length_bucket(r.prompt_len), []).append(r)
         # The oldest request's bucket once it has waited long enough (the age bound comes
         # first), else any bucket full enough to fill the free places.
-        oldest = buckets[length_bucket(len(v.waiting[0].prompt_ids))]
-        wait_left_ms = self.config.max_wait_ms - age_ms(oldest[0], v.now_ns)
+        oldest = buckets[length_bucket(v.waiting[0].prompt_len)]
+        wait_left_ms = self.max_wait_ms - age_ms(oldest[0], v.now_ns)
         ready = oldest if wait_left_ms <= 0 else next((b for b in buckets.values() if len(b) >= room), None)
         if ready is None:
             plan.wake_in_s = wait_left_ms / 1e3
@@ -131,7 +145,8 @@ class DynamicPolicy(FcfsPolicy):
         return plan
 
 
-class ExpertAwarePolicy(FcfsPolicy):
+@dataclass(frozen=True)
+class ExpertAware:
     """When more requests hold KV slots than a step runs (--kv-slots above --max-batch-size),
     decode the set that activates the fewest distinct experts: greedy, starting from the
     oldest, each time adding the request whose expert signature (the experts its last step
@@ -144,32 +159,31 @@ class ExpertAwarePolicy(FcfsPolicy):
     more requests than a step runs. Otherwise steps decode only, since a prompt's many
     tokens activate nearly every expert and would undo the grouping."""
 
-    name = "expert_aware"
-
-    def knobs(self) -> dict[str, float]:
-        return {"max_batch_size": self.config.max_batch_size, "max_wait_ms": self.config.max_wait_ms}
+    name: ClassVar[str] = "expert_aware"
+    max_batch_size: int
+    max_wait_ms: float
 
     def plan(self, v: View) -> StepPlan:
-        size = self.config.max_batch_size
+        size = self.max_batch_size
         ready = decoding(v.resident)
         prefilling = [r for r in v.resident if r.prompt_left] + list(v.waiting)[:max(0, v.free_slots)]
         n_prefill = 0
         if prefilling and len(ready) < size:
             n_prefill = min(len(prefilling), size - len(ready))
-        elif prefilling and age_ms(prefilling[0], v.now_ns) >= self.config.max_wait_ms:
+        elif prefilling and age_ms(prefilling[0], v.now_ns) >= self.max_wait_ms:
             n_prefill = min(len(prefilling), max(1, size // 4))
         plan = StepPlan(prefill=[(r, r.prompt_left) for r in prefilling[:n_prefill]])
         places = size - n_prefill
         if len(ready) <= places:
             plan.decode = ready
             return plan
-        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.config.max_wait_ms][:places]
+        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.max_wait_ms][:places]
         rest = [r for r in ready if r not in overdue]
         plan.decode = overdue + self.fewest_experts(rest, places - len(overdue), overdue)
         return plan
 
     @staticmethod
-    def fewest_experts(candidates: list, n: int, chosen: list) -> list:
+    def fewest_experts(candidates: list[Pending], n: int, chosen: list[Pending]) -> list[Pending]:
         """Greedy: oldest first when nothing is chosen yet, then the smallest new-expert count
         (ties to the older request)."""
         if n <= 0 or not candidates:
@@ -191,19 +205,24 @@ class ExpertAwarePolicy(FcfsPolicy):
         return picked
 
 
-class LatencySensitivePolicy(FcfsPolicy):
+@dataclass(frozen=True)
+class LatencySensitive:
     """Caps the batch and the tokens of each step (max_step_tokens): running decodes always
     go first, one token each; the rest of the budget prefills prompts in chunks (Sarathi
     style), so a long prompt never stalls running decodes; higher priority is admitted first,
     then arrival order."""
 
-    name = "latency_sensitive"
+    name: ClassVar[str] = "latency_sensitive"
+    max_batch_size: int
+    max_step_tokens: int
 
-    def knobs(self) -> dict[str, float]:
-        return {"max_batch_size": self.config.max_batch_size, "max_step_tokens": self.config.max_step_tokens}
+    def __post_init__(self):
+        require(self.max_step_tokens >= self.max_batch_size, "max-step-tokens",
+                f"must be at least --max-batch-size ({self.max_batch_size}) so every running decode fits, "
+                f"got {self.max_step_tokens}")
 
     def plan(self, v: View) -> StepPlan:
-        size, budget = self.config.max_batch_size, self.config.max_step_tokens
+        size, budget = self.max_batch_size, self.max_step_tokens
         plan = StepPlan(decode=decoding(v.resident)[:min(size, budget)])
         budget -= len(plan.decode)
         room = size - len(plan.decode)
@@ -218,5 +237,15 @@ class LatencySensitivePolicy(FcfsPolicy):
         return plan
 
 
-POLICIES: dict[str, type] = {p.name: p for p in (StaticPolicy, FcfsPolicy, DynamicPolicy, ExpertAwarePolicy,
-                                                  LatencySensitivePolicy)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fcfs, Static, Dynamic, ExpertAware, LatencySensitive)}
+
+
+def build_policy(batching: Batching) -> Policy:
+    """The policy --policy names, its knobs taken from the batching settings of the same name."""
+    kind = POLICIES[batching.policy]
+    return kind(**{f.name: getattr(batching, f.name) for f in fields(kind)})
+
+
+def knobs(policy: Policy) -> dict[str, float]:
+    """The policy's settings, as GetStats reports them."""
+    return {name: float(value) for name, value in asdict(policy).items()}

@@ -1,7 +1,8 @@
 """Routers and routing skew: which k experts each token goes to, and with what weight.
 
 A router is an nn.Module built once per MoE layer as `Router(args, layer, seed, device,
-dtype, **options)`; its forward takes the layer's input [N, D], a logit bias ([E] or
+dtype, **options)`, the options being the router settings its constructor names
+(`noise_scale`, `renormalize`); its forward takes the layer's input [N, D], a logit bias ([E] or
 [N, E], from the skew) and the index of each token's sequence in the step [N], and returns
 (weights [N, k] fp32, experts [N, k] long) with k distinct experts per token. Custom
 routers load by dotted path (`--router mypkg.mod:MyRouter`) against that interface.
@@ -16,6 +17,7 @@ import functools
 import hashlib
 import heapq
 import importlib
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +37,7 @@ class TopKRouter(nn.Module):
     """Softmax over a linear gate in fp32, top-k, renormalised over the chosen k or not
     (Mixtral does, Qwen1.5-MoE does not: the preset decides unless --[no-]renormalize)."""
 
-    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None, **_):
+    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None):
         super().__init__()
         self.top_k = args.top_k
         self.renormalize = args.renormalize if renormalize is None else renormalize
@@ -60,8 +62,9 @@ class NoisyTopKRouter(TopKRouter):
     """Shazeer et al. 2017: gate logits plus Gaussian noise whose per-expert scale is a
     learned softplus(x W_noise), times --noise-scale. Seeded per layer."""
 
-    def __init__(self, args, layer: int, seed: int, device, dtype, noise_scale: float = 1.0, **options):
-        super().__init__(args, layer, seed, device, dtype, **options)
+    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None,
+                 noise_scale: float = 1.0):
+        super().__init__(args, layer, seed, device, dtype, renormalize)
         self.noise_scale = noise_scale
         self.w_noise = nn.Linear(args.dim, args.n_experts, bias=False, device=device, dtype=dtype)
         self.generator = torch.Generator(device=device).manual_seed(seed * 1_000 + layer)
@@ -102,6 +105,14 @@ class BalancedRouter(TopKRouter):
 
 
 ROUTERS = {"topk": TopKRouter, "noisy_topk": NoisyTopKRouter, "balanced": BalancedRouter}
+
+
+def router_options(router: type[nn.Module], offered: dict) -> dict:
+    """The offered options (None = not set) that the router's constructor takes by name: a
+    custom router sees only the options it declares, or all of them with **kwargs."""
+    params = inspect.signature(router).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return {k: v for k, v in offered.items() if v is not None and (takes_any or k in params)}
 
 
 def router_class(name: str) -> type[nn.Module]:

@@ -20,6 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto import moe_pb2, moe_pb2_grpc
+from records.declare import flat, text
+from records.server_settings import ServerSettings
 from server import tokenizer
 from server.batcher import FailureEvent, Request, TokenEvent
 from server.errors import (
@@ -28,6 +30,7 @@ from server.errors import (
     ServerError,
     UnavailableError,
 )
+from server.policies import knobs
 from server.scheduler import Scheduler
 from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 
@@ -93,10 +96,10 @@ def validate(request: moe_pb2.GenerateRequest, prompt_len: int, limits: Limits) 
 
 
 class MoEService(moe_pb2_grpc.MoEInferenceServicer):
-    def __init__(self, scheduler: Scheduler, limits: Limits, info: dict[str, str]):
+    def __init__(self, scheduler: Scheduler, limits: Limits, settings: ServerSettings):
         self.scheduler = scheduler
         self.limits = limits
-        self.info = info  # policy, preset, device, dtype
+        self.settings = settings  # as resolved at start-up
         self.draining = False
 
     async def Generate(self, request, context):
@@ -112,9 +115,10 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
                 raise UnavailableError("server is shutting down; send the request to another replica")
             prompt_ids = prompt_ids_of(request, self.limits)
             validate(request, len(prompt_ids), self.limits)
-            req = Request(request.request_id or uuid.uuid4().hex, prompt_ids, request.max_tokens,
-                          sink, request.ignore_eos, request.temperature, request.seed,
-                          request.priority, received_ns)
+            req = Request(request_id=request.request_id or uuid.uuid4().hex, prompt_ids=prompt_ids,
+                          max_tokens=request.max_tokens, sink=sink, ignore_eos=request.ignore_eos,
+                          temperature=request.temperature, seed=request.seed, priority=request.priority,
+                          received_ns=received_ns)
             self.scheduler.submit(req)
         except ServerError as exc:
             self.scheduler.count_rejected()
@@ -155,7 +159,7 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
                 self.scheduler.cancel(req)
 
     async def GetStats(self, request, context):
-        return stats_message(self.scheduler.snapshot(), self.scheduler, self.info)
+        return stats_message(self.scheduler.snapshot(), self.scheduler, self.settings)
 
     async def ResetStats(self, request, context):
         self.scheduler.reset_stats()
@@ -194,10 +198,19 @@ def histogram_message(h) -> moe_pb2.Histogram:
     return moe_pb2.Histogram(bounds=h.bounds, counts=h.counts, count=h.count, sum=h.sum, max=h.max)
 
 
-def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.EngineStats:
+def settings_fields(settings: ServerSettings) -> dict:
+    """GetStats' `settings` map, and the older EngineStats fields that carry a setting of the same
+    name (an unset one keeps the field's default)."""
+    values = flat(settings)
+    names = moe_pb2.EngineStats.DESCRIPTOR.fields_by_name
+    older = {name: value for name, value in values.items() if name in names and value is not None}
+    return older | {"settings": {name: text(value) for name, value in values.items()}}
+
+
+def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_pb2.EngineStats:
     t = snap.telemetry
     engine = scheduler.engine
-    args, options = engine.args, engine.options
+    args = engine.args
     layers = []
     for i in range(args.n_layers):
         tokens = t.expert_tokens[i].tolist()
@@ -210,7 +223,7 @@ def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.E
         layers.append(layer)
     gpu_util, gpu_mem = gpu_stats(engine.device)
     return moe_pb2.EngineStats(
-        **info,
+        **settings_fields(settings),
         uptime_s=(time.monotonic_ns() - scheduler.started_ns) / 1e9,
         window_s=t.window_s,
         requests_admitted=t.requests_admitted, requests_finished=t.requests_finished,
@@ -220,10 +233,7 @@ def stats_message(snap, scheduler: Scheduler, info: dict[str, str]) -> moe_pb2.E
         kv_slots_total=engine.kv_slots, mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
         num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
         expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
-        max_batch_size=scheduler.policy.config.max_batch_size, max_seq_len=args.max_seq_len,
-        policy_knobs=scheduler.policy.knobs(),
-        router=options.router, routing_skew=options.skew, capacity_factor=options.capacity_factor or 0.0,
-        moe_kernel=engine.kernel_name, expert_cache=options.expert_cache, cache_policy=options.cache_policy,
+        max_seq_len=args.max_seq_len, policy_knobs=knobs(scheduler.policy),
         layers=layers,
         stages=[moe_pb2.StageTime(stage=name, ms=histogram_message(h)) for name, h in t.stage_ms.items()],
         step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),

@@ -16,8 +16,9 @@ import grpc
 import pytest
 
 from proto import moe_pb2_grpc
+from records.declare import build
+from records.server_settings import ServerSettings
 from server.app import App, start
-from server.config import ServerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,11 +33,11 @@ class Served:
 @contextmanager
 def running_server(**overrides):
     """Yields a real server in this process, drained on exit."""
-    config = ServerConfig(preset="tiny", port=0, torch_threads=1, **overrides)
+    settings = build(ServerSettings, {"preset": "tiny", "port": 0, "torch_threads": 1} | overrides)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    app = asyncio.run_coroutine_threadsafe(start(config), loop).result(timeout=60)
+    app = asyncio.run_coroutine_threadsafe(start(settings), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{app.port}")
     try:
         yield Served(app.port, moe_pb2_grpc.MoEInferenceStub(channel), app)

@@ -333,6 +333,21 @@ def test_server_difference_is_warned_but_compared(tmp_path):
     assert by_run(headline, "ttft_p50_ms")["static"]["vs_baseline"]["verdict"] is not None
 
 
+def test_servers_reporting_their_settings_are_compared_on_every_setting_that_matters(tmp_path):
+    def server(policy: str, threads: str, max_wait_ms: str) -> dict:
+        settings = {"policy": policy, "preset": "small", "torch_threads": threads, "max_wait_ms": max_wait_ms,
+                    "port": str(50051 + len(policy))}
+        return {"start": {"settings": settings}}
+
+    for i, (name, args) in enumerate({"a": ("fcfs", "1", "50.0"), "b": ("static", "2", "100.0")}.items()):
+        write_run(tmp_path / name, lognormal(i, 50, 200.0), lognormal(i + 9, 50, 20.0),
+                  summary={"server": server(*args)})
+    _, headline = compare([load_run(tmp_path / "a"), load_run(tmp_path / "b")], tmp_path / "out")
+    # The policy and its knobs differ by design, the port does not matter: torch threads do.
+    assert headline["warnings"] == [
+        "the servers differ, so the comparison mixes server settings and policy: torch_threads: a=1, b=2"]
+
+
 def test_png_has_expected_size_and_md_links_it(tmp_path):
     for name, seed in (("x", 1), ("y", 2), ("z", 3)):
         write_run(tmp_path / name, lognormal(seed, 60, 200.0), lognormal(seed + 9, 60, 20.0))

@@ -4,7 +4,8 @@ equals one request at a time, whatever the router, kernel or expert cache."""
 import pytest
 import torch
 
-from server.engine import Engine, EngineOptions, SeqInput
+from records.server_settings import MoE
+from server.engine import Engine, SeqInput
 from server.model import PRESETS
 
 
@@ -19,12 +20,12 @@ def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[in
     return out
 
 
-@pytest.mark.parametrize("options", [
-    EngineOptions(), EngineOptions(moe_kernel="reference"), EngineOptions(expert_cache=2),
-    EngineOptions(skew="affinity:0.1"), EngineOptions(skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
+@pytest.mark.parametrize("moe", [
+    MoE(), MoE(moe_kernel="reference"), MoE(expert_cache=2),
+    MoE(routing_skew="affinity:0.1"), MoE(routing_skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
 ], ids=str)
-def test_batched_decode_matches_one_request_at_a_time(options):
-    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3, options=options)
+def test_batched_decode_matches_one_request_at_a_time(moe):
+    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3, moe=moe)
     prompts = [[256, *b"hello"], [256, *b"a much longer prompt, to mix lengths"], [256, 7]]
     n = 12
     expected = [greedy_alone(engine, p, n, key) for key, p in enumerate(prompts)]
@@ -55,8 +56,9 @@ def test_seeded_sampling_repeats():
 
     def sample(seed):
         gen = engine.new_generator(seed)
-        toks = engine.step([SeqInput(0, [256, 1, 2, 3], 0, 1.0, gen),
-                               SeqInput(1, [256, 1, 2, 3], 0, 1.0, engine.new_generator(seed + 1))]).next_ids
+        toks = engine.step([SeqInput(0, [256, 1, 2, 3], 0, temperature=1.0, generator=gen),
+                            SeqInput(1, [256, 1, 2, 3], 0, temperature=1.0,
+                                     generator=engine.new_generator(seed + 1))]).next_ids
         return toks
 
     assert sample(5) == sample(5)

@@ -10,12 +10,12 @@ import pytest
 
 from loadgen.arrivals import arrival_offsets_s, worker_arrivals
 from loadgen.client import StreamResult
-from loadgen.config import ConfigError, LoadConfig
 from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
-from loadgen.slo import Slo
 from loadgen.stress import short_of_sent
 from loadgen.timing import stream_timing
+from records.declare import SettingsError, build
+from records.load_settings import LoadSettings, Slo
 
 MS = 1_000_000  # ns
 
@@ -63,7 +63,7 @@ def test_out_of_range_values_are_clamped_and_counted():
 
 
 def test_every_request_is_accounted_for_and_warmup_is_not_measured():
-    rec = Recorder(start_ns=0, warmup_s=1.0, slo=Slo(ttft=100, e2e=400))
+    rec = Recorder(start_ns=0, warmup_s=1.0, slo=Slo(slo_ttft_ms=100, slo_e2e_ms=400))
 
     def result(rid, scheduled_ms, status="OK", first_ms=50):
         r = StreamResult(rid, scheduled_ms * MS, sent_ns=scheduled_ms * MS, status=status)
@@ -109,7 +109,7 @@ def test_merging_exports_equals_recording_everything_in_one():
                                recv_ns=[int((i + ttft_ms) * MS), int((i + ttft_ms + 5) * MS)], tokens=[1, 1])
 
     def recorder():
-        return Recorder(start_ns=0, warmup_s=0, slo=Slo(ttft=50), stop_ns=10_000 * MS)
+        return Recorder(start_ns=0, warmup_s=0, slo=Slo(slo_ttft_ms=50), stop_ns=10_000 * MS)
 
     a, b, one, merged = recorder(), recorder(), recorder(), recorder()
     for r in results(300, 1):
@@ -156,10 +156,10 @@ def test_workers_split_the_rate_and_never_share_an_index():
 
 
 def test_aio_client_is_for_open_loop_schedules():
-    assert LoadConfig(client="aio").client == "aio"
+    assert build(LoadSettings, {"client": "aio"}).sender.client == "aio"
     for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {})):
-        with pytest.raises(ConfigError, match="--client: aio sends open-loop schedules only"):
-            LoadConfig(mode=mode, client="aio", **extra)
+        with pytest.raises(SettingsError, match="--client: aio sends open-loop schedules only"):
+            build(LoadSettings, {"mode": mode, "client": "aio", **extra})
 
 
 @pytest.mark.parametrize("achieved, sent, saturated", [

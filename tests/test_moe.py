@@ -3,14 +3,16 @@ reference (edge cases included), routers (k distinct experts, ties, noise, least
 balance, custom routers), routing skew, expert capacity and drops, the expert-weight cache
 (same output, real counters, eviction policies) and stage timing."""
 
+import random
 import time
 
 import pytest
 import torch
 from torch import nn
 
-from server.engine import Engine, EngineOptions, SeqInput
-from server.expert_cache import ExpertCache, LayerCache
+from records.server_settings import MoE
+from server.engine import Engine, SeqInput
+from server.expert_cache import LayerCache
 from server.kernels import KERNELS, grouped_mm_unsupported
 from server.model import PRESETS, Transformer
 from server.moe import StepContext, expert_capacity
@@ -31,19 +33,18 @@ def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
 @pytest.mark.parametrize("kernel", ["sorted", "grouped_mm"])
 def test_kernels_match_the_per_token_reference(kernel, counts):
     w = weights()
-    if kernel == "grouped_mm" and grouped_mm_unsupported(*w):
-        pytest.skip(grouped_mm_unsupported(*w))
+    if kernel == "grouped_mm" and (why := grouped_mm_unsupported((TINY.expert_dim, TINY.dim), w[0].device, w[0].dtype)):
+        pytest.skip(why)
     xs = torch.randn(sum(counts), TINY.dim, generator=torch.Generator().manual_seed(1))
     expected = KERNELS["reference"](xs, counts, range(E), *w)
     torch.testing.assert_close(KERNELS[kernel](xs, counts, range(E), *w), expected, rtol=1e-5, atol=1e-5)
 
 
-def moe_layer(router="topk", seed=0, dtype=torch.float32, **options):
-    model = Transformer(TINY, dtype=dtype, router=router, router_options=options or None, seed=seed)
+def moe_layer(seed=0, dtype=torch.float32, **settings):
+    """Layer 0 of a tiny model built with these MoE settings (the same weights for the same seed)."""
+    model = Transformer(TINY, MoE(**settings), seed, dtype=dtype)
     model.init_random(seed)
-    layer = model.layers[0].moe
-    layer.kernel = KERNELS["sorted"]
-    return layer
+    return model.layers[0].moe
 
 
 def context(n, groups=None):
@@ -53,8 +54,7 @@ def context(n, groups=None):
 
 @pytest.mark.parametrize("kernel", ["sorted", "reference"])
 def test_layer_matches_reference(kernel):
-    layer = moe_layer(dtype=torch.float64)
-    layer.kernel = KERNELS[kernel]
+    layer = moe_layer(dtype=torch.float64, moe_kernel=kernel)
     x = torch.randn(23, TINY.dim, dtype=torch.float64)
     step = context(23)
     torch.testing.assert_close(layer(x, step), layer.reference(x, context(23)))
@@ -120,17 +120,15 @@ def routed_share(layer, n=4096, groups=None):
 
 
 def test_zipf_skew_follows_popularity():
-    layer = moe_layer()
-    skew = Skew.parse("zipf:1.5")
-    layer.skew_bias = skew.layer_bias(E, K, 0, seed=0)
+    layer = moe_layer(routing_skew="zipf:1.5")
+    assert torch.equal(layer.skew_bias, Skew.parse("zipf:1.5").layer_bias(E, K, 0, seed=0))
     share = routed_share(layer)
     popularity = layer.skew_bias.argsort(descending=True).tolist()
     assert share[popularity[0]] > 0.3 > 1 / E and share[popularity[0]] > share[popularity[-1]] * 3
 
 
 def test_hot_skew_gives_the_hot_expert_its_fraction():
-    layer = moe_layer()
-    layer.skew_bias = Skew.parse("hot:0.4").layer_bias(E, K, 0, seed=0)
+    layer = moe_layer(routing_skew="hot:0.4")
     hot = int(layer.skew_bias.argmax())
     assert routed_share(layer)[hot] == pytest.approx(0.4, abs=0.05)
     with pytest.raises(ValueError, match="at most 1/k"):
@@ -161,28 +159,25 @@ def test_bad_skew_is_refused(spec):
 def test_capacity_drops_over_capacity_pairs_and_counts_them():
     assert expert_capacity(tokens=10, top_k=2, n_experts=4, capacity_factor=1.0) == 5
     assert expert_capacity(tokens=10, top_k=2, n_experts=4, capacity_factor=1.25) == 7
-    layer = moe_layer(router="tests.test_moe:FirstExpertsRouter")  # all 8 tokens to experts 0 and 1
-    layer.capacity_factor = 1.0  # capacity ceil(8*2/4) = 4 per expert
+    router = "tests.test_moe:FirstExpertsRouter"  # all 8 tokens to experts 0 and 1
+    layer = moe_layer(router=router, capacity_factor=1.0)  # capacity ceil(8*2/4) = 4 per expert
     x = torch.randn(8, TINY.dim)
     step = context(8)
     out = layer(x, step)
     assert step.dropped[0].tolist() == [4, 4, 0, 0] and step.active[0] == 2
     torch.testing.assert_close(out[4:], torch.zeros_like(out[4:]))  # later tokens kept only their residual
-    layer.capacity_factor = None
-    torch.testing.assert_close(out[:4], layer(x, context(8))[:4])
+    torch.testing.assert_close(out[:4], moe_layer(router=router)(x, context(8))[:4])
 
 
 def test_expert_cache_gives_the_same_output_and_counts_copies():
     x = torch.randn(40, TINY.dim, generator=torch.Generator().manual_seed(5))
     plain = moe_layer()
     expected = plain(x, context(40))
-    cached = moe_layer()
-    host = (cached.w1.data, cached.w3.data, cached.w2.data)
-    cached.cache = ExpertCache([host], capacity=2, device=torch.device("cpu"))
+    cached = moe_layer(expert_cache=2)
     torch.testing.assert_close(cached(x, context(40)), expected)
     cached.cache.settle()
-    c = cached.cache.layers[0].counters
-    expert_bytes = sum(w[0].numel() * 4 for w in host)
+    c = cached.cache.counters
+    expert_bytes = sum(w[0].numel() * 4 for w in cached.experts.weights)
     assert c.misses == E and c.evictions == E - 2 and c.bytes_copied == E * expert_bytes
     assert c.copy_ms > 0 and c.wait_ms == c.copy_ms
 
@@ -190,11 +185,10 @@ def test_expert_cache_gives_the_same_output_and_counts_copies():
 @pytest.mark.parametrize("policy, evicted", [("lru", 2), ("lfu", 1)])
 def test_eviction_policies(policy, evicted):
     host = weights(e=4)
-    cache = LayerCache(host, capacity=2, device=torch.device("cpu"), policy=policy, rng=None)
-    clock, pending = ExpertCache([host], 2, torch.device("cpu")).clock, []
+    cache = LayerCache(host, capacity=2, device=torch.device("cpu"), policy=policy)
     for wave in ([1], [2], [2], [2], [1]):  # expert 2 used more often, expert 1 more recently
-        cache.ensure(wave, clock, pending)
-    cache.ensure([3], clock, pending)
+        cache.ensure(wave)
+    cache.ensure([3])
     assert set(cache.slot_of) == {1, 2, 3} - {evicted}
     assert torch.equal(cache.resident[0][cache.slot_of[3]], host[0][3])
     assert (cache.counters.hits, cache.counters.misses, cache.counters.evictions) == (3, 3, 1)
@@ -202,10 +196,11 @@ def test_eviction_policies(policy, evicted):
 
 def test_random_eviction_is_seeded():
     def evicted(seed):
-        cache = ExpertCache([weights(e=4)], capacity=2, device=torch.device("cpu"), policy="random", seed=seed)
+        cache = LayerCache(weights(e=4), capacity=2, device=torch.device("cpu"), policy="random",
+                           rng=random.Random(seed))
         for e in (0, 1, 2, 3, 0, 2, 1, 3):
-            cache.ensure(0, [e])
-        return list(cache.layers[0].slot_of)
+            cache.ensure([e])
+        return list(cache.slot_of)
 
     assert evicted(0) == evicted(0)
 
@@ -221,16 +216,16 @@ def test_stage_times_add_up_to_the_step():
     assert total <= wall_ms and total >= 0.8 * wall_ms - 0.5  # stated tolerance: 20% or 0.5 ms
 
 
-@pytest.mark.parametrize("options", [
-    EngineOptions(router="balanced"), EngineOptions(router="noisy_topk"), EngineOptions(capacity_factor=1.0),
-    EngineOptions(moe_kernel="grouped_mm"), EngineOptions(expert_cache=2, cache_policy="random"),
-    EngineOptions(skew="affinity:0.1"), EngineOptions(skew="hot:0.3"),
+@pytest.mark.parametrize("moe", [
+    MoE(router="balanced"), MoE(router="noisy_topk"), MoE(capacity_factor=1.0),
+    MoE(moe_kernel="grouped_mm"), MoE(expert_cache=2, cache_policy="random"),
+    MoE(routing_skew="affinity:0.1"), MoE(routing_skew="hot:0.3"),
 ], ids=str)
-def test_engine_runs_with_every_option(options):
-    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0, options=options)
+def test_engine_runs_with_every_option(moe):
+    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0, moe=moe)
     result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11), SeqInput(1, [7] * 3, 0, routing_key=12)])
     assert len(result.next_ids) == 2 and result.routed.sum() == 9 * K * TINY.n_layers
-    assert (result.dropped is not None) == (options.capacity_factor is not None)
+    assert (result.dropped is not None) == (moe.capacity_factor is not None)
 
 
 def test_renormalisation_follows_the_preset_unless_overridden():

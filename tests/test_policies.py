@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from proto import moe_pb2
+from records.server_settings import Batching
 from server.batcher import Batcher, Request, TokenEvent
 from server.engine import StepResult
-from server.policies import POLICIES, PolicyConfig, length_bucket
+from server.policies import POLICIES, build_policy, length_bucket
 from server.routing import request_key
 from server.stages import STAGES
 from tests.conftest import running_server
@@ -38,7 +39,7 @@ class FakeEngine:
     costs 0.05 ms per token plus 1 ms per distinct expert per layer."""
 
     args = SimpleNamespace(n_layers=N_LAYERS, n_experts=N_EXPERTS, top_k=2)
-    cache = None
+    caches = []
     expert_bytes = 1
 
     def __init__(self, clock: FakeClock, kv_slots: int):
@@ -74,8 +75,9 @@ class FakeEngine:
         self.active_per_step.append(sum(active))
         self.clock.now_ns += 50_000 * tokens + MS * sum(active)
         routed = used.sum(dim=0).long()
-        return StepResult([7] * len(seqs), routed, None, active, used, dict.fromkeys(STAGES, 0.0), tokens, 0, 0,
-                          0, 0)
+        return StepResult(next_ids=[7] * len(seqs), routed=routed, dropped=None, active=active, seq_experts=used,
+                          stage_ms=dict.fromkeys(STAGES, 0.0), tokens=tokens, kv_useful=0, kv_computed=0,
+                          prefill_tokens=0, prefill_padded=0)
 
 
 @dataclass
@@ -91,7 +93,6 @@ class Recording:
 
     def __init__(self, policy, run: Run):
         self.policy, self.run = policy, run
-        self.config = policy.config
 
     def plan(self, v):
         plan = self.policy.plan(v)
@@ -105,7 +106,7 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) 
     clock = FakeClock()
     engine = FakeEngine(clock, kv_slots)
     run = Run(engine, [])
-    policy = Recording(POLICIES[policy_name](PolicyConfig(max_batch_size=max_batch_size, **knobs)), run)
+    policy = Recording(build_policy(Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)), run)
     batcher = Batcher(engine, policy, max_queue=10_000, clock=clock)
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
@@ -113,8 +114,8 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) 
             i, (t_ms, prompt, max_tokens, priority) = pending.pop(0)
             rid = f"r{i}"
             run.events[rid] = []
-            req = Request(rid, [1] * prompt, max_tokens, run.events[rid].append, ignore_eos=True, priority=priority,
-                          received_ns=int(t_ms * MS))
+            req = Request(request_id=rid, prompt_ids=[1] * prompt, max_tokens=max_tokens, sink=run.events[rid].append,
+                          ignore_eos=True, priority=priority, received_ns=int(t_ms * MS))
             run.requests.append(req)
             batcher.submit(req)
         if batcher.idle and not pending:

@@ -7,6 +7,8 @@ import urllib.request
 import pytest
 
 from proto import moe_pb2
+from records.declare import leaves
+from records.server_settings import ServerSettings
 from tests.conftest import running_server
 
 Req = moe_pb2.GenerateRequest
@@ -27,6 +29,10 @@ def test_stats_describe_every_step(busy):
     _, s, _ = busy
     assert (s.router, s.routing_skew, s.capacity_factor, s.moe_kernel, s.expert_cache) == \
         ("topk", "zipf:1.0", 0.5, "sorted", 2)
+    # Every setting, as the server resolved it: the preset's renormalisation, the device, the KV slots.
+    assert set(s.settings) == {leaf.name for leaf in leaves(ServerSettings)}
+    assert (s.settings["capacity_factor"], s.settings["renormalize"], s.settings["device"], s.settings["kv_slots"],
+            s.settings["torch_threads"], s.settings["metrics_port"]) == ("0.5", "true", "cpu", "32", "1", "0")
     assert s.requests_finished == 5 and s.tokens_generated == 30
     assert s.step_ms.count == s.steps and s.batch_size.count == s.steps
     assert sum(s.batch_size.counts) == s.steps and s.batch_size.sum == s.tokens_generated

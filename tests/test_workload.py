@@ -3,18 +3,19 @@
 
 import itertools
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from loadgen.profiles import Profile
 from loadgen.workload import Workload, load_dataset, parse_classes
+from records.declare import build
+from records.load_settings import LoadSettings
 
 
-def config(**overrides):
+def config(**overrides) -> LoadSettings:
     base = {"seed": 0, "mode": "mixed", "classes": "chat:3:8:4,long:1:64:2", "dataset": "", "prompt_tokens": 4,
             "prompt_tokens_max": 0, "max_tokens": 16}
-    return SimpleNamespace(**(base | overrides))
+    return build(LoadSettings, base | overrides)
 
 
 def test_classes_are_drawn_by_weight_with_their_shapes():

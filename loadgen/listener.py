@@ -1,0 +1,220 @@
+"""The load generator's Locust glue: one listener per Locust process, owning what the process
+keeps between events and registering its own handlers and messages (as locust-plugins'
+listeners do). A standalone process or a worker runs the schedule (loadgen/run.py); a
+distributed master collects the workers' parts and writes the merged run directory
+(loadgen/distributed.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import gevent
+from locust.runners import MasterRunner, WorkerRunner
+
+from loadgen.client import StreamResult, server_stats
+from loadgen.console import print_summary
+from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
+from loadgen.run import Run
+from loadgen.rundir import write_run_dir
+from loadgen.settings import check, with_run_dir
+from loadgen.summary import histogram_encodings
+from loadgen.timing import StreamTiming
+from records.declare import SettingsError, from_options
+from records.load_settings import LoadSettings
+
+log = logging.getLogger("loadgen")
+
+
+def settings_of(environment) -> LoadSettings:
+    """The settings from Locust's options (the web UI sends them as text) and --host."""
+    settings = from_options(LoadSettings, environment.parsed_options, host=environment.host or "")
+    check(settings)
+    return with_run_dir(settings)
+
+
+@dataclass
+class MasterState:
+    """A distributed master's run: the workers' parts as they arrive."""
+
+    settings: LoadSettings
+    expected: int
+    server_start: dict
+    parts: dict[int, dict] = field(default_factory=dict)
+    written: bool = False
+
+
+class RunListener:
+    def __init__(self, environment):
+        self.environment = environment
+        self.run: Run | None = None  # this process's schedule, while a test runs
+        self.master: MasterState | None = None
+        self.rank = 0  # a worker's place among the workers
+        self.server_start: dict = {}
+        events = environment.events
+        events.test_start.add_listener(self.start)
+        events.test_stopping.add_listener(self.stop_schedule)
+        events.test_stop.add_listener(self.finish)
+        runner = environment.runner
+        if isinstance(runner, MasterRunner):
+            runner.register_message(MESSAGE, lambda msg, **_: self.receive_part(msg.data))
+        if isinstance(runner, WorkerRunner):
+            runner.register_message(STOP_MESSAGE, lambda msg, **_: gevent.spawn(self.finish))
+        options = environment.parsed_options
+        if options is not None and (environment.host or options.headless):
+            try:  # bad flags end the process before any request, naming the flag
+                settings_of(environment)
+            except SettingsError as exc:
+                sys.exit(f"loadgen/moe.py: {exc}")
+
+    # --- ending a test ---
+
+    def end_test(self) -> None:
+        """Ends the test as -t would: headless the process quits, in the web UI the test stops."""
+        runner = self.environment.runner
+        gevent.spawn(runner.quit if self.environment.parsed_options.headless else runner.stop)
+
+    def refuse(self, message: str) -> None:
+        """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test stops."""
+        log.error("%s", message)
+        self.run = None
+        if self.environment.parsed_options.headless:
+            self.environment.process_exit_code = 2
+        self.end_test()  # not from inside the spawning greenlet
+
+    # --- the test ---
+
+    def start(self, **_) -> None:
+        environment = self.environment
+        try:
+            settings = settings_of(environment)
+        except SettingsError as exc:  # set in the web UI
+            self.refuse(str(exc))
+            return
+        runner = environment.runner
+        if isinstance(runner, MasterRunner):
+            self.start_master(settings, runner)
+            return
+        # Everything built so far lives for the whole run: keep the collector from walking it, so
+        # its pauses (tens of ms in a busy process) do not land in the timestamps.
+        gc.collect()
+        gc.freeze()
+        host = settings.sender.host
+        self.server_start = server_stats(host)
+        if "error" in self.server_start:
+            log.warning("server at %s: %s", host, self.server_start["error"])
+        if isinstance(runner, WorkerRunner):
+            ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
+            if runner.client_id not in ranks:
+                self.run = None  # refused by the master (its log says why), or joined mid-test
+                return
+            self.rank = ranks[runner.client_id]
+            self.run = Run(settings, self.report, lambda: server_stats(host), len(ranks), self.rank,
+                           f"{settings.recording.run_dir}/worker-{self.rank}")
+        else:
+            self.run = Run(settings, self.report, lambda: server_stats(host), request_stop=self.end_test)
+        log.info("%s", describe(settings))
+
+    def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
+        self.environment.parsed_options.moe_ranks = None  # a refused test must not pass on the last one's
+        if settings.traffic.mode == "stress":
+            self.refuse("--mode stress runs in one process (it judges each step as it ends); drop --master/--processes")
+            return
+        if runner.target_user_count < runner.worker_count:
+            self.refuse(f"{runner.worker_count} workers need at least {runner.worker_count} users "
+                        f"(-u {runner.worker_count}): each worker's users send its share of --rate")
+            return
+        # Ranks 0..N-1 by client id (Locust's worker indexes can have gaps); they reach the
+        # workers with the spawn message.
+        clients = runner.clients.ready + runner.clients.running + runner.clients.spawning
+        ranks = {c.id: i for i, c in enumerate(sorted(clients, key=lambda c: c.id))}
+        self.environment.parsed_options.moe_ranks = ranks
+        self.master = MasterState(settings, len(ranks), server_stats(settings.sender.host))
+
+    def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
+        """Each request into Locust's own statistics too: failures by status, TTFT, TPOT, E2E."""
+        fire = self.environment.events.request.fire
+        if not result.ok:
+            elapsed_ms = (result.recv_ns[-1] - result.sent_ns) / 1e6 if result.recv_ns else 0
+            fire(request_type="grpc", name="Generate", response_time=elapsed_ms, response_length=sum(result.tokens),
+                 exception=RuntimeError(f"{result.status}: {result.details}"), context={})
+            return
+        if timing is None:  # warm-up
+            return
+        fire(request_type="grpc", name="TTFT", response_time=timing.ttft_us / 1000, response_length=0,
+             exception=None, context={})
+        if timing.tpot_us is not None:
+            fire(request_type="grpc", name="TPOT", response_time=timing.tpot_us / 1000, response_length=0,
+                 exception=None, context={})
+        fire(request_type="grpc", name="E2E", response_time=timing.e2e_us / 1000,
+             response_length=timing.output_tokens, exception=None, context={})
+
+    def stop_schedule(self, **_) -> None:
+        if self.run is not None:
+            self.run.stop()
+        if self.master is not None:
+            # Locust's headless quit tells workers to quit only after the master's test_stop, and
+            # then waits 0.5 s: workers must stop and drain now, so their results arrive in time.
+            runner = self.environment.runner
+            for client in runner.clients.all:
+                runner.send_message(STOP_MESSAGE, client_id=client.id)
+
+    def finish(self, **_) -> None:
+        if self.master is not None:
+            self.await_parts()
+            return
+        run, self.run = self.run, None
+        if run is None:
+            return
+        run.drain()
+        for channel in run.channels:
+            channel.close()
+        if isinstance(self.environment.runner, WorkerRunner):
+            self.environment.runner.send_message(MESSAGE, worker_message(self.rank, run))
+            return
+        summary = run.summary()
+        summary["server"] = {"start": self.server_start, "end": server_stats(run.settings.sender.host)}
+        path = write_run_dir(run.settings.recording.run_dir, summary, histogram_encodings(run.recorder),
+                             run.recorder.rows)
+        if run.stress is not None:
+            run.stress.write_csv(path)
+        print_summary(summary, path)
+
+    # --- a distributed master ---
+
+    def receive_part(self, part: dict) -> None:
+        """One worker's results, once per rank."""
+        if self.master is not None and not self.master.written:
+            self.master.parts.setdefault(part["worker"], part)
+
+    def await_parts(self) -> None:
+        """Waits for every worker's results (their drains included, bounded), then writes the
+        merged run, marked incomplete if a worker never reported."""
+        master = self.master
+        deadline = time.monotonic() + master.settings.sender.drain_s + PART_GRACE_S
+        while len(master.parts) < master.expected and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+        master.written = True
+        self.master = None
+        if not master.parts:
+            log.error("no worker reported results: nothing to write")
+            return
+        server = {"start": master.server_start, "end": server_stats(master.settings.sender.host)}
+        summary, path = write_merged(master.settings, list(master.parts.values()), master.expected, server)
+        print_summary(summary, path)
+
+
+def describe(settings: LoadSettings) -> str:
+    """The run in one line for the log."""
+    w, t = settings.workload, settings.traffic
+    prompt = f"{w.prompt_tokens}-{w.prompt_tokens_max}" if w.prompt_tokens_max else str(w.prompt_tokens)
+    where = settings.recording.run_dir
+    if t.mode == "closed":
+        return (f"closed loop: each user sends its next request when the last ends; {prompt} prompt + "
+                f"{w.max_tokens} output tokens, results to {where}")
+    return (f"open loop: {t.rate:.3g} requests/s ({t.arrival}), {prompt} prompt + {w.max_tokens} output tokens, "
+            f"results to {where}")

@@ -1,0 +1,40 @@
+"""The load generator's side of its settings (declared in records/load_settings.py): the
+formats it parses itself, checked by parsing them, and the run directory a run without
+--run-dir gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from loadgen.profiles import Profile, read_trace
+from loadgen.workload import load_dataset, parse_classes
+from records.declare import Registry, check_names
+from records.load_settings import LoadSettings
+
+
+def _profile(spec: str) -> None:
+    if spec:
+        profile = Profile.parse(spec)
+        if profile.kind == "trace":
+            read_trace(profile.path)
+
+
+REGISTRIES: dict[str, Registry] = {
+    "profiles": _profile,
+    "classes": parse_classes,
+    "datasets": lambda path: path and load_dataset(path),
+}
+
+
+def check(settings: LoadSettings) -> None:
+    """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
+    check_names(settings, REGISTRIES)
+
+
+def with_run_dir(settings: LoadSettings) -> LoadSettings:
+    """--run-dir, or runs/<UTC time>-<mode> when it is not given."""
+    if settings.recording.run_dir:
+        return settings
+    run_dir = time.strftime(f"runs/%Y%m%d-%H%M%S-{settings.traffic.mode}", time.gmtime())
+    return dataclasses.replace(settings, recording=dataclasses.replace(settings.recording, run_dir=run_dir))

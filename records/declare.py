@@ -1,0 +1,311 @@
+"""Settings declared once. A setting is a field of a frozen dataclass made with `setting()`:
+its default, help text, flag and check travel with it, and everything else is derived from
+the declaration: command-line options, validation whose errors name the flag, the flat
+name -> value form used in JSON and GetStats, and the option tables in the README.
+
+Groups of settings are dataclasses nested in a top-level one. They organise the code and
+the help; everywhere else settings are flat, by field name, so names are unique across
+groups (checked when a flat form is built).
+
+Values arrive typed (code) or as text (a web form, a GetStats map, a config file); a
+group casts each to its declared type when built, so both kinds build the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from types import UnionType
+from typing import Any
+
+Check = Callable[[Any], "str | None"]  # the problem with a value, in words, or None when it is fine
+# A registry the running program owns: the names it knows, or a function that raises
+# ValueError (with a message saying what to change) for a value it cannot use.
+Registry = Collection[str] | Callable[[str], object]
+
+
+class SettingsError(ValueError):
+    """A setting's value cannot be used; the message starts with the flag that set it."""
+
+
+@dataclass(frozen=True)
+class Names:
+    """Choices named by a registry of the program that runs with the settings (its batching
+    policies, say): the program hands its registries to `add_arguments` and `check_names`."""
+
+    registry: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    help: str
+    flag: str  # without the leading dashes; "" = the field's name with dashes
+    option: bool  # False: the flag belongs to another program (Locust's --host) and is not added here
+    choices: tuple[str, ...] | Names | None
+    check: Check | None
+    compared: bool  # runs whose values differ measure different things (the comparison warns)
+
+
+def setting(default, help: str, *, flag: str = "", option: bool = True, choices: tuple[str, ...] | Names | None = None,
+            check: Check | None = None, compared: bool = True):
+    """A settings field: `default` as the dataclass default, the rest as its metadata."""
+    spec = Spec(help, flag, option, choices, check, compared)
+    return dataclasses.field(default=default, metadata={"spec": spec})
+
+
+def group(kind: type):
+    """A field holding a nested group of settings."""
+    return dataclasses.field(default_factory=kind)
+
+
+# --- checks ---
+
+def at_least(low: float, unit: str = "", note: str = "") -> Check:
+    return lambda v: None if v is None or v >= low else f"must be at least {low:g}{unit}{note}, got {v}"
+
+
+def above(low: float, unit: str = "", note: str = "") -> Check:
+    return lambda v: None if v is None or v > low else f"must be above {low:g}{unit}{note}, got {v}"
+
+
+def within(low: float, high: float, note: str = "") -> Check:
+    return lambda v: None if v is None or low <= v <= high else f"must be {low:g}..{high:g}{note}, got {v}"
+
+
+def require(ok: bool, flag: str, message: str) -> None:
+    """For checks across settings, in a group's __post_init__."""
+    if not ok:
+        raise SettingsError(f"--{flag}: {message}")
+
+
+# --- groups ---
+
+class Settings:
+    """Base of every settings group: casts each field to its declared type and checks it."""
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            spec = f.metadata.get("spec")
+            if spec is None:
+                continue
+            value = getattr(self, f.name)
+            try:
+                value = cast(hints[f.name], value)
+            except ValueError as e:
+                raise SettingsError(f"--{flag_of(f.name, spec)}: {e}") from None
+            object.__setattr__(self, f.name, value)
+            problem = _choice_problem(spec.choices, value) if isinstance(spec.choices, tuple) else None
+            problem = problem or (spec.check(value) if spec.check else None)
+            if problem:
+                raise SettingsError(f"--{flag_of(f.name, spec)}: {problem}")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One setting of a (nested) settings class."""
+
+    name: str
+    kind: Any  # the declared type
+    default: Any
+    spec: Spec
+    group: type  # the group class declaring it
+
+    @property
+    def flag(self) -> str:
+        return flag_of(self.name, self.spec)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace("-", "_")
+
+
+def flag_of(name: str, spec: Spec) -> str:
+    return spec.flag or name.replace("_", "-")
+
+
+def leaves(cls: type) -> Iterator[Leaf]:
+    """Every setting of cls and its nested groups, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "spec" in f.metadata:
+            yield Leaf(f.name, hints[f.name], f.default, f.metadata["spec"], cls)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            yield from leaves(hints[f.name])
+
+
+def flat(settings) -> dict[str, Any]:
+    """name -> value of every setting."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        out |= flat(value) if "spec" not in f.metadata else {f.name: value}
+    return out
+
+
+def build(cls: type, values: Mapping[str, Any]):
+    """cls from a flat name -> value mapping (typed or text); absent names take their defaults.
+    An unknown name is an error, so a misspelt key is not silently ignored."""
+    unknown = set(values) - {leaf.name for leaf in leaves(cls)}
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+    return _build(cls, values)
+
+
+def _build(cls: type, values: Mapping[str, Any]):
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if "spec" in f.metadata:
+            if f.name in values:
+                kwargs[f.name] = values[f.name]
+        elif dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = _build(hints[f.name], values)
+    return cls(**kwargs)
+
+
+def check_names(settings, registries: Mapping[str, Registry]) -> None:
+    """Every setting whose choices a registry names holds a value the registry knows (or is
+    unset, None, for the program to resolve)."""
+    values = flat(settings)
+    for leaf in leaves(type(settings)):
+        if isinstance(leaf.spec.choices, Names) and values[leaf.name] is not None:
+            registry = registries[leaf.spec.choices.registry]
+            if callable(registry):
+                try:
+                    registry(values[leaf.name])
+                except ValueError as e:
+                    raise SettingsError(f"--{leaf.flag}: {e}") from None
+            elif problem := _choice_problem(tuple(registry), values[leaf.name]):
+                raise SettingsError(f"--{leaf.flag}: {problem}")
+
+
+def compared_names(cls: type) -> list[str]:
+    """The settings whose values must match for two runs to measure the same thing."""
+    return [leaf.name for leaf in leaves(cls) if leaf.spec.compared]
+
+
+# --- text forms ---
+
+def text(value) -> str:
+    """A value as one line of text that `cast` reads back: '' for None, true/false for booleans."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def cast(kind, value):
+    """value as the declared type; text is parsed. ValueError says what was expected."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, UnionType) and type(None) in args:
+        if value is None or value == "":
+            return None
+        (kind,) = [a for a in args if a is not type(None)]
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer, got {value!r}") from None
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {value!r}") from None
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"expected text, got {value!r}")
+        return value
+    raise TypeError(f"settings of type {kind} are not supported")
+
+
+def _choice_problem(choices: tuple[str, ...], value) -> str | None:
+    return None if value in choices else f"unknown {value!r}; choose from {', '.join(choices)}"
+
+
+# --- command lines ---
+
+def add_arguments(parser, cls: type, registries: Mapping[str, Registry] | None = None, *,
+                  grouped: bool = True) -> None:
+    """An option per setting. grouped: one help section per group (titled by its docstring's
+    first line); Locust's parser wants every option on the parser itself (its web UI lists
+    only those). Choices named by a registry are listed in the help, and checked by
+    `check_names` (so every bad value gets the same kind of message)."""
+    sections: dict[type, Any] = {}
+    for leaf in leaves(cls):
+        if not leaf.spec.option:
+            continue
+        if grouped and leaf.group not in sections:
+            sections[leaf.group] = parser.add_argument_group(_title(leaf.group))
+        target = sections[leaf.group] if grouped else parser
+        target.add_argument(f"--{leaf.flag}", dest=leaf.dest, default=leaf.default,
+                            help=help_text(leaf, registries), **_argparse_type(leaf))
+
+
+def from_options(cls: type, options: argparse.Namespace | Any, **given):
+    """cls from parsed options (values may be text, as a web form sends them), plus the
+    settings given here by name (those whose flag belongs to another program)."""
+    values = {leaf.name: getattr(options, leaf.dest) for leaf in leaves(cls)
+              if leaf.spec.option and hasattr(options, leaf.dest)}
+    return build(cls, values | given)
+
+
+def help_text(leaf: Leaf, registries: Mapping[str, Registry] | None = None) -> str:
+    choices = leaf.spec.choices
+    if isinstance(choices, Names) and registries and not callable(registries.get(choices.registry)):
+        names = ", ".join(registries[choices.registry])
+        return f"{leaf.spec.help}: {names}{_default_note(leaf)}"
+    return f"{leaf.spec.help}{_default_note(leaf)}"
+
+
+def _default_note(leaf: Leaf) -> str:
+    return "" if leaf.default in (None, "") else f" (default {text(leaf.default)})"
+
+
+def _argparse_type(leaf: Leaf) -> dict:
+    kind = leaf.kind
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, UnionType):
+        (kind,) = args
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    out = {"type": kind}
+    if isinstance(leaf.spec.choices, tuple):
+        out["choices"] = leaf.spec.choices
+    return out
+
+
+def _title(cls: type) -> str:
+    return (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
+
+
+# --- docs ---
+
+def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None, *, grouped: bool = True) -> str:
+    """The README's option tables: one per group (or one for all), flag, default, meaning."""
+    tables: dict[str, list[str]] = {}
+    for leaf in leaves(cls):
+        title = _title(leaf.group) if grouped else ""
+        rows = tables.setdefault(title, ["| flag | default | meaning |", "| --- | --- | --- |"])
+        default = "" if leaf.default in (None, "") else f"`{text(leaf.default)}`"
+        meaning = leaf.spec.help
+        if isinstance(leaf.spec.choices, tuple):
+            meaning += ": " + ", ".join(f"`{c}`" for c in leaf.spec.choices)
+        elif isinstance(leaf.spec.choices, Names) and registries and not callable(
+                registries.get(leaf.spec.choices.registry)):
+            meaning += ": " + ", ".join(f"`{c}`" for c in registries[leaf.spec.choices.registry])
+        flag = f"--[no-]{leaf.flag}" if bool in (leaf.kind, *typing.get_args(leaf.kind)) else f"--{leaf.flag}"
+        rows.append(f"| `{flag}` | {default} | {meaning} |")
+    return "\n\n".join((f"{title}:\n\n" if title else "") + "\n".join(rows) for title, rows in tables.items())

@@ -1,0 +1,54 @@
+"""The server's side of its settings (declared in records/server_settings.py): the names its
+registries know, the checks that need the model or the device, and the values it resolves at
+start-up (the device, dtype, KV slots and router normalisation a default leaves open)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from records.declare import Registry, SettingsError, check_names, require
+from records.server_settings import ServerSettings
+from server import expert_cache, kernels, routing
+from server.model import PRESETS
+from server.policies import POLICIES, build_policy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+REGISTRIES: dict[str, Registry] = {
+    "presets": PRESETS,
+    "dtypes": DTYPES,
+    "routers": routing.router_class,
+    "skews": routing.Skew.parse,
+    "kernels": kernels.KERNELS,
+    "cache_policies": expert_cache.POLICIES,
+    "policies": POLICIES,
+}
+
+
+def check(settings: ServerSettings) -> None:
+    """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
+    check_names(settings, REGISTRIES)
+    model, moe = settings.model, settings.moe
+    require(not (model.device or "").startswith("cuda") or torch.cuda.is_available(), "device",
+            "cuda requested but torch sees no CUDA device; use --device cpu")
+    args = PRESETS[model.preset]
+    try:
+        routing.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
+    except ValueError as e:
+        raise SettingsError(f"--routing-skew: {e}") from None
+    build_policy(settings.batching)  # a policy checks its own knobs
+
+
+def resolve(settings: ServerSettings) -> ServerSettings:
+    """The settings with the defaults that depend on the machine or the preset filled in, as
+    the server runs them and GetStats reports them."""
+    model, batching, moe = settings.model, settings.batching, settings.moe
+    device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = model.dtype or ("float32" if device == "cpu" else "bfloat16")
+    renormalize = PRESETS[model.preset].renormalize if moe.renormalize is None else moe.renormalize
+    return dataclasses.replace(
+        settings, model=dataclasses.replace(model, device=device, dtype=dtype),
+        batching=dataclasses.replace(batching, kv_slots=settings.kv_slots),
+        moe=dataclasses.replace(moe, renormalize=renormalize))
