@@ -6,7 +6,7 @@ import os
 import sys
 
 from analysis import capacity, compare, diagnosis, report, soak
-from analysis.rundir import RunDirError
+from analysis.files import RunDirError
 
 COMMANDS = (report, compare, soak, capacity, diagnosis)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.rows import column, measured_ok
+from records.requests import RequestRow
 
 PARTS = ("generator lag", "server queue", "server prefill", "server other", "network + client")
 BANDS = {"all": 0.0, "slowest 10%": 90.0, "slowest 1%": 99.0}
@@ -26,10 +27,9 @@ class TtftSplit:
     bands: dict[str, tuple[int, np.ndarray]]  # band -> (requests, mean ms of each PART)
 
 
-def ttft_split(rows: list[dict]) -> TtftSplit | None:
+def ttft_split(rows: list[RequestRow]) -> TtftSplit | None:
     """None when no measured request carries the server's times."""
-    rows = [row for row in measured_ok(rows) if row.get("server_ttft_us") is not None and row.get("sent_ms")
-            is not None]
+    rows = [row for row in measured_ok(rows) if row.server_ttft_us is not None and row.sent_ms is not None]
     if not rows:
         return None
     ttft = column(rows, "ttft_ms")

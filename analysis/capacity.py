@@ -24,10 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from analysis.arguments import number, numbers
-from analysis.rundir import SUMMARY, RunDirError, load_run
-from analysis.samples import SAMPLES, expert_intervals, read_samples
+from analysis.files import RunDirError
+from analysis.rundir import load_run
+from analysis.samples import expert_intervals
 from analysis.server_stats import expert_shares
 from analysis.tables import markdown_table, text_table
+from records.rundir import SAMPLES, SUMMARY
+from records.server_stats import ServerSample, ServerStats
 
 CAPACITY_MD = "capacity.md"
 BURSTS = (1.5, 2.0)  # the seed's headroom over the average load
@@ -89,31 +92,34 @@ def load_from_numbers(tokens: int, top_k: int, n_experts: int, shares: np.ndarra
 
 def load_from_run(run_dir: Path) -> Load:
     """From server_stats.jsonl's snapshots, or from summary.json's start and end snapshots without it."""
-    samples, source = read_samples(run_dir), run_dir / SAMPLES
-    start, end = (load_run(run_dir).section("server").get(key) or {} for key in ("start", "end"))
-    if len(samples) >= 2 and _before(start, samples[0][1]):
-        samples = [(0.0, start), *samples]  # the steps between the run's start and the first sample
+    run = load_run(run_dir)
+    samples, source = run.samples, run_dir / SAMPLES
+    start, end = (s if s is not None and s.ok else None for s in (run.summary.server.start, run.summary.server.end))
+    if len(samples) >= 2 and start is not None and _before(start, samples[0].stats):
+        samples = [ServerSample(t_unix_s=0.0, t_run_s=0.0, stats=start), *samples]  # the steps before the first sample
     elif len(samples) < 2:
-        samples, source = ([(0.0, start), (1.0, end)] if start and end else []), run_dir / SUMMARY
+        samples, source = [], run_dir / SUMMARY
+        if start is not None and end is not None:
+            samples = [ServerSample(t_unix_s=0.0, t_run_s=t, stats=s) for t, s in ((0.0, start), (1.0, end))]
     intervals = [i for i in expert_intervals(samples) if i.steps > 0 and i.routed.sum() > 0]
-    last = samples[-1][1] if samples else {}
+    last = samples[-1].stats if samples else ServerStats()
     if not intervals:
         raise RunDirError(f"{source}: no per-layer expert loads over any interval (a server without layer stats, "
                           "or no steps)")
-    if not last.get("top_k") or not last.get("num_experts"):
+    if not last.top_k or not last.num_experts:
         raise RunDirError(f"{source}: the GetStats snapshots give no top_k or num_experts")
     shape = intervals[-1].routed.shape
     intervals = [i for i in intervals if i.routed.shape == shape]
     basis = (f"{SAMPLES}: {len(intervals)} intervals, the first from summary.json's start snapshot"
              if source.name == SAMPLES else f"{SUMMARY}: start and end snapshots (one interval, the whole run)")
-    return Load(int(last["top_k"]), int(last["num_experts"]), np.asarray([i.steps for i in intervals], dtype=float),
+    return Load(last.top_k, last.num_experts, np.asarray([i.steps for i in intervals], dtype=float),
                 np.stack([i.routed for i in intervals]), np.stack([i.dropped for i in intervals]),
                 intervals[-1].capacity_factor, basis)
 
 
-def _before(start: dict, first: dict) -> bool:
+def _before(start: ServerStats, first: ServerStats) -> bool:
     """Whether summary.json's start snapshot was taken before the first sample, on the same counters."""
-    return bool(start.get("layers")) and start.get("uptime_s", math.inf) < first.get("uptime_s", -math.inf)
+    return bool(start.layers) and start.uptime_s < first.uptime_s
 
 
 def estimated_drops(load: Load, factor: float, lower_bound: bool = False) -> np.ndarray:

@@ -22,40 +22,41 @@ from matplotlib.patches import Patch
 from analysis import bootstrap
 from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
+from analysis.files import RunDirError
 from analysis.latency import stats_ms
-from analysis.rundir import Run, RunDirError, load_run
-from analysis.server_stats import server_settings, server_view
+from analysis.rundir import Run, load_run
+from analysis.server_stats import server_view
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
-from records.declare import compared_names
-from records.server_settings import ServerSettings, reported
+from records.declare import compared_names, flat
+from records.load_settings import LoadSettings, Slo
+from records.server_settings import ServerSettings
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
           "batch", "experts/step", "padded %"]
 COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
-# Config keys that make two runs' workloads different (SLOs are checked for goodput on their own).
-WORKLOAD_KEYS = ("mode", "rate", "arrival", "burstiness", "prompt_tokens", "prompt_tokens_max", "max_tokens", "seed",
-                 "classes", "profile", "dataset")
-# Server settings that make two runs' servers different: those the declaration marks compared (the
-# policy and its knobs differ by design).
+# Settings whose values must match for two runs to measure the same thing, as their declarations
+# mark them (records/): the workload's (SLOs are checked for goodput on their own), and the server's
+# but for the policy and its knobs, which differ by design.
+WORKLOAD_KEYS = tuple(compared_names(LoadSettings))
 SERVER_KEYS = tuple(compared_names(ServerSettings))
 
 
 def figures(run: Run) -> dict:
     """The numbers of one row, None where the run has none."""
-    ttft, tpot = stats_ms(run.histograms.get("ttft")) or {}, stats_ms(run.histograms.get("tpot")) or {}
-    throughput = run.section("throughput")
-    view = server_view(run.section("server"))
+    ttft, tpot = stats_ms(run.histograms.get("ttft")), stats_ms(run.histograms.get("tpot"))
+    throughput = run.summary.throughput
+    view = server_view(run.summary.server)
     return {
         "run": run.path.name,
         "policy": view.policy if view else None,
-        "output_tokens_per_s": throughput.get("output_tokens_per_s"),
-        "goodput_requests_per_s": throughput.get("goodput_requests_per_s"),
-        "ttft_p50_ms": ttft.get("p50"), "ttft_p99_ms": ttft.get("p99"),
-        "tpot_p50_ms": tpot.get("p50"), "tpot_p99_ms": tpot.get("p99"),
+        "output_tokens_per_s": throughput.output_tokens_per_s,
+        "goodput_requests_per_s": throughput.goodput_requests_per_s,
+        "ttft_p50_ms": ttft and ttft.p50, "ttft_p99_ms": ttft and ttft.p99,
+        "tpot_p50_ms": tpot and tpot.p50, "tpot_p99_ms": tpot and tpot.p99,
         "mean_batch_size": view.mean_batch_size if view else None,
         "distinct_experts_per_step": view.distinct_experts_per_step if view else None,
         "prefill_padded_share": view.prefill_padded_share if view else None,
-        "failed": run.section("requests").get("failed"),
+        "failed": run.summary.requests.failed,
     }
 
 
@@ -67,10 +68,10 @@ def _cells(f: dict) -> list[str]:
             fmt_num(f["distinct_experts_per_step"], ".2f"), fmt_num(None if share is None else 100 * share, ".1f")]
 
 
-def _objectives(slo: tuple) -> str:
+def _objectives(slo: Slo) -> str:
     """TTFT <= 2000 ms and TPOT <= 200 ms; "" when none is set."""
-    return " and ".join(f"{label} <= {ms:g} ms" for label, ms in zip(("TTFT", "TPOT", "E2E"), slo, strict=True)
-                        if ms is not None)
+    limits = {"TTFT": slo.slo_ttft_ms, "TPOT": slo.slo_tpot_ms, "E2E": slo.slo_e2e_ms}
+    return " and ".join(f"{label} <= {ms:g} ms" for label, ms in limits.items() if ms is not None)
 
 
 def slo_line(names: list[str], runs: list[Run]) -> str:
@@ -95,9 +96,10 @@ def differences(names: list[str], settings: list[dict], keys: tuple[str, ...]) -
 
 def setting_warnings(names: list[str], runs: list[Run]) -> list[str]:
     """Workload and server settings the runs do not share: the comparison then mixes them with the policy."""
-    workload = differences(names, [r.section("config") for r in runs], WORKLOAD_KEYS)
+    workload = differences(names, [flat(r.summary.config) for r in runs], WORKLOAD_KEYS)
     # Runs without a GetStats snapshot are left out, and settings some server did not report.
-    known = [(n, s) for n, r in zip(names, runs, strict=True) if (s := reported(server_settings(r.section("server"))))]
+    snapshots = [(n, r.summary.server.latest) for n, r in zip(names, runs, strict=True)]
+    known = [(n, snap.reported_settings()) for n, snap in snapshots if snap is not None]
     shared = [key for key in SERVER_KEYS if all(key in s for _, s in known)]
     server = differences([n for n, _ in known], [s for _, s in known], tuple(shared)) if len(known) > 1 else []
     return [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in workload] + \

@@ -27,14 +27,16 @@ import numpy as np
 
 from analysis import bootstrap
 from analysis.latency import US_PER_MS
-from analysis.rows import REQUESTS, column, measured_ok, read_rows
+from analysis.rows import column, measured_ok
 from analysis.rundir import Run
+from records.load_settings import Slo
+from records.requests import RequestRow
+from records.rundir import REQUESTS
 
 MIN_REQUESTS = 10  # fewer measured values than this: no interval for a percentile
 MIN_BINS = 10  # fewer window bins than this: no interval for a rate
 MIN_BEYOND = 5  # fewer values above a percentile than this: its interval is marked rough
 LATENCY = ("ttft", "tpot", "e2e")  # histograms.json names, requests.jsonl columns {name}_ms
-SLO_KEYS = ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")  # config keys goodput is judged by
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Estimate:
 def run_sample(run: Run) -> Sample:
     if not (run.path / REQUESTS).exists():
         return Sample(f"{REQUESTS} missing")
-    rows = read_rows(run.path)
+    rows = run.rows
     measured = measured_ok(rows)
     latency = {name: values[~np.isnan(values)] for name in LATENCY
                for values in [column(measured, f"{name}_ms")]}
@@ -93,24 +95,23 @@ def run_sample(run: Run) -> Sample:
     edges = window_edges_ms(run)
     if edges is None:
         return Sample("", latency)
-    done = [r for r in rows if r.get("status") == "OK" and None not in (r.get("scheduled_ms"), r.get("ttft_ms"),
-                                                                        r.get("e2e_ms"))]
+    done = [r for r in rows if r.status == "OK" and r.ttft_ms is not None and r.e2e_ms is not None]
     finish_ms = column(done, "scheduled_ms") + column(done, "e2e_ms")
-    good = finish_ms[_meets_slo(done, run.section("config"))]
+    good = finish_ms[_meets_slo(done, run.summary.config.slo)]
     per_bin = {"tokens": tokens_per_bin(done, edges), "good": np.histogram(good, edges)[0].astype(float)}
     return Sample("", latency, np.diff(edges) / 1000, per_bin)
 
 
-def incomplete(run: Run, rows: list[dict], latency_ms: dict[str, np.ndarray]) -> str:
+def incomplete(run: Run, rows: list[RequestRow], latency_ms: dict[str, np.ndarray]) -> str:
     """Why the rows are not the whole run ("" when they are): the load generator writes a row per request
     it sent (summary.json's requests.sent) and the histograms hold the measured OK ones."""
-    sent, omitted = run.section("requests").get("sent"), run.section("requests").get("rows_omitted") or 0
+    sent, omitted = run.summary.requests.sent, run.summary.requests.rows_omitted
     if omitted:
         return (f"{REQUESTS} holds {len(rows)} of the {sent} requests ({omitted} past --max-request-rows): "
                 f"point estimate only")
-    if sent is not None and len(rows) < sent:
+    if len(rows) < sent:
         return f"{REQUESTS} holds {len(rows)} of the {sent} requests: point estimate only"
-    if sent is not None and len(rows) > sent:
+    if len(rows) > sent:
         return f"{REQUESTS} holds {len(rows)} rows, summary.json counts {sent} requests: point estimate only"
     for name, values in latency_ms.items():
         hist = run.histograms.get(name)
@@ -123,37 +124,37 @@ def incomplete(run: Run, rows: list[dict], latency_ms: dict[str, np.ndarray]) ->
 def window_edges_ms(run: Run) -> np.ndarray | None:
     """Bin edges over the measured window (end of warm-up -> end of schedule), ms after the run's start:
     --interval-s bins, the last one shorter when the window is not a whole number of them."""
-    config = run.section("config")
-    window_s = run.summary.get("window_s") or run.section("throughput").get("window_s")
-    if not window_s or window_s <= 0:
+    recording = run.summary.config.recording
+    window_s = run.summary.window_s
+    if window_s <= 0:
         return None
-    start_ms, end_ms = (config.get("warmup_s") or 0.0) * 1000, ((config.get("warmup_s") or 0.0) + window_s) * 1000
-    edges = np.arange(start_ms, end_ms, (config.get("interval_s") or 1.0) * 1000)
+    start_ms, end_ms = recording.warmup_s * 1000, (recording.warmup_s + window_s) * 1000
+    edges = np.arange(start_ms, end_ms, recording.interval_s * 1000)
     if end_ms - edges[-1] < 1e-3:  # a sliver of a bin left by float steps
         edges = edges[:-1]
     return np.append(edges, end_ms)
 
 
-def slos(run: Run) -> tuple[float | None, ...]:
-    """The run's TTFT, TPOT and E2E objectives in ms, None where unset."""
-    return tuple(run.section("config").get(key) for key in SLO_KEYS)
+def slos(run: Run) -> Slo:
+    """The objectives the run's goodput was judged by."""
+    return run.summary.config.slo
 
 
-def _meets_slo(rows: list[dict], config: dict) -> np.ndarray:
+def _meets_slo(rows: list[RequestRow], slo: Slo) -> np.ndarray:
     """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets it."""
     met = np.ones(len(rows), dtype=bool)
-    for name, key in zip(LATENCY, SLO_KEYS, strict=True):
-        if (limit := config.get(key)) is not None:
+    for name in LATENCY:
+        if (limit := getattr(slo, f"slo_{name}_ms")) is not None:
             values = column(rows, f"{name}_ms")
             met &= np.isnan(values) | (values <= limit)
     return met
 
 
-def tokens_per_bin(rows: list[dict], edges_ms: np.ndarray) -> np.ndarray:
+def tokens_per_bin(rows: list[RequestRow], edges_ms: np.ndarray) -> np.ndarray:
     """Output tokens received in each bin (a, b], a request's messages placed evenly between its first and last."""
     first = column(rows, "scheduled_ms") + column(rows, "ttft_ms")
     last = column(rows, "scheduled_ms") + column(rows, "e2e_ms")
-    messages = np.asarray([r.get("messages") or r.get("output_tokens") or 1 for r in rows], dtype=float)
+    messages = np.asarray([r.messages or r.output_tokens or 1 for r in rows], dtype=float)
     per_message = np.nan_to_num(column(rows, "output_tokens")) / messages
     step = (last - first) / np.maximum(messages - 1, 1)
 
@@ -211,7 +212,7 @@ def as_recorded(values_ms: np.ndarray, hist) -> np.ndarray:
 
 
 def _rate_estimate(run, sample, metric, resamples, confidence, rng) -> Estimate:
-    reported = run.section("throughput").get(metric.key)
+    reported = getattr(run.summary.throughput, metric.key)
     if sample.problem or sample.lengths_s is None:
         return Estimate(reported, no_interval=sample.problem or "summary.json has no window_s")
     counts = sample.per_bin[metric.source]

@@ -18,11 +18,12 @@ import json
 
 import numpy as np
 
+from analysis.files import RunDirError
 from analysis.finding import Finding
 from analysis.latency import stats_ms
-from analysis.rundir import Run, RunDirError, load_run
+from analysis.rundir import Run, load_run
 from analysis.saturation import queue_rules
-from analysis.server_stats import expert_shares, server_settings, server_view
+from analysis.server_stats import expert_shares, server_view
 from analysis.spikes import (
     CAUSES,
     MIN_WINDOW_SAMPLES,
@@ -31,7 +32,7 @@ from analysis.spikes import (
     Signals,
     causes,
     find_spikes,
-    read_signals,
+    signals_of,
     when,
 )
 from analysis.tables import fmt_ms
@@ -51,18 +52,18 @@ DIAGNOSIS_MD = "diagnosis.md"
 
 
 def diagnose(run: Run) -> list[Finding]:
-    return rules(read_signals(run))
+    return rules(signals_of(run))
 
 
 def rules(signals: Signals) -> list[Finding]:
-    """Every rule on a run's signals, read once (analysis/spikes.py read_signals)."""
+    """Every rule on a run's signals (analysis/spikes.py signals_of)."""
     return [*queue_rules(signals), _imbalance(signals), _data_movement(signals), _spikes(signals),
             _generator(signals)]
 
 
 def _imbalance(d: Signals) -> Finding:
     rule = ("expert_imbalance", "Expert load imbalance")
-    view = server_view(d.run.section("server"))
+    view = server_view(d.run.summary.server)
     if view is None or view.expert_tokens is None:
         return Finding(*rule, False, "summary.json has no server expert_tokens over the run (no start/end "
                        "GetStats, or no token was routed in the window)", [], judged=False)
@@ -83,10 +84,11 @@ def _imbalance(d: Signals) -> Finding:
                         + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}" for i in top if imb[i] >= 0)
                         + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} (token, expert) pairs per "
                            "layer left out" if sparse else ""))
-    config = server_settings(d.run.section("server"))
-    if config.get("routing_skew"):
-        evidence.append(f"router {config.get('router', '?')}, routing skew {config['routing_skew']}"
-                        + (f", capacity factor {config['capacity_factor']:g}" if config.get("capacity_factor") else ""))
+    settings = d.run.summary.server.latest.reported_settings()
+    if settings.get("routing_skew"):
+        factor = settings.get("capacity_factor")
+        evidence.append(f"router {settings.get('router', '?')}, routing skew {settings['routing_skew']}"
+                        + (f", capacity factor {factor}" if factor else ""))
     if not len(over):
         return Finding(*rule, False, f"Every layer's max/mean expert load is at most {ratio[worst]:.2f} "
                        f"(threshold {IMBALANCE_MAX_OVER_MEAN:g}).", evidence)
@@ -164,30 +166,29 @@ def _spikes(d: Signals) -> Finding:
 
 def _generator(d: Signals) -> Finding:
     rule = ("generator_limited", "Load generator limited")
-    generator = d.run.section("generator")
-    send = stats_ms(d.run.histograms.get("send_lag")) or d.run.section("metrics").get("send_lag_ms")
-    if not generator and not send:
-        return Finding(*rule, False, "summary.json has no generator section and histograms.json no send_lag",
-                       [], judged=False)
+    summary = d.run.summary
+    generator = summary.generator
+    send = stats_ms(d.run.histograms.get("send_lag"))
+    if send is None and summary.metrics.get("send_lag_ms") and summary.metrics["send_lag_ms"].count:
+        send = summary.metrics["send_lag_ms"]
     evidence, reasons, lags = [], [], {}
     if send:
-        lags["send lag"] = send["p99"]
-        evidence.append(f"send lag p99 {fmt_ms(send['p99'])} ms, max {fmt_ms(send.get('max'))} ms (threshold "
-                        f"{d.late_ms:g} ms); {generator.get('late_sends', '?')} late sends")
-        if send["p99"] > d.late_ms:
-            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send['p99'])} ms > {d.late_ms:g} ms), which "
+        lags["send lag"] = send.p99
+        evidence.append(f"send lag p99 {fmt_ms(send.p99)} ms, max {fmt_ms(send.max)} ms (threshold "
+                        f"{d.late_ms:g} ms); {generator.late_sends} late sends")
+        if send.p99 > d.late_ms:
+            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > {d.late_ms:g} ms), which "
                            "counts as latency the server did not cause")
     if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
-        lags["delivery lag"] = delivery["p99"]
-        evidence.append(f"delivery lag p99 {fmt_ms(delivery['p99'])} ms (server emit -> timestamped here)")
-    if generator.get("cpu_percent") is not None:
-        evidence.append(f"generator CPU {generator['cpu_percent']:.0f}% of a core")
-    warnings = generator.get("warnings") or []
+        lags["delivery lag"] = delivery.p99
+        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server emit -> timestamped here)")
+    evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
+    warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
-    closed = d.run.section("config").get("mode") == "closed" or any(w.startswith("closed loop:") for w in warnings)
+    closed = summary.config.traffic.mode == "closed" or any(w.startswith("closed loop:") for w in warnings)
     if lags:
         name, worst = max(lags.items(), key=lambda item: item[1])
-        p50s = {metric: stats["p50"] for metric in ("ttft", "tpot")
+        p50s = {metric: stats.p50 for metric in ("ttft", "tpot")
                 if (stats := stats_ms(d.run.histograms.get(metric)))}
         scale = [f"{worst / p50:.1%} of the {metric.upper()} p50 ({fmt_ms(p50)} ms)" for metric, p50 in p50s.items()]
         larger = "larger " if len(lags) > 1 else ""

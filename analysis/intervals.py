@@ -15,7 +15,7 @@ import numpy as np
 from hdrh.codec import HdrCookieException, HdrLengthException
 from hdrh.histogram import HdrHistogram
 
-from analysis.rundir import RunDirError, read_lines, worker_dirs
+from analysis.files import RunDirError, read_lines, worker_dirs
 
 
 @dataclass(frozen=True)

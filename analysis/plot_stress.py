@@ -6,14 +6,15 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from analysis.plot import log_scale
+from records.summary import StepRow
 
 
-def plot_stress(steps: list[dict], knee_rps: float | None, path: Path) -> None:
+def plot_stress(steps: list[StepRow], knee_rps: float | None, path: Path) -> None:
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     curve, goodput = fig.subplots(1, 2)
-    achieved = [s["achieved_rps"] for s in steps]
+    achieved = [s.achieved_rps for s in steps]
     for key, label, marker in (("ttft_p99_ms", "TTFT p99", "o-"), ("tpot_p99_ms", "TPOT p99", "s-")):
-        points = [(a, s[key]) for a, s in zip(achieved, steps, strict=True) if s.get(key) is not None]
+        points = [(a, getattr(s, key)) for a, s in zip(achieved, steps, strict=True) if getattr(s, key) is not None]
         if points:
             curve.plot(*zip(*points, strict=True), marker, ms=4, label=label)
     if curve.has_data():
@@ -21,11 +22,11 @@ def plot_stress(steps: list[dict], knee_rps: float | None, path: Path) -> None:
     curve.set_title("Throughput vs latency (one point per step)")
     curve.set_xlabel("achieved requests/s")
     curve.set_ylabel("ms (log scale)")
-    offered = [s["offered_rps"] for s in steps]
+    offered = [s.offered_rps for s in steps]
     goodput.plot(offered, offered, ":", color="grey", label="offered (ideal)")
     # Achieved drawn wide and pale under goodput, so both show where they coincide.
     goodput.plot(offered, achieved, "o-", lw=5, ms=9, alpha=0.35, label="achieved")
-    goodput.plot(offered, [s["goodput_rps"] for s in steps], "s-", ms=4, label="goodput (met the SLOs)")
+    goodput.plot(offered, [s.goodput_rps for s in steps], "s-", ms=4, label="goodput (met the SLOs)")
     if knee_rps is not None:
         goodput.axvline(knee_rps, color="C3", ls="--", label=f"knee {knee_rps:g}/s")
     goodput.set_title("Goodput vs offered rate")

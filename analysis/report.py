@@ -12,6 +12,7 @@ from analysis.breakdown import PARTS, TtftSplit, ttft_split
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
 from analysis.diagnosis import rules
+from analysis.files import RunDirError
 from analysis.finding import Finding
 from analysis.latency import stats_ms
 from analysis.plot import plot_latency_cdf
@@ -20,12 +21,14 @@ from analysis.plot_experts import plot_experts
 from analysis.plot_stress import plot_stress
 from analysis.plot_timeline import Phases, plot_over_time, plot_stages
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
-from analysis.rundir import Run, RunDirError, load_run
+from analysis.rundir import Run, load_run
 from analysis.samples import ServerSeries
 from analysis.server_stats import ServerView, server_view
-from analysis.spikes import read_signals
-from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_num, fmt_plain, markdown_table, stats_rows, text_table
+from analysis.spikes import signals_of
+from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.timeseries import ClientSeries, client_series
+from records.declare import flat
+from records.summary import Stats
 
 LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service")
 REPORT_MD = "report.md"
@@ -38,7 +41,7 @@ STRESS_PNG = "stress.png"
 @dataclass(frozen=True)
 class Report:
     run: Run
-    latency: dict[str, dict | None]  # LATENCY_ROWS name -> stats in ms, None without samples
+    latency: dict[str, Stats | None]  # LATENCY_ROWS name -> stats in ms, None without samples
     server: ServerView | None
     split: TtftSplit | None  # from requests.jsonl
     client: ClientSeries | None  # from the interval logs
@@ -48,9 +51,9 @@ class Report:
     @classmethod
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
-        signals = read_signals(run)  # each run file read once, shared with the diagnosis
-        return cls(run, latency, server_view(run.section("server")), ttft_split(signals.rows),
-                   client_series(run.path, rows=signals.rows), signals.series, rules(signals))
+        signals = signals_of(run)  # shared with the diagnosis
+        return cls(run, latency, server_view(run.summary.server), ttft_split(run.rows), client_series(run),
+                   signals.series, rules(signals))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -59,16 +62,17 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     if report.split:
         drawn[SPLIT_PNG] = lambda path: plot_ttft_split(report.split, path)
     if report.client or report.series:
-        config = run.section("config")
-        phases = Phases(config.get("warmup_s") or 0.0, run.summary.get("duration_s"), config.get("mode") == "closed")
+        config = run.summary.config
+        phases = Phases(config.recording.warmup_s, run.summary.duration_s, config.traffic.mode == "closed")
         drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases, path)
     if report.series and report.series.stage_ms:
         drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
     if report.server and report.server.expert_tokens is not None:
         drawn[EXPERTS_PNG] = lambda path: plot_experts(report.server.expert_tokens, report.server.active_experts_steps,
                                                        path)
-    if steps := run.section("stress").get("steps"):
-        drawn[STRESS_PNG] = lambda path: plot_stress(steps, run.section("stress").get("knee_rps"), path)
+    stress = run.summary.stress
+    if stress is not None and stress.steps:
+        drawn[STRESS_PNG] = lambda path: plot_stress(stress.steps, stress.knee_rps, path)
     return drawn
 
 
@@ -95,19 +99,16 @@ def main(args: argparse.Namespace) -> None:
 
 def render_text(report: Report) -> str:
     run = report.run
-    parts = [f"run {run.path}: {_window(run)}"]
-    if config := run.section("config"):
-        parts.append("config: " + " ".join(f"{key}={fmt_plain(value)}" for key, value in config.items()))
-    parts.append(text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)))
-    if run.section("throughput"):
-        parts.append("throughput: " + ", ".join(_throughput(run)))
-    if run.section("requests"):
-        parts.append(f"requests: {_accounting(run)}")
-    if run.section("classes"):
+    summary = run.summary
+    parts = [f"run {run.path}: {_window(run)}",
+             "config: " + " ".join(f"{key}={fmt_plain(value)}" for key, value in flat(summary.config).items()),
+             text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
+             "throughput: " + ", ".join(_throughput(run)), f"requests: {_accounting(run)}"]
+    if summary.classes:
         parts.append(text_table(CLASS_HEADER, _classes(run)))
-    if run.section("stress"):
+    if summary.stress is not None:
         parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
-    if server_time := run.section("server_time_ms"):
+    if server_time := summary.server_time_ms:
         parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()], stats_rows(server_time)))
     if report.split:
         parts.append(text_table(SPLIT_HEADER, _split_rows(report.split)))
@@ -121,25 +122,24 @@ def render_text(report: Report) -> str:
 
 def render_markdown(report: Report) -> str:
     run = report.run
+    summary = run.summary
     parts = [f"# Run report: {run.path.resolve().name}", f"Run directory `{run.path}`; {_window(run)}."]
-    if config := run.section("config"):
-        rows = [[key, f"`{fmt_plain(value)}`"] for key, value in config.items()]
-        parts += ["## Config", markdown_table(["setting", "value"], rows)]
+    rows = [[key, f"`{fmt_plain(value)}`"] for key, value in flat(summary.config).items()]
+    parts += ["## Config", markdown_table(["setting", "value"], rows)]
     parts += ["## Latency (ms)", markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
               "Percentiles decoded from the HDR histograms in histograms.json (3 significant digits).",
               f"![latency CDF]({CDF_PNG})"]
-    if run.section("throughput"):
-        parts += ["## Throughput", _bullets(_throughput(run))]
-    if requests := run.section("requests"):
-        row = [fmt_plain(requests.get(key)) for key in ("sent", "ok", "failed", "not_sent", "warmup")]
-        parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
-        if by_code := _by_count(requests.get("failed_by_code") or {}):
-            parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
-    if run.section("classes"):
+    parts += ["## Throughput", _bullets(_throughput(run))]
+    requests = summary.requests
+    row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.not_sent, requests.warmup)]
+    parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
+    if by_code := _by_count(requests.failed_by_code):
+        parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
+    if summary.classes:
         parts += ["## Request classes (ms)", markdown_table(CLASS_HEADER, _classes(run))]
-    if run.section("stress"):
+    if summary.stress is not None:
         parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
-        if run.section("stress").get("steps"):
+        if summary.stress.steps:
             parts.append(f"![throughput-latency curve and goodput vs offered rate]({STRESS_PNG})")
     parts.append(diagnosis_markdown(report.findings).strip())
     if report.split:
@@ -149,8 +149,8 @@ def render_markdown(report: Report) -> str:
                   f"![TTFT split]({SPLIT_PNG})"]
     if report.client or report.series:
         parts += ["## Over time", _over_time_note(report), f"![over time]({OVER_TIME_PNG})"]
-    if report.server or run.section("server_time_ms"):
-        parts += ["## Server", *server_markdown(report.server, run.section("server_time_ms"),
+    if report.server or summary.server_time_ms:
+        parts += ["## Server", *server_markdown(report.server, summary.server_time_ms,
                                                 bool(report.series and report.series.stage_ms))]
     if generator := _generator(run):
         parts += ["## Generator", _bullets(generator)]
@@ -160,50 +160,44 @@ def render_markdown(report: Report) -> str:
 def headline(report: Report) -> dict:
     def latency(name: str, key: str) -> float | None:
         stats = report.latency[name]
-        return round(stats[key], 3) if stats else None
+        return round(getattr(stats, key), 3) if stats else None
 
     run = report.run
-    throughput, requests = run.section("throughput"), run.section("requests")
+    throughput, requests = run.summary.throughput, run.summary.requests
     return {"run_dir": str(run.path), "report_md": str(run.path / REPORT_MD),
             "ttft_p50_ms": latency("ttft", "p50"), "ttft_p99_ms": latency("ttft", "p99"),
             "tpot_p50_ms": latency("tpot", "p50"), "tpot_p99_ms": latency("tpot", "p99"),
             "e2e_p99_ms": latency("e2e", "p99"),
-            "output_tokens_per_s": throughput.get("output_tokens_per_s"),
-            "requests_per_s": throughput.get("requests_per_s"),
-            "goodput_requests_per_s": throughput.get("goodput_requests_per_s"),
-            "ok": requests.get("ok"), "failed": requests.get("failed"),
+            "output_tokens_per_s": throughput.output_tokens_per_s,
+            "requests_per_s": throughput.requests_per_s,
+            "goodput_requests_per_s": throughput.goodput_requests_per_s,
+            "ok": requests.ok, "failed": requests.failed,
             "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
 
 
 def _window(run: Run) -> str:
     summary = run.summary
-    window, duration = fmt_num(summary.get("window_s"), ".1f"), fmt_num(summary.get("duration_s"), ".1f")
-    return f"started {fmt_plain(summary.get('started_at'))}, measured window {window} s of {duration} s"
+    return (f"started {summary.started_at}, measured window {summary.window_s:.1f} s of "
+            f"{summary.duration_s:.1f} s")
 
 
 def _throughput(run: Run) -> list[str]:
-    throughput, config = run.section("throughput"), run.section("config")
-    slos = [f"{name} ≤ {config[key]} ms" for name, key in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"),
-                                                            ("E2E", "slo_e2e_ms"))
-            if config.get(key) is not None]
-    lines = [f"{fmt_num(throughput.get('output_tokens_per_s'), '.1f')} output tokens/s",
-             f"{fmt_num(throughput.get('requests_per_s'), '.2f')} requests/s",
-             f"goodput {fmt_num(throughput.get('goodput_requests_per_s'), '.2f')} requests/s "
+    throughput, slo = run.summary.throughput, run.summary.config.slo
+    slos = [f"{name} ≤ {ms:g} ms" for name, ms in (("TTFT", slo.slo_ttft_ms), ("TPOT", slo.slo_tpot_ms),
+                                                    ("E2E", slo.slo_e2e_ms)) if ms is not None]
+    lines = [f"{throughput.output_tokens_per_s:.1f} output tokens/s", f"{throughput.requests_per_s:.2f} requests/s",
+             f"goodput {throughput.goodput_requests_per_s:.2f} requests/s "
              f"({'SLO ' + ', '.join(slos) if slos else 'no SLO set'})"]
-    share = run.section("slo").get("met_share") or {}
-    if run.section("slo").get("objectives_ms") and share.get("all") is not None:
+    share = run.summary.slo.met_share
+    if run.summary.slo.objectives_ms and share.get("all") is not None:
         lines.append("met: " + ", ".join(f"{name.upper() if name != 'all' else 'all'} {100 * v:.1f}%"
                                          for name, v in share.items() if v is not None))
     return lines
 
 
 def _classes(run: Run) -> list[list[str]]:
-    rows = []
-    for name, c in run.section("classes").items():
-        ttft, tpot = c.get("ttft_ms") or {}, c.get("tpot_ms") or {}
-        rows.append([name, fmt_plain(c.get("sent")), fmt_plain(c.get("ok")), fmt_ms(ttft.get("p50")),
-                     fmt_ms(ttft.get("p99")), fmt_ms(tpot.get("p50")), fmt_ms(tpot.get("p99"))])
-    return rows
+    return [[name, str(c.sent), str(c.ok), fmt_ms(c.ttft_ms.p50), fmt_ms(c.ttft_ms.p99), fmt_ms(c.tpot_ms.p50),
+             fmt_ms(c.tpot_ms.p99)] for name, c in run.summary.classes.items()]
 
 
 SPLIT_HEADER = ["TTFT band", "requests", *PARTS, "TTFT"]
@@ -230,44 +224,37 @@ STEP_HEADER = ["step", "offered/s", "sent/s", "achieved/s", "goodput/s", "TTFT p
 
 
 def _steps(run: Run) -> list[list[str]]:
-    rates = ("offered_rps", "sent_rps", "achieved_rps", "goodput_rps")
-    return [[str(r["step"]), *(fmt_num(r[key], ".3g") for key in rates), fmt_ms(r["ttft_p99_ms"]),
-             fmt_ms(r["tpot_p99_ms"]), r["saturated"] or "-"]
-            for r in run.section("stress").get("steps", [])]
+    return [[str(r.step), *(f"{rate:.3g}" for rate in (r.offered_rps, r.sent_rps, r.achieved_rps, r.goodput_rps)),
+             fmt_ms(r.ttft_p99_ms), fmt_ms(r.tpot_p99_ms), r.saturated or "-"] for r in run.summary.stress.steps]
 
 
 def _knee(run: Run) -> str:
-    stress = run.section("stress")
-    knee = stress.get("knee_rps")
+    stress = run.summary.stress
+    knee = stress.knee_rps
     return (f"knee: {'none (the first step saturated)' if knee is None else f'{knee:g} requests/s'}; "
-            f"stopped: {stress.get('stopped_because', '-')}")
+            f"stopped: {stress.stopped_because or '-'}")
 
 
 def _accounting(run: Run) -> str:
-    requests = run.section("requests")
-    by_code = ", ".join(f"{code} {n}" for code, n in _by_count(requests.get("failed_by_code") or {}))
-    return (f"sent {fmt_plain(requests.get('sent'))}, ok {fmt_plain(requests.get('ok'))}, "
-            f"failed {fmt_plain(requests.get('failed'))}{f' ({by_code})' if by_code else ''}, "
-            f"not sent {fmt_plain(requests.get('not_sent'))}, warm-up {fmt_plain(requests.get('warmup'))}")
+    requests = run.summary.requests
+    by_code = ", ".join(f"{code} {n}" for code, n in _by_count(requests.failed_by_code))
+    return (f"sent {requests.sent}, ok {requests.ok}, failed {requests.failed}{f' ({by_code})' if by_code else ''}, "
+            f"not sent {requests.not_sent}, warm-up {requests.warmup}")
 
 
 def _generator(run: Run) -> list[str]:
-    generator = run.section("generator")
-    lines = []
-    if "late_sends" in generator:
-        lines.append(f"late sends {generator['late_sends']} (sent more than "
-                     f"{fmt_num(generator.get('late_threshold_ms'), '.1f')} ms after their scheduled time)")
+    generator = run.summary.generator
+    lines = [f"late sends {generator.late_sends} (sent more than {generator.late_threshold_ms:.1f} ms after "
+             "their scheduled time)"]
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
                        ("delivery_lag", "delivery lag (server emit -> client timestamp)")):
         lag = stats_ms(run.histograms.get(name))
         if lag:
-            lines.append(f"{what} p50 {fmt_ms(lag['p50'])} ms, p99 {fmt_ms(lag['p99'])} ms, "
-                         f"max {fmt_ms(lag['max'])} ms")
-    if workers := run.summary.get("workers"):
+            lines.append(f"{what} p50 {fmt_ms(lag.p50)} ms, p99 {fmt_ms(lag.p99)} ms, max {fmt_ms(lag.max)} ms")
+    if workers := run.summary.workers:
         lines.append(f"{len(workers)} workers (interval logs in worker-<i>/): " + "; ".join(
-            f"worker {w.get('worker')} sent {w.get('sent')}, CPU {fmt_num(w.get('cpu_percent'), '.0f')}%"
-            for w in workers))
-    return lines + [f"warning: {warning}" for warning in generator.get("warnings") or []]
+            f"worker {w.worker} sent {w.sent}, CPU {w.cpu_percent:.0f}%" for w in workers))
+    return lines + [f"warning: {warning}" for warning in generator.warnings]
 
 
 def _by_count(counts: dict) -> list[tuple[str, int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from analysis.server_stats import ServerView, expert_shares
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_num, fmt_percent, fmt_plain, markdown_table, stats_rows
+from records.summary import Stats
 
 EXPERTS_PNG = "experts.png"
 STAGES_PNG = "stages.png"
@@ -28,7 +29,7 @@ def server_text(server: ServerView) -> list[str]:
     return lines
 
 
-def server_markdown(server: ServerView | None, server_time: dict, has_stage_series: bool) -> list[str]:
+def server_markdown(server: ServerView | None, server_time: dict[str, Stats], has_stage_series: bool) -> list[str]:
     parts = []
     if server:
         parts += [f"Counters: {server.basis}.", markdown_table(["field", "value"], [list(f) for f in _fields(server)])]

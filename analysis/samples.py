@@ -9,16 +9,12 @@ Gauges (queue depth, RSS) are read as they were at the later snapshot.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from analysis.rundir import RunDirError, read_lines, worker_dirs
-from analysis.server_stats import cache_total, reset_between
-
-SAMPLES = "server_stats.jsonl"
+from analysis.server_stats import EMPTY, reset_between
+from records.server_stats import Histogram, ServerSample, ServerStats
 
 
 @dataclass(frozen=True)
@@ -46,28 +42,12 @@ class ServerSeries:
         return len(self.t_s)
 
 
-def read_samples(run_dir: Path) -> list[tuple[float, dict]]:
-    """(seconds after the run started, GetStats dict) per line; [] when the file does not exist."""
-    path = run_dir / SAMPLES
-    if not path.exists():
-        # A distributed run: every worker sampled the same server; the first worker's samples serve.
-        path = next(iter(worker_dirs(run_dir, SAMPLES)), path)
-    samples = []
-    for number, line in read_lines(path):
-        try:
-            record = json.loads(line)
-            samples.append((float(record["t_run_s"]), dict(record["stats"])))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise RunDirError(f"{path}:{number}: not a GetStats sample ({e})") from None
-    return samples
-
-
-def server_series(samples: list[tuple[float, dict]]) -> ServerSeries | None:
+def server_series(samples: list[ServerSample]) -> ServerSeries | None:
     """None with fewer than two snapshots."""
     if len(samples) < 2:
         return None
-    rows = [_interval(prev, cur, t - t_prev) | {"t_s": t}
-            for (t_prev, prev), (t, cur) in zip(samples, samples[1:], strict=False)]
+    rows = [_interval(prev.stats, cur.stats, cur.t_run_s - prev.t_run_s) | {"t_s": cur.t_run_s}
+            for prev, cur in zip(samples, samples[1:], strict=False)]
     stages = list(dict.fromkeys(name for row in rows for name in row["stage_ms"]))  # the server's pipeline order
     columns = {key: np.asarray([row[key] for row in rows], dtype=float)
                for key in rows[0] if key != "stage_ms"}
@@ -75,53 +55,43 @@ def server_series(samples: list[tuple[float, dict]]) -> ServerSeries | None:
     return ServerSeries(stage_ms=stage_ms, **columns)
 
 
-def _interval(prev: dict, cur: dict, length_s: float) -> dict:
+def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
     if reset_between(prev, cur):
-        prev = {}
-    steps = _delta(cur, prev, "steps")
-    step_ms = _delta_hist_sum(cur.get("step_ms"), prev.get("step_ms"))
-    cpu_s = _cpu_seconds(cur) - _cpu_seconds(prev) if "process_cpu_percent" in cur else float("nan")
-    gpu = cur.get("gpu_utilization_percent", -1.0)
+        prev = EMPTY
+    step_ms = _hist_sum(cur.step_ms) - _hist_sum(prev.step_ms)
+    cpu_s = _cpu_seconds(cur) - _cpu_seconds(prev)
     routed = _layer_delta(cur, prev, "expert_tokens")
     return {
         "length_s": length_s,
-        "waiting": cur.get("waiting", 0), "running": cur.get("running", 0),
-        "steps": steps,
-        "tokens": _delta(cur, prev, "tokens_generated"),
+        "waiting": cur.waiting, "running": cur.running,
+        "steps": cur.steps - prev.steps,
+        "tokens": cur.tokens_generated - prev.tokens_generated,
         "busy_share": step_ms / 1000 / length_s if length_s > 0 else float("nan"),
         "cpu_util": cpu_s / length_s if length_s > 0 else float("nan"),
-        "gpu_util": gpu / 100 if gpu >= 0 else float("nan"),
+        "gpu_util": cur.gpu_utilization_percent / 100 if cur.gpu_utilization_percent >= 0 else float("nan"),
         "imbalance": _max_over_mean(routed),
         "routed": float(routed.sum()),
-        "cache_hits": _cache_delta(cur, prev, "hits"),
-        "cache_misses": _cache_delta(cur, prev, "misses"),
-        "cache_copy_ms": _cache_delta(cur, prev, "copy_ms"),
+        "cache_hits": cur.cache_total("hits") - prev.cache_total("hits"),
+        "cache_misses": cur.cache_total("misses") - prev.cache_total("misses"),
+        "cache_copy_ms": cur.cache_total("copy_ms") - prev.cache_total("copy_ms"),
         "step_ms": step_ms,
-        "stage_ms": {s["stage"]: _delta_hist_sum(s.get("ms"), _stage(prev, s["stage"])) for s in cur.get("stages", [])},
+        "stage_ms": {s.stage: _hist_sum(s.ms) - _hist_sum(prev.stage(s.stage)) for s in cur.stages},
     }
 
 
-def _delta(cur: dict, prev: dict, key: str) -> float:
-    return cur.get(key, 0) - prev.get(key, 0)
+def _hist_sum(h: Histogram | None) -> float:
+    return h.sum if h is not None else 0.0
 
 
-def _delta_hist_sum(cur: dict | None, prev: dict | None) -> float:
-    return (cur or {}).get("sum", 0.0) - (prev or {}).get("sum", 0.0)
-
-
-def _stage(stats: dict, name: str) -> dict | None:
-    return next((s.get("ms") for s in stats.get("stages", []) if s["stage"] == name), None)
-
-
-def _cpu_seconds(stats: dict) -> float:
+def _cpu_seconds(stats: ServerStats) -> float:
     """process_cpu_percent is the average over the window since the last reset."""
-    return stats.get("process_cpu_percent", 0.0) / 100 * stats.get("window_s", 0.0)
+    return stats.process_cpu_percent / 100 * stats.window_s
 
 
-def _layer_delta(cur: dict, prev: dict, key: str) -> np.ndarray:
+def _layer_delta(cur: ServerStats, prev: ServerStats, key: str) -> np.ndarray:
     """[layer, expert] difference of a per-layer counter; empty without layer stats."""
-    now = np.asarray([layer.get(key, []) for layer in cur.get("layers", [])], dtype=float)
-    before = [layer.get(key, []) for layer in prev.get("layers", [])]
+    now = np.asarray([getattr(layer, key) for layer in cur.layers], dtype=float)
+    before = [getattr(layer, key) for layer in prev.layers]
     return now - np.asarray(before, dtype=float) if before and now.size else now
 
 
@@ -131,10 +101,6 @@ def _max_over_mean(routed: np.ndarray) -> float:
     means = routed.mean(axis=1)
     loaded = means > 0
     return float((routed.max(axis=1)[loaded] / means[loaded]).max()) if loaded.any() else float("nan")
-
-
-def _cache_delta(cur: dict, prev: dict, key: str) -> float:
-    return cache_total(cur, key) - cache_total(prev, key)
 
 
 @dataclass(frozen=True)
@@ -149,19 +115,20 @@ class ExpertInterval:
     capacity_factor: float  # the server's at the later snapshot; 0 = dropless
 
 
-def expert_intervals(samples: list[tuple[float, dict]]) -> list[ExpertInterval]:
+def expert_intervals(samples: list[ServerSample]) -> list[ExpertInterval]:
     """Per-layer per-expert loads between consecutive snapshots; intervals without layer stats
     (an old server) are left out, as are the ones whose layer count changed."""
     intervals = []
-    for (t_prev, prev), (t, cur) in zip(samples, samples[1:], strict=False):
+    for prev_sample, cur_sample in zip(samples, samples[1:], strict=False):
+        prev, cur = prev_sample.stats, cur_sample.stats
         if reset_between(prev, cur):
-            prev = {}
-        if not cur.get("layers") or len(prev.get("layers", cur["layers"])) != len(cur["layers"]):
+            prev = EMPTY
+        if not cur.layers or len(prev.layers or cur.layers) != len(cur.layers):
             continue
         routed, dropped = _layer_delta(cur, prev, "expert_tokens"), _layer_delta(cur, prev, "dropped")
         if routed.ndim != 2 or routed.size == 0 or dropped.shape not in (routed.shape, (routed.shape[0], 0)):
             continue
-        intervals.append(ExpertInterval(t, t - t_prev, int(_delta(cur, prev, "steps")), routed,
-                                        dropped if dropped.size else np.zeros_like(routed),
-                                        float(cur.get("capacity_factor") or 0.0)))
+        intervals.append(ExpertInterval(cur_sample.t_run_s, cur_sample.t_run_s - prev_sample.t_run_s,
+                                        cur.steps - prev.steps, routed,
+                                        dropped if dropped.size else np.zeros_like(routed), cur.capacity_factor))
     return intervals

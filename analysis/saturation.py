@@ -11,6 +11,7 @@ import numpy as np
 from analysis.finding import Finding
 from analysis.samples import ServerSeries
 from analysis.spikes import Signals
+from records.summary import StressResult
 
 # Seed 5.3's own bar: a device busy less than 80% of the time has room a better schedule could use.
 UTILISATION_BUSY = 0.8
@@ -36,7 +37,7 @@ def queue_rules(d: Signals) -> list[Finding]:
     s = d.series
     if s is None:
         return _unjudged_pair("server_stats.jsonl is missing or holds fewer than two GetStats snapshots", [])
-    if stress := d.run.section("stress"):
+    if (stress := d.run.summary.stress) is not None:
         return _stress_rules(d, stress)
     span = _schedule_span(d)
     if span.sum() < MIN_SERIES_INTERVALS:
@@ -62,18 +63,18 @@ def queue_rules(d: Signals) -> list[Finding]:
     return [under, Finding(*SATURATED, True, verdict + _policy_too(kind), evidence)]
 
 
-def _stress_rules(d: Signals, stress: dict) -> list[Finding]:
+def _stress_rules(d: Signals, stress: StressResult) -> list[Finding]:
     """The step the stress run stopped in, judged against the load generator's own verdict."""
-    s, steps = d.series, stress.get("steps") or []
-    knee = stress.get("knee_rps")
-    stopped = stress.get("stopped_because") or "?"
+    s, steps = d.series, stress.steps
+    knee = stress.knee_rps
+    stopped = stress.stopped_because or "?"
     evidence = [f"stress run: knee {'none (the first step saturated)' if knee is None else f'{knee:g} requests/s'}; "
                 f"stopped: {stopped}"]
-    step_s = d.run.section("config").get("step_s")
-    if not steps or not isinstance(step_s, int | float) or step_s <= 0:
-        return _unjudged_pair("summary.json's stress section has no steps, or its config no step_s", evidence)
+    step_s = d.run.summary.config.stress.step_s
+    if not steps:
+        return _unjudged_pair("summary.json's stress section has no steps", evidence)
     last = steps[-1]
-    i = int(last.get("step", len(steps) - 1))
+    i = last.step
     lo_s, hi_s = i * step_s, (i + 1) * step_s
     middle = s.t_s - s.length_s / 2
     span = (middle >= lo_s) & (middle <= hi_s)
@@ -81,8 +82,8 @@ def _stress_rules(d: Signals, stress: dict) -> list[Finding]:
         return _unjudged_pair(f"only {span.sum()} server_stats.jsonl intervals in the last step, {lo_s:g}-{hi_s:g} s "
                               f"(need {MIN_SERIES_INTERVALS})", evidence)
     util, util_name, util_line = _utilisation(s, span)
-    saturated = last.get("saturated") or ""
-    evidence.append(f"last step {i}, {lo_s:g}-{hi_s:g} s at {last.get('offered_rps', float('nan')):g} requests/s "
+    saturated = last.saturated
+    evidence.append(f"last step {i}, {lo_s:g}-{hi_s:g} s at {last.offered_rps:g} requests/s "
                     f"offered: " + (f"saturated ({saturated})" if saturated else "held"))
     evidence.append(util_line)
     queue_rise, queue = _growth("wait queue", s, span, s.waiting)
@@ -144,10 +145,7 @@ def _schedule_span(d: Signals) -> np.ndarray:
     starts from an empty server, so requests in it rise by construction; after the end they only drain."""
     s = d.series
     middle = s.t_s - s.length_s / 2
-    warmup_s = d.run.section("config").get("warmup_s")
-    span = middle >= (warmup_s if isinstance(warmup_s, int | float) else 0.0)
-    duration_s = d.run.summary.get("duration_s")
-    return span & (middle <= duration_s) if isinstance(duration_s, int | float) else span
+    return (middle >= d.run.summary.config.recording.warmup_s) & (middle <= d.run.summary.duration_s)
 
 
 def _utilisation(s: ServerSeries, span: np.ndarray) -> tuple[float, str, str]:

@@ -26,11 +26,13 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from analysis.arguments import number
+from analysis.files import RunDirError
 from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
-from analysis.rundir import SUMMARY, RunDirError, load_run
-from analysis.samples import SAMPLES, read_samples
+from analysis.rundir import read_samples, read_summary
 from analysis.tables import fmt_ms, markdown_table, text_table
+from records.rundir import SAMPLES, SUMMARY
+from records.server_stats import ServerSample
 
 SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
 MIN_WINDOWS = 3
@@ -44,6 +46,7 @@ DEFAULT_INTERVAL_S = 1.0  # the load generator's --interval-s default, for summa
 # flattened by a 0 baseline: their axes fit the data, but never narrower than --min-change of the level,
 # so a change at the drift bar fills the axis and noise far under it stays flat.
 FROM_ZERO = ("waiting",)
+UNREPORTED_AS_ZERO = ("rss_mb",)
 
 
 @dataclass(frozen=True)
@@ -124,17 +127,17 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
     """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth."""
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
-    config = (load_run(run_dir).summary.get("config") or {}) if (run_dir / SUMMARY).exists() else {}
-    interval_s = float(config.get("interval_s") or DEFAULT_INTERVAL_S)
+    summary = read_summary(run_dir)  # None while the run is still going
+    interval_s = summary.config.recording.interval_s if summary else DEFAULT_INTERVAL_S
     if window_s < interval_s:  # windows narrower than the logs' intervals are mostly empty, and countless
         raise RunDirError(f"{run_dir}: --window-s {window_s:g} is shorter than the run's {interval_s:g} s logging "
                           f"interval (interval_s in {SUMMARY}, {DEFAULT_INTERVAL_S:g} s when absent); use "
                           f"--window-s {interval_s:g} or more")
     if skip_s is None:
-        skip_s = float(config.get("warmup_s") or 0.0)
+        skip_s = summary.config.recording.warmup_s if summary else 0.0
     latency = {metric: load_intervals(run_dir, metric) for metric in ("ttft", "tpot")}
     samples = read_samples(run_dir)
-    ends = [i.end_s for intervals in latency.values() for i in intervals] + [t for t, _ in samples]
+    ends = [i.end_s for intervals in latency.values() for i in intervals] + [s.t_run_s for s in samples]
     if not ends:
         raise RunDirError(f"{run_dir}: no ttft.hlog, tpot.hlog or {SAMPLES} to follow over time")
     span_s = max(ends) - skip_s
@@ -163,10 +166,12 @@ def _latency_series(metric: str, intervals: list[Interval], windows: Windows, mi
                    min_change)
 
 
-def _sample_series(key: str, samples: list[tuple[float, dict]], windows: Windows, min_change: float) -> Series:
+def _sample_series(key: str, samples: list[ServerSample], windows: Windows, min_change: float) -> Series:
     title, unit, field, scale = SAMPLED[key]
-    # A server that does not report the field gives no data; 0 would read as a real, flat figure.
-    kept = [(t, stats[field] * scale) for t, stats in samples if field in stats]
+    # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
+    # read as a real, flat figure.
+    kept = [(s.t_run_s, getattr(s.stats, field) * scale) for s in samples
+            if key not in UNREPORTED_AS_ZERO or getattr(s.stats, field)]
     index = windows.index(np.asarray([t for t, _ in kept], dtype=float))
     values = np.asarray([v for _, v in kept], dtype=float)
     times = np.asarray([t for t, _ in kept], dtype=float)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from analysis.intervals import Interval, load_intervals, merged
+from analysis.intervals import Interval, merged
 from analysis.latency import US_PER_MS
-from analysis.rows import measured_ok, read_rows
+from analysis.rows import measured_ok
 from analysis.rundir import Run
-from analysis.samples import ServerSeries, read_samples, server_series
+from analysis.samples import ServerSeries, server_series
 from analysis.tables import fmt_ms
+from records.requests import RequestRow
+from records.server_stats import ServerStats
 
 # Latency spike: a window's p99 above twice the median window p99 ...
 SPIKE_FACTOR = 2.0
@@ -46,7 +48,6 @@ FINISH_TOLERANCE_S = 0.25  # a request finishing this close to a window's edge i
 # The generator's lag explains a spike only when it is late and at least this share of the jump:
 # a 6 ms delivery lag does not explain a TTFT three seconds over its median.
 LAG_SHARE_OF_JUMP = 0.25
-DEFAULT_LATE_MS = 5.0  # loadgen's late-send threshold, for summaries that do not carry it
 
 LAGS = ("send_lag", "delivery_lag")  # the load generator's own lateness, per interval
 CAUSES = ("hot expert", "cache-miss burst", "queue growth", "generator lateness")
@@ -54,7 +55,7 @@ CAUSES = ("hot expert", "cache-miss burst", "queue growth", "generator lateness"
 
 @dataclass(frozen=True)
 class Signals:
-    """What a run recorded over time, read once for every rule."""
+    """What a run recorded over time, in the shape the rules read it."""
 
     run: Run
     series: ServerSeries | None
@@ -65,8 +66,6 @@ class Signals:
     min_routed_per_layer: float  # that minimum in pairs per layer; 0 when the server gives no layer sizes
     max_batch_size: float | None
     expert_cache: int
-    rows: list[dict]  # every row of requests.jsonl
-    lag_intervals: dict[str, list[Interval]]  # send_lag and delivery_lag interval logs
     late_ms: float
 
 
@@ -95,29 +94,26 @@ class Spike:
                 f"median {fmt_ms(self.typical_ms)} ms)")
 
 
-def read_signals(run: Run) -> Signals:
-    samples = read_samples(run.path)
-    last = samples[-1][1] if samples else {}
-    later = [stats for _, stats in samples[1:]]  # each series entry's later snapshot
+def signals_of(run: Run) -> Signals:
+    samples = run.samples
+    last = samples[-1].stats if samples else ServerStats()
+    later = [sample.stats for sample in samples[1:]]  # each series entry's later snapshot
     series = server_series(samples)
-    layers = last.get("layers") or [{}]
-    num_layers = last.get("num_layers") or len(layers)
-    num_experts = last.get("num_experts") or len(layers[0].get("expert_tokens", []))
+    num_layers = last.num_layers or len(last.layers) or 1
+    num_experts = last.num_experts or (len(last.layers[0].expert_tokens) if last.layers else 0)
     min_routed = float(MIN_ROUTED_PER_EXPERT * num_experts)
     imbalance = np.empty(0) if series is None else \
         np.where(series.routed / num_layers >= min_routed, series.imbalance, np.nan)
     return Signals(
         run=run,
         series=series,
-        kv_in_use=np.asarray([s.get("kv_slots_in_use", np.nan) for s in later], dtype=float),
-        kv_total=np.asarray([s.get("kv_slots_total", np.nan) for s in later], dtype=float),
+        kv_in_use=np.asarray([s.kv_slots_in_use for s in later], dtype=float),
+        kv_total=np.asarray([s.kv_slots_total for s in later], dtype=float),
         imbalance=imbalance,
         min_routed_per_layer=min_routed,
-        max_batch_size=last.get("max_batch_size"),
-        expert_cache=int(last.get("expert_cache") or 0),
-        rows=read_rows(run.path),
-        lag_intervals={metric: load_intervals(run.path, metric) for metric in LAGS},
-        late_ms=float(run.section("generator").get("late_threshold_ms") or DEFAULT_LATE_MS),
+        max_batch_size=last.max_batch_size or None,
+        expert_cache=last.expert_cache,
+        late_ms=run.summary.generator.late_threshold_ms,
     )
 
 
@@ -132,7 +128,7 @@ class MetricSpikes:
 
 def find_spikes(run: Run, metric: str) -> MetricSpikes | str:
     """The metric's spike windows, or what was missing to judge them."""
-    intervals = load_intervals(run.path, metric)
+    intervals = run.intervals(metric)
     if not intervals:
         return f"{metric}.hlog is missing or empty"
     windows = merge_windows(intervals)
@@ -167,14 +163,13 @@ def merge_windows(intervals: list[Interval]) -> list[Window]:
 def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
     """Which causes lined up with one spike, and where they were looked for."""
     metric, window = spike.metric, spike.window
-    timed = [row for row in measured_ok(d.rows)
-             if all(row.get(k) is not None for k in ("scheduled_ms", "ttft_ms", "e2e_ms"))]
-    slow = [row for row in timed if (row.get(f"{metric}_ms") or 0) > spike.limit_ms
+    timed = [row for row in measured_ok(d.run.rows) if row.ttft_ms is not None and row.e2e_ms is not None]
+    slow = [row for row in timed if (getattr(row, f"{metric}_ms") or 0) > spike.limit_ms
             and window.start_s - FINISH_TOLERANCE_S <= _finish_s(row) <= window.end_s + FINISH_TOLERANCE_S]
     if slow:
-        first_token = [(row["scheduled_ms"] + row["ttft_ms"]) / 1000 for row in slow]
+        first_token = [(row.scheduled_ms + row.ttft_ms) / 1000 for row in slow]
         if metric == "ttft":
-            start, end = min(row["scheduled_ms"] for row in slow) / 1000, max(first_token)
+            start, end = min(row.scheduled_ms for row in slow) / 1000, max(first_token)
         else:
             start, end = min(first_token), max(_finish_s(row) for row in slow)
         looked = f"{start:.1f}-{end:.1f} s (the lifetimes of its {len(slow)} slow requests in requests.jsonl)"
@@ -195,8 +190,8 @@ def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
     return [(name, found[name]) for name in CAUSES if found.get(name)], looked
 
 
-def _finish_s(row: dict) -> float:
-    return (row["scheduled_ms"] + row["e2e_ms"]) / 1000  # e2e counts from the scheduled send
+def _finish_s(row: RequestRow) -> float:
+    return row.finish_ms / 1000
 
 
 def _overlapping(s: ServerSeries, start_s: float, end_s: float) -> np.ndarray:
@@ -248,8 +243,8 @@ def _queue_growth(d: Signals, near: np.ndarray, start_s: float) -> str | None:
             + (" with " + " and ".join(full) if full else ", with room in the batch and KV pool"))
 
 
-def _queue_share(slow: list[dict]) -> str | None:
-    queued = [(row["server_queue_us"] / 1000, row["ttft_ms"]) for row in slow if row.get("server_queue_us") is not None]
+def _queue_share(slow: list[RequestRow]) -> str | None:
+    queued = [(row.server_queue_us / 1000, row.ttft_ms) for row in slow if row.server_queue_us is not None]
     if not queued:
         return None
     queue_ms, ttft_ms = np.asarray(queued).T
@@ -260,20 +255,20 @@ def _queue_share(slow: list[dict]) -> str | None:
     return None
 
 
-def _generator_late(d: Signals, spike: Spike, slow: list[dict]) -> str | None:
+def _generator_late(d: Signals, spike: Spike, slow: list[RequestRow]) -> str | None:
     """Lags are recorded when a request finishes, so the window's own intervals hold the spike's
     requests. A lag counts only when it is late and large enough to explain a share of the jump."""
     window, jump_ms = spike.window, spike.p99_ms - spike.typical_ms
     bar_ms = max(d.late_ms, LAG_SHARE_OF_JUMP * jump_ms)
     found = []
     for metric in LAGS:
-        hist = merged([i for i in d.lag_intervals[metric] if window.before_s <= i.start_s < window.end_s])
+        hist = merged([i for i in d.run.intervals(metric) if window.before_s <= i.start_s < window.end_s])
         if hist is not None and hist.get_total_count():
             p99 = hist.get_value_at_percentile(99) / US_PER_MS
             if p99 > bar_ms:
                 found.append(f"{metric.replace('_', ' ')} p99 {fmt_ms(p99)} ms at {window.before_s:.1f}-"
                              f"{window.end_s:.1f} s (over {fmt_ms(bar_ms)} ms)")
-    lags = [row["sent_ms"] - row["scheduled_ms"] for row in slow if row.get("sent_ms") is not None]
+    lags = [row.sent_ms - row.scheduled_ms for row in slow if row.sent_ms is not None]
     if lags and max(lags) > bar_ms:
         found.append(f"its slow requests were sent up to {fmt_ms(max(lags))} ms late")
     return "; ".join(found) or None

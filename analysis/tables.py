@@ -1,5 +1,7 @@
 """Plain-text and markdown tables, and the number formats they share."""
 
+from records.summary import Stats
+
 STAT_COLUMNS = {"count": "count", "mean": "mean", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99",
                 "p999": "p99.9", "max": "max"}
 
@@ -27,14 +29,14 @@ def fmt_percent(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.1f}%"
 
 
-def stats_rows(stats_by_name: dict[str, dict | None]) -> list[list[str]]:
+def stats_rows(stats_by_name: dict[str, Stats | None]) -> list[list[str]]:
     """One row per name: its stats in ms, or 'no samples' when there are none."""
     rows = []
     for name, stats in stats_by_name.items():
-        if not stats or not stats.get("count"):
+        if not stats or not stats.count:
             rows.append([name, "no samples"])
             continue
-        rows.append([name, str(stats["count"])] + [fmt_ms(stats.get(key)) for key in list(STAT_COLUMNS)[1:]])
+        rows.append([name, str(stats.count)] + [fmt_ms(getattr(stats, key)) for key in list(STAT_COLUMNS)[1:]])
     return rows
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from analysis.intervals import Interval, load_intervals, merged
+from analysis.intervals import Interval, merged
 from analysis.latency import US_PER_MS
-from analysis.rows import column, read_rows
+from analysis.rows import column
+from analysis.rundir import Run
+from records.requests import RequestRow
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,13 @@ MIN_REQUESTS_PER_WINDOW = 5
 MAX_WINDOWS_WIDENED = 10
 
 
-def client_series(run_dir: Path, window_s: float | None = None, rows: list[dict] | None = None) -> ClientSeries | None:
+def client_series(run: Run, window_s: float | None = None) -> ClientSeries | None:
     """None when the run has no interval logs. window_s None: as logged, widened for sparse runs
-    (see auto_window_s); 0: as logged. rows: requests.jsonl's, when the caller has read them."""
-    ttft = load_intervals(run_dir, "ttft")
+    (see auto_window_s); 0: as logged."""
+    ttft = run.intervals("ttft")
     if not ttft:
         return None
-    tpot, itl = _aligned(load_intervals(run_dir, "tpot"), ttft), _aligned(load_intervals(run_dir, "itl"), ttft)
+    tpot, itl = _aligned(run.intervals("tpot"), ttft), _aligned(run.intervals("itl"), ttft)
     width = auto_window_s(ttft) if window_s is None else window_s
     groups = _groups(ttft, width)
     ttft, tpot, itl = ([_merge([intervals[i] for i in group]) for group in groups] for intervals in (ttft, tpot, itl))
@@ -62,13 +63,13 @@ def client_series(run_dir: Path, window_s: float | None = None, rows: list[dict]
     # A request's first token is its TTFT sample and each later one an ITL sample, so the two
     # counts add up to the output tokens of the requests that finished.
     tokens = finished + np.asarray([i.hist.get_total_count() if i else 0 for i in itl], dtype=float)
-    rows = read_rows(run_dir) if rows is None else rows
+    rows = run.rows
     if rows:
         edges = np.append(start, start[-1] + length[-1])
         offered = np.histogram(column(rows, "scheduled_ms") / 1000, bins=edges)[0] / safe_length
         # Completions as summary.json counts them: every ok request, warm-up scheduled or not, by
         # when its last token came (e2e runs from the scheduled send).
-        ok = [row for row in rows if row.get("status") == "OK" and row.get("e2e_ms") is not None]
+        ok: list[RequestRow] = [row for row in rows if row.status == "OK" and row.e2e_ms is not None]
         finished_s = (column(ok, "scheduled_ms") + column(ok, "e2e_ms")) / 1000
         achieved = np.histogram(finished_s, bins=edges)[0] / safe_length
     else:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from proto import moe_pb2, moe_pb2_grpc
+from records.jsonform import from_json
+from records.server_stats import ServerStats
 
 CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
 
@@ -76,17 +78,17 @@ def close_stream(result: StreamResult, last) -> None:
     result.usage = message_dict(last.usage)
 
 
-def server_stats(host: str) -> dict:
-    """GetStats as plain JSON types (expert_tokens as [layer][expert]), or why it could not
-    be had: the run goes on without it."""
+def server_stats(host: str) -> ServerStats:
+    """GetStats (expert_tokens as [layer][expert]), or why it could not be had: the run goes on
+    without it."""
     try:
         with grpc.insecure_channel(host) as channel:
             reply = moe_pb2_grpc.MoEInferenceStub(channel).GetStats(moe_pb2.GetStatsRequest(), timeout=5)
     except grpc.RpcError as exc:
-        return {"error": f"GetStats failed: {exc.code().name}: {exc.details()}"}
+        return ServerStats(error=f"GetStats failed: {exc.code().name}: {exc.details()}")
     stats = message_dict(reply)
     stats["expert_tokens"] = [layer["tokens"] for layer in stats["expert_tokens"]]
-    return stats
+    return from_json(ServerStats, stats, "GetStats")
 
 
 def message_dict(msg) -> dict:

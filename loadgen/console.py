@@ -5,50 +5,56 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from records.summary import Stats, Summary
+
 ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e")
 
 
-def print_summary(summary: dict, run_dir: Path) -> None:
-    m, t, r = summary["metrics"], summary["throughput"], summary["requests"]
+def print_summary(summary: Summary, run_dir: Path) -> None:
+    m, t, r = summary.metrics, summary.throughput, summary.requests
     print(f"\nmoe-loadlab run: {run_dir}")
     print(f"{'ms':<14}{'count':>8}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for name in ROWS:
         s = m[f"{name}_ms"]
-        if s["count"]:
-            print(f"{name:<14}{s['count']:>8}{s['p50']:>10.1f}{s['p90']:>10.1f}{s['p99']:>10.1f}{s['max']:>10.1f}")
+        if s.count:
+            print(f"{name:<14}{s.count:>8}{s.p50:>10.1f}{s.p90:>10.1f}{s.p99:>10.1f}{s.max:>10.1f}")
         else:
             print(f"{name:<14}{0:>8}  no samples")
-    for klass, c in summary.get("classes", {}).items():
-        ttft, tpot = c["ttft_ms"], c["tpot_ms"]
-        p = ("-" if not ttft["count"] else f"{ttft['p50']:.1f}/{ttft['p99']:.1f}",
-             "-" if not tpot["count"] else f"{tpot['p50']:.1f}/{tpot['p99']:.1f}")
-        print(f"class {klass:<12} sent {c['sent']:>6}  ok {c['ok']:>6}  TTFT p50/p99 {p[0]:>15}  "
-              f"TPOT p50/p99 {p[1]:>13}")
-    print(f"throughput: {t['output_tokens_per_s']:.1f} output tokens/s, {t['requests_per_s']:.2f} requests/s, "
-          f"goodput {t['goodput_requests_per_s']:.2f} requests/s over {t['window_s']:.1f} s")
-    slo = summary["slo"]
-    if slo["objectives_ms"] and slo["requests"]:
-        share = slo["met_share"]
+    for klass, c in summary.classes.items():
+        print(f"class {klass:<12} sent {c.sent:>6}  ok {c.ok:>6}  TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
+              f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
+    print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, {t.requests_per_s:.2f} requests/s, "
+          f"goodput {t.goodput_requests_per_s:.2f} requests/s over {t.window_s:.1f} s")
+    slo = summary.slo
+    if slo.objectives_ms and slo.requests:
+        share = slo.met_share
         met = ", ".join(f"{name.upper()} <= {ms:g} ms met by {100 * share[name]:.1f}%"
-                        for name, ms in slo["objectives_ms"].items())
-        print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo['requests']} requests")
-    failed = ", ".join(f"{k} {v}" for k, v in r["failed_by_code"].items()) or "none"
-    print(f"requests: sent {r['sent']} = ok {r['ok']} + failed {r['failed']} ({failed}); "
-          f"not sent {r['not_sent']}; warm-up {r['warmup']}")
-    if "stress" in summary:
-        stress = summary["stress"]
-        print(f"{'stress step':<14}{'offered/s':>10}{'sent/s':>8}{'achieved/s':>11}{'TTFT p99':>10}  saturated")
-        for row in stress["steps"]:
-            p99 = "-" if row["ttft_p99_ms"] is None else f"{row['ttft_p99_ms']:.1f}"
-            print(f"{row['step']:<14}{row['offered_rps']:>10.3g}{row['sent_rps']:>8.3g}{row['achieved_rps']:>11.3g}"
-                  f"{p99:>10}  {row['saturated'] or '-'}")
-        knee = "none (the first step saturated)" if stress["knee_rps"] is None else f"{stress['knee_rps']:g} requests/s"
-        print(f"knee: {knee}; stopped: {stress['stopped_because']}")
-        if "warning" in stress:
-            print(f"WARNING: {stress['warning']}")
-    for warning in summary["generator"]["warnings"]:
+                        for name, ms in slo.objectives_ms.items())
+        print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo.requests} requests")
+    failed = ", ".join(f"{k} {v}" for k, v in r.failed_by_code.items()) or "none"
+    print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}); "
+          f"not sent {r.not_sent}; warm-up {r.warmup}")
+    if summary.stress is not None:
+        print_stress(summary)
+    for warning in summary.generator.warnings:
         print(f"WARNING: {warning}")
-    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].get("p99"),
-                "tpot_p99_ms": m["tpot_ms"].get("p99"), "output_tokens_per_s": t["output_tokens_per_s"],
-                "sent": r["sent"], "ok": r["ok"], "failed": r["failed"]}
+    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99, "tpot_p99_ms": m["tpot_ms"].p99,
+                "output_tokens_per_s": t.output_tokens_per_s, "sent": r.sent, "ok": r.ok, "failed": r.failed}
     print(json.dumps(headline))
+
+
+def print_stress(summary: Summary) -> None:
+    stress = summary.stress
+    print(f"{'stress step':<14}{'offered/s':>10}{'sent/s':>8}{'achieved/s':>11}{'TTFT p99':>10}  saturated")
+    for row in stress.steps:
+        p99 = "-" if row.ttft_p99_ms is None else f"{row.ttft_p99_ms:.1f}"
+        print(f"{row.step:<14}{row.offered_rps:>10.3g}{row.sent_rps:>8.3g}{row.achieved_rps:>11.3g}"
+              f"{p99:>10}  {row.saturated or '-'}")
+    knee = "none (the first step saturated)" if stress.knee_rps is None else f"{stress.knee_rps:g} requests/s"
+    print(f"knee: {knee}; stopped: {stress.stopped_because}")
+    if stress.warning:
+        print(f"WARNING: {stress.warning}")
+
+
+def _p50_p99(stats: Stats) -> str:
+    return "-" if not stats.count else f"{stats.p50:.1f}/{stats.p99:.1f}"

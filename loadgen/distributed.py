@@ -4,12 +4,15 @@ add, summed counts; percentiles are never averaged) into the run's one summary.j
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from loadgen.recorder import Recorder
 from loadgen.rundir import write_json, write_run_dir
 from loadgen.summary import histogram_encodings, summarize
 from records.load_settings import LoadSettings
+from records.rundir import WORKERS
+from records.summary import ServerSnapshots, Summary, WorkerFigures
 
 MESSAGE = "moe_results"  # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
 STOP_MESSAGE = "moe_stop"  # master -> workers: stop sending, drain, report now
@@ -21,27 +24,27 @@ def worker_message(index: int, run) -> dict:
             "duration_s": run.duration_s, "window_s": run.recorder.window_s, "cpu_percent": run.cpu_percent}
 
 
-def merge_parts(settings: LoadSettings, parts: list[dict], expected: int, server: dict) -> tuple[dict, Recorder]:
+def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
+                server: ServerSnapshots) -> tuple[Summary, Recorder]:
     """The run's summary and merged recorder from the workers' messages."""
     merged = Recorder.for_settings(settings, 0)
     for part in parts:
         merged.absorb(part["export"])
     window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal
+    missing = [f"only {len(parts)} of {expected} workers reported results: the run is incomplete"] \
+        if len(parts) < expected else []
     summary = summarize(settings, merged, min(p["started_at"] for p in parts), max(p["duration_s"] for p in parts),
-                        window_s, max(p["cpu_percent"] for p in parts))
-    summary["server"] = server
-    summary["workers"] = [{"worker": p["worker"], "sent": sum(p["export"]["statuses"].values()),
-                           "cpu_percent": p["cpu_percent"], "window_s": p["window_s"]} for p in parts]
-    if len(parts) < expected:
-        summary["generator"]["warnings"].append(
-            f"only {len(parts)} of {expected} workers reported results: the run is incomplete")
-    return summary, merged
+                        window_s, max(p["cpu_percent"] for p in parts), tuple(missing))
+    workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
+                             cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
+    return dataclasses.replace(summary, server=server, workers=workers), merged
 
 
-def write_merged(settings: LoadSettings, parts: list[dict], expected: int, server: dict) -> tuple[dict, Path]:
+def write_merged(settings: LoadSettings, parts: list[dict], expected: int,
+                 server: ServerSnapshots) -> tuple[Summary, Path]:
     summary, merged = merge_parts(settings, parts, expected, server)
     path = write_run_dir(settings.recording.run_dir, summary, histogram_encodings(merged), merged.rows)
     # Each worker's own histograms and counts, so anyone can check the merge.
-    write_json(path / "workers.json", [{k: v for k, v in p["export"].items() if k != "rows"} | {"worker": p["worker"]}
+    write_json(path / WORKERS, [{k: v for k, v in p["export"].items() if k != "rows"} | {"worker": p["worker"]}
                                        for p in parts])
     return summary, path

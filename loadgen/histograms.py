@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
+from records.summary import Stats
+
 LOWEST_US = 1  # resolution; 0 is recordable too
 HIGHEST_US = 3_600_000_000  # one hour
 DIGITS = 3
@@ -30,17 +32,14 @@ class Histogram:
     def count(self) -> int:
         return self.hdr.get_total_count()
 
-    def summary_ms(self) -> dict[str, float]:
-        """count, mean, p50..p999, max in milliseconds (count alone when empty)."""
+    def stats(self) -> Stats:
+        """count, mean, p50..p999, max in milliseconds (the count alone when empty)."""
         if not self.count:
-            return {"count": 0}
+            return Stats(count=0)
         values = self.hdr.get_percentile_to_value_dict(list(PERCENTILES.values()))
-        out = {"count": self.count, "mean": self.hdr.get_mean_value() / 1000}
-        out.update({k: values[p] / 1000 for k, p in PERCENTILES.items()})
-        out["max"] = self.hdr.get_max_value() / 1000
-        if self.clamped:
-            out["clamped"] = self.clamped
-        return out
+        return Stats(count=self.count, mean=self.hdr.get_mean_value() / 1000,
+                     **{k: values[p] / 1000 for k, p in PERCENTILES.items()}, max=self.hdr.get_max_value() / 1000,
+                     clamped=self.clamped)
 
     def encode(self) -> str:
         return self.hdr.encode().decode("ascii")

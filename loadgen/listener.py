@@ -7,6 +7,7 @@ distributed master collects the workers' parts and writes the merged run directo
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import sys
@@ -26,6 +27,8 @@ from loadgen.summary import histogram_encodings
 from loadgen.timing import StreamTiming
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings
+from records.server_stats import ServerStats
+from records.summary import ServerSnapshots
 
 log = logging.getLogger("loadgen")
 
@@ -43,7 +46,7 @@ class MasterState:
 
     settings: LoadSettings
     expected: int
-    server_start: dict
+    server_start: ServerStats
     parts: dict[int, dict] = field(default_factory=dict)
     written: bool = False
 
@@ -54,7 +57,7 @@ class RunListener:
         self.run: Run | None = None  # this process's schedule, while a test runs
         self.master: MasterState | None = None
         self.rank = 0  # a worker's place among the workers
-        self.server_start: dict = {}
+        self.server_start = ServerStats()
         events = environment.events
         events.test_start.add_listener(self.start)
         events.test_stopping.add_listener(self.stop_schedule)
@@ -105,8 +108,8 @@ class RunListener:
         gc.freeze()
         host = settings.sender.host
         self.server_start = server_stats(host)
-        if "error" in self.server_start:
-            log.warning("server at %s: %s", host, self.server_start["error"])
+        if not self.server_start.ok:
+            log.warning("server at %s: %s", host, self.server_start.error)
         if isinstance(runner, WorkerRunner):
             ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
             if runner.client_id not in ranks:
@@ -176,8 +179,8 @@ class RunListener:
         if isinstance(self.environment.runner, WorkerRunner):
             self.environment.runner.send_message(MESSAGE, worker_message(self.rank, run))
             return
-        summary = run.summary()
-        summary["server"] = {"start": self.server_start, "end": server_stats(run.settings.sender.host)}
+        server = ServerSnapshots(start=self.server_start, end=server_stats(run.settings.sender.host))
+        summary = dataclasses.replace(run.summary(), server=server)
         path = write_run_dir(run.settings.recording.run_dir, summary, histogram_encodings(run.recorder),
                              run.recorder.rows)
         if run.stress is not None:
@@ -203,7 +206,7 @@ class RunListener:
         if not master.parts:
             log.error("no worker reported results: nothing to write")
             return
-        server = {"start": master.server_start, "end": server_stats(master.settings.sender.host)}
+        server = ServerSnapshots(start=master.server_start, end=server_stats(master.settings.sender.host))
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected, server)
         print_summary(summary, path)
 

@@ -15,7 +15,10 @@ from loadgen import slo as objectives
 from loadgen.client import StreamResult
 from loadgen.histograms import Histogram
 from loadgen.timing import StreamTiming, stream_timing
+from records.jsonform import from_json, to_json
 from records.load_settings import LoadSettings, Slo
+from records.requests import RequestRow
+from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
 CLASS_METRICS = ("ttft", "tpot", "e2e")
@@ -41,7 +44,7 @@ class Recorder:
     server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
     classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
     class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
-    rows: list[dict] = field(default_factory=list)  # one per request sent, up to max_rows
+    rows: list[RequestRow] = field(default_factory=list)  # one per request sent, up to max_rows
     max_rows: int = 100_000  # requests.jsonl cap: memory stays bounded in a soak
     rows_omitted: int = 0
     statuses: Counter = field(default_factory=Counter)
@@ -119,7 +122,7 @@ class Recorder:
         return {
             "client": {name: [h.encode(), h.clamped] for name, h in self.client.items()},
             "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
-            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met), "rows": self.rows,
+            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met), "rows": to_json(self.rows),
             "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()} for k, hists in self.classes.items()},
             "class_statuses": {k: dict(v) for k, v in self.class_statuses.items()},
             **{k: getattr(self, k) for k in MERGED_COUNTS},
@@ -139,7 +142,7 @@ class Recorder:
             self.class_statuses.setdefault(klass, Counter()).update(counts)
         self.slo_met.update(part["slo_met"])
         room = self.max_rows - len(self.rows)
-        self.rows.extend(part["rows"][:room])
+        self.rows.extend(from_json(RequestRow, row, "a worker's row") for row in part["rows"][:room])
         self.rows_omitted += max(0, len(part["rows"]) - room)
         for k in MERGED_COUNTS:
             setattr(self, k, getattr(self, k) + part[k])
@@ -155,51 +158,53 @@ class Recorder:
         self.interval = {m: Histogram() for m in CLIENT_METRICS}
         return taken
 
-    def class_summary(self) -> dict:
+    def class_figures(self) -> dict[str, ClassFigures]:
         """Each request class on its own: counts, and latency of its measured ok requests."""
-        return {k: {"sent": sum(counts.values()), "ok": counts["OK"],
-                    **{f"{m}_ms": self.classes[k][m].summary_ms() if k in self.classes else {"count": 0}
-                       for m in CLASS_METRICS}}
+        def stats(klass: str, metric: str) -> Stats:
+            return self.classes[klass][metric].stats() if klass in self.classes else Stats(count=0)
+
+        return {k: ClassFigures(sent=sum(counts.values()), ok=counts["OK"], ttft_ms=stats(k, "ttft"),
+                                tpot_ms=stats(k, "tpot"), e2e_ms=stats(k, "e2e"))
                 for k, counts in sorted(self.class_statuses.items())}
 
-    def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> dict:
+    def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> RequestRow:
         """The request's line in requests.jsonl, times in ms from the run's start."""
-        return {
-            "request_id": r.request_id, "class": r.klass, "status": r.status, "details": r.details, "warmup": warmup,
-            "scheduled_ms": (r.scheduled_ns - self.start_ns) / 1e6,
-            "sent_ms": (r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
-            "output_tokens": sum(r.tokens), "messages": len(r.tokens),
-            "ttft_ms": t.ttft_us / 1000 if t else None,
-            "tpot_ms": t.tpot_us / 1000 if t and t.tpot_us is not None else None,
-            "e2e_ms": t.e2e_us / 1000 if t else None,
-            **{f"server_{k}": v for k, v in r.usage.items()},
-        }
+        return RequestRow(
+            request_id=r.request_id, klass=r.klass, status=r.status, details=r.details, warmup=warmup,
+            scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
+            sent_ms=(r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
+            output_tokens=sum(r.tokens), messages=len(r.tokens),
+            ttft_ms=t.ttft_us / 1000 if t else None,
+            tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,
+            e2e_ms=t.e2e_us / 1000 if t else None,
+            **{f"server_{k}": v for k, v in r.usage.items()})
 
-    def slo_summary(self) -> dict:
+    def slo_shares(self) -> SloShares:
         """The objectives and the share of measured ok requests meeting each, and all."""
         given = objectives.objectives_ms(self.slo)
         share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None for n in [*given, "all"]}
-        return {"objectives_ms": given, "requests": self.slo_judged, "met_share": share}
+        return SloShares(objectives_ms=given, requests=self.slo_judged, met_share=share)
 
-    def accounting(self) -> dict:
+    def accounting(self) -> Accounting:
         failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}
-        return {"sent": sum(self.statuses.values()), "ok": self.statuses["OK"], "failed": sum(failed.values()),
-                "not_sent": self.not_sent, "failed_by_code": failed, "warmup": self.warmup,
-                "rows_omitted": self.rows_omitted}
+        return Accounting(sent=sum(self.statuses.values()), ok=self.statuses["OK"], failed=sum(failed.values()),
+                          not_sent=self.not_sent, failed_by_code=failed, warmup=self.warmup,
+                          rows_omitted=self.rows_omitted)
 
     @property
     def window_s(self) -> float:
         """The measured window: end of warm-up to the end of the schedule."""
         return max(self.stop_ns - self.warmup_end_ns, 1) / 1e9
 
-    def throughput(self, window_s: float) -> dict:
+    def throughput(self, window_s: float) -> Throughput:
         """Rates over the measured window: output tokens received in it, and ok requests
         (meeting the SLOs, for goodput) that completed in it."""
-        return {"window_s": window_s, "output_tokens_per_s": self.window_tokens / window_s,
-                "requests_per_s": self.window_ok / window_s, "goodput_requests_per_s": self.window_good / window_s}
+        return Throughput(window_s=window_s, output_tokens_per_s=self.window_tokens / window_s,
+                          requests_per_s=self.window_ok / window_s,
+                          goodput_requests_per_s=self.window_good / window_s)
 
-    def generator_health(self, cpu_percent: float, closed_loop: bool = False) -> dict:
-        lag = self.client["send_lag"].summary_ms()
+    def generator_health(self, cpu_percent: float, closed_loop: bool = False) -> Generator:
+        lag = self.client["send_lag"].stats()
         warnings = []
         if closed_loop:
             warnings.append("closed loop: each user waited for its previous response before sending, so a slow "
@@ -209,18 +214,18 @@ class Recorder:
             warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
                             "receive timestamps lag (tens of ms at p99): add Locust worker processes "
                             "(--processes N, with -u N) or lower the rate")
-        delivery = self.client["delivery_lag"].summary_ms()
-        if delivery.get("p99", 0) > LATE_DELIVERY_MS:
+        delivery = self.client["delivery_lag"].stats()
+        if (delivery.p99 or 0) > LATE_DELIVERY_MS:
             warnings.append(
-                f"client delivery lag p99 {delivery['p99']:.1f} ms (message emitted by the server -> timestamped "
+                f"client delivery lag p99 {delivery.p99:.1f} ms (message emitted by the server -> timestamped "
                 f"here, network included) is above {LATE_DELIVERY_MS:g} ms: message times are that late; use "
                 "--client aio (open-loop modes), add Locust worker processes (--processes N, with -u N), or lower "
                 "the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
-                f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.get('p99', 0):.1f} ms, "
-                f"max {lag.get('max', 0):.1f} ms): "
+                f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.p99 or 0:.1f} ms, "
+                f"max {lag.max or 0:.1f} ms): "
                 "the load generator could not keep up; latencies still count from the schedule, "
                 "but add Locust worker processes (--processes N, with -u N) or lower the rate to measure the "
                 "server alone")
@@ -230,5 +235,5 @@ class Recorder:
         clamped = sum(h.clamped for h in self.client.values())
         if clamped:
             warnings.append(f"{clamped} latency values fell outside the histogram range and were clamped")
-        return {"late_sends": self.late_sends, "late_threshold_ms": LATE_SEND_MS, "cpu_percent": cpu_percent,
-                "warnings": warnings}
+        return Generator(late_sends=self.late_sends, late_threshold_ms=LATE_SEND_MS, cpu_percent=cpu_percent,
+                         warnings=warnings)

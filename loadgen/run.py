@@ -7,6 +7,7 @@ go on to the next arrival, so a slow server never delays a send (no coordinated 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -25,12 +26,16 @@ from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
+from records.jsonform import to_json
 from records.load_settings import LoadSettings
+from records.rundir import SAMPLES
+from records.server_stats import ServerSample, ServerStats
+from records.summary import Summary
 
 
 class Run:
     def __init__(self, settings: LoadSettings, on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 server_stats: Callable[[], dict], workers: int = 1, index: int = 0, run_dir: str | None = None,
+                 server_stats: Callable[[], ServerStats], workers: int = 1, index: int = 0, run_dir: str | None = None,
                  request_stop: Callable[[], None] = lambda: None):
         """workers, index: this process's place among Locust worker processes; run_dir: where
         its interval logs go (a worker's own directory; default the run's); request_stop: ends
@@ -38,7 +43,7 @@ class Run:
         self.request_stop = request_stop
         self.settings = settings
         self.sender = settings.sender
-        self.server_stats = server_stats  # GetStats as a dict, sampled every interval
+        self.server_stats = server_stats  # GetStats, sampled every interval
         self.on_result = on_result
         self.started_at = time.time()
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
@@ -51,7 +56,7 @@ class Run:
         self._cpu_start_s = time.process_time()
         run_dir = Path(run_dir or settings.recording.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
-        self.server_log = open(run_dir / "server_stats.jsonl", "w")
+        self.server_log = open(run_dir / SAMPLES, "w")
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
@@ -132,9 +137,8 @@ class Run:
     def tick(self) -> None:
         now_s = time.time()
         self.intervals.write({name: h.hdr for name, h in self.recorder.take_interval().items()}, now_s)
-        stats = self.server_stats()
-        self.server_log.write(json.dumps({"t_unix_s": now_s, "t_run_s": now_s - self.started_at,
-                                          "stats": stats}) + "\n")
+        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=self.server_stats())
+        self.server_log.write(json.dumps(to_json(sample)) + "\n")
         self.server_log.flush()
 
     def _finished(self, greenlet: gevent.Greenlet) -> None:
@@ -196,9 +200,7 @@ class Run:
         """This process's CPU over the run and its drain, % of one core."""
         return 100 * (time.process_time() - self._cpu_start_s) / ((time.monotonic_ns() - self.start_ns) / 1e9)
 
-    def summary(self) -> dict:
+    def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
                             self.cpu_percent)
-        if self.stress is not None:
-            summary["stress"] = self.stress.summary()
-        return summary
+        return summary if self.stress is None else dataclasses.replace(summary, stress=self.stress.result())

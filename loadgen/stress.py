@@ -19,12 +19,12 @@ stalled server cannot hide behind requests that have not answered yet.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import gevent
@@ -32,26 +32,13 @@ import gevent
 from loadgen import slo
 from loadgen.arrivals import gap_s
 from loadgen.timing import stream_timing
+from records.jsonform import to_json
 from records.load_settings import LoadSettings
+from records.rundir import STEPS
+from records.summary import StepRow, StressResult
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
 SAMPLE_S = 0.1  # in-flight sampling period
-
-
-@dataclass(kw_only=True)
-class StepRow:
-    step: int
-    offered_rps: float  # the step's nominal rate
-    sent_rps: float  # arrivals actually scheduled in the step, one median latency earlier (a Poisson sample)
-    achieved_rps: float
-    output_tokens_per_s: float
-    goodput_rps: float
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    tpot_p50_ms: float | None
-    tpot_p99_ms: float | None
-    in_flight_slope_per_s: float
-    saturated: str  # why, or "" when the step held
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -175,8 +162,7 @@ class Stress:
         healthy_in_flight = sent * lag_s + 1
         if conclusive and growth > GROWTH_SHARE * offered and growth * window_s > 2 * healthy_in_flight:
             reasons.append(f"in flight growing {growth:.3g}/s")
-        row.saturated = "; ".join(reasons)
-        return row
+        return dataclasses.replace(row, saturated="; ".join(reasons))
 
     @property
     def knee_rps(self) -> float | None:
@@ -184,17 +170,17 @@ class Stress:
         held = [r.offered_rps for r in self.rows if not r.saturated]
         return max(held) if held else None
 
-    def summary(self) -> dict:
-        out = {"knee_rps": self.knee_rps, "stopped_because": self.stopped_because,
-               "steps": [asdict(r) for r in self.rows]}
+    def result(self) -> StressResult:
+        warning = ""
         if self._lag_s * 2 > self.settings.stress.step_s or (self.rows and not self._lag_s):
-            out["warning"] = ("requests took longer than half a step (or none completed): a step cannot be "
-                              "judged before its requests finish, so the knee is unsound; use a longer --step-s")
-        return out
+            warning = ("requests took longer than half a step (or none completed): a step cannot be judged before "
+                       "its requests finish, so the knee is unsound; use a longer --step-s")
+        return StressResult(knee_rps=self.knee_rps, stopped_because=self.stopped_because, steps=list(self.rows),
+                            warning=warning)
 
     def write_csv(self, run_dir: Path) -> None:
-        with open(run_dir / "steps.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(StepRow.__dataclass_fields__))
+        with open(run_dir / STEPS, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=[f.name for f in dataclasses.fields(StepRow)])
             writer.writeheader()
             for r in self.rows:
-                writer.writerow(asdict(r))
+                writer.writerow(to_json(r))

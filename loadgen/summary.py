@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from loadgen.recorder import Recorder
-from records.declare import flat
 from records.load_settings import LoadSettings
+from records.summary import Summary
 
 
 def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float, window_s: float,
-              cpu_percent: float) -> dict:
-    return {
-        "schema": 1,
-        "run_dir": settings.recording.run_dir,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
-        "duration_s": duration_s,  # start -> end of the schedule
-        "window_s": window_s,  # measured: end of warm-up -> end of the schedule
-        "config": flat(settings),
-        "metrics": {f"{name}_ms": h.summary_ms() for name, h in rec.client.items()},
-        "server_time_ms": {name: h.summary_ms() for name, h in rec.server.items()},
-        "throughput": rec.throughput(window_s),
-        "slo": rec.slo_summary(),
-        "requests": rec.accounting(),
-        "generator": rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed"),
-        "classes": rec.class_summary(),  # empty without request classes
-    }
+              cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
+    """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
+    has them); warnings: the caller's, after the recorder's own."""
+    generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed")
+    return Summary(
+        run_dir=settings.recording.run_dir,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        duration_s=duration_s,
+        window_s=window_s,
+        config=settings,
+        metrics={f"{name}_ms": h.stats() for name, h in rec.client.items()},
+        server_time_ms={name: h.stats() for name, h in rec.server.items()},
+        throughput=rec.throughput(window_s),
+        slo=rec.slo_shares(),
+        requests=rec.accounting(),
+        generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings]),
+        classes=rec.class_figures(),
+    )
 
 
 def histogram_encodings(rec: Recorder) -> dict[str, str]:

@@ -8,10 +8,9 @@ the model or the device.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, at_least, cast, group, leaves, setting, text, within
+from records.declare import Names, Settings, at_least, group, setting, within
 
 
 def _device(value: str | None) -> str | None:
@@ -114,24 +113,3 @@ class ServerSettings(Settings):
     def kv_slots(self) -> int:
         return self.batching.kv_slots or self.batching.max_batch_size
 
-
-# GetStats fields that carried a setting before GetStats had its `settings` map; capacity_factor's 0
-# meant dropless (unset).
-OLDER_FIELDS = {"policy": "policy", "preset": "preset", "device": "device", "dtype": "dtype",
-                "max_batch_size": "max_batch_size", "kv_slots": "kv_slots_total", "router": "router",
-                "routing_skew": "routing_skew", "capacity_factor": "capacity_factor", "moe_kernel": "moe_kernel",
-                "expert_cache": "expert_cache", "cache_policy": "cache_policy"}
-
-
-def reported(stats: Mapping) -> dict[str, str]:
-    """The settings a GetStats snapshot (as JSON) reports, name -> text: its `settings` map, or for
-    a server older than the map, the fields that carried settings."""
-    if stats.get("settings"):
-        return dict(stats["settings"])
-    kinds = {leaf.name: leaf.kind for leaf in leaves(ServerSettings)}
-    out = {}
-    for name, key in OLDER_FIELDS.items():
-        if key in stats:
-            value = None if name == "capacity_factor" and not stats[key] else stats[key]
-            out[name] = text(cast(kinds[name], value))
-    return out

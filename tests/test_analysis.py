@@ -13,7 +13,7 @@ import pytest
 
 from analysis.server_stats import server_view
 from tests.cli import Done, analysis
-from tests.rundirs import encoded
+from tests.rundirs import encoded, snapshots, step_row, summary_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,21 +29,21 @@ def snapshot(uptime_s: float, steps: int, expert_tokens: list[list[int]], mean_b
 
 
 def write_run(run_dir: Path) -> None:
+    summary = summary_json(
+        run_dir=str(run_dir),
+        config={"mode": "fixed", "rate": 4.0, "arrival": "poisson", "prompt_tokens": 64, "max_tokens": 32,
+                "warmup_s": 5.0, "seed": 0, "host": "127.0.0.1:50051", "slo_ttft_ms": None, "slo_tpot_ms": None},
+        throughput={"window_s": 25.0, "output_tokens_per_s": 120.5, "requests_per_s": 3.9,
+                    "goodput_requests_per_s": 3.9},
+        requests={"sent": 1002, "ok": 1000, "failed": 2, "not_sent": 0, "failed_by_code": {"RESOURCE_EXHAUSTED": 2},
+                  "warmup": 20},
+        generator={"late_sends": 1, "late_threshold_ms": 5.0, "cpu_percent": 85.0,
+                   "warnings": ["generator CPU above 80%"]},
+        server_time_ms={"queue": stats(1000), "prefill": stats(1000)},
+        server={"start": snapshot(100.0, 100, [[10, 10, 10, 10]], 2.0),
+                "end": snapshot(130.0, 300, [[70, 30, 10, 10]], 3.0)},
+    )
     run_dir.mkdir()
-    summary = {
-        "schema": 1, "run_dir": str(run_dir), "started_at": "2026-11-30T14:00:00Z",
-        "duration_s": 30.2, "window_s": 25.0,
-        "config": {"mode": "fixed", "rate": 4.0, "arrival": "poisson", "prompt_tokens": 64, "max_tokens": 32,
-                   "warmup_s": 5.0, "seed": 0, "host": "127.0.0.1:50051", "slo_ttft_ms": None, "slo_tpot_ms": None},
-        "metrics": {},
-        "throughput": {"output_tokens_per_s": 120.5, "requests_per_s": 3.9, "goodput_requests_per_s": 3.9},
-        "requests": {"sent": 1002, "ok": 1000, "failed": 2, "not_sent": 0,
-                     "failed_by_code": {"RESOURCE_EXHAUSTED": 2}, "warmup": 20},
-        "generator": {"late_sends": 1, "late_threshold_ms": 5.0, "warnings": ["generator CPU above 80%"]},
-        "server_time_ms": {"queue": stats(1000), "prefill": stats(1000)},
-        "server": {"start": snapshot(100.0, 100, [[10, 10, 10, 10]], 2.0),
-                   "end": snapshot(130.0, 300, [[70, 30, 10, 10]], 3.0)},
-    }
     histograms = {
         "ttft": encoded(range(1, 1001)),  # 1..1000 ms uniformly: p50 500 ms, p99 990 ms
         "tpot": encoded(np.linspace(20, 40, 1000)),
@@ -114,7 +114,7 @@ def test_missing_or_broken_file_exits_2_naming_it(tmp_path, broken, named):
 
 
 def test_server_view_subtracts_start_snapshot():
-    view = server_view({"start": snapshot(100.0, 100, [[10, 10]], 2.0), "end": snapshot(130.0, 300, [[50, 30]], 3.0)})
+    view = server_view(snapshots(snapshot(100.0, 100, [[10, 10]], 2.0), snapshot(130.0, 300, [[50, 30]], 3.0)))
     assert view.steps == 200
     assert view.mean_batch_size == pytest.approx(3.5)  # (3.0 * 300 - 2.0 * 100) / 200
     assert view.expert_tokens.tolist() == [[40, 20]]
@@ -122,7 +122,7 @@ def test_server_view_subtracts_start_snapshot():
 
 def test_server_view_uses_end_snapshot_after_a_reset():
     end = snapshot(130.0, 50, [[5, 15]], 3.0) | {"window_s": 10.0}  # reset at uptime 120 s, after the start
-    view = server_view({"start": snapshot(100.0, 100, [[10, 10]], 2.0), "end": end})
+    view = server_view(snapshots(snapshot(100.0, 100, [[10, 10]], 2.0), end))
     assert "reset" in view.basis
     assert (view.steps, view.mean_batch_size, view.expert_tokens.tolist()) == (50, 3.0, [[5, 15]])
 
@@ -159,8 +159,8 @@ def test_report_shows_slo_shares_classes_stress_steps_and_delivery_lag(tmp_path)
     summary["classes"] = {"chat": {"sent": 750, "ok": 750, "ttft_ms": stats(750), "tpot_ms": stats(750),
                                    "e2e_ms": stats(750)}}
     summary["stress"] = {"knee_rps": 24, "stopped_because": "step 3 at 32 requests/s: achieved 25/s",
-                         "steps": [{"step": 0, "offered_rps": 8, "sent_rps": 8, "achieved_rps": 8, "goodput_rps": 8,
-                                    "ttft_p99_ms": 25.0, "tpot_p99_ms": 11.0, "saturated": ""}]}
+                         "steps": [step_row(step=0, offered_rps=8, sent_rps=8, achieved_rps=8, goodput_rps=8,
+                                            ttft_p99_ms=25.0, tpot_p99_ms=11.0)]}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     histograms = json.loads((run_dir / "histograms.json").read_text())
     histograms["delivery_lag"] = encoded([1.5] * 99 + [9])

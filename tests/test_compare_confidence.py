@@ -21,7 +21,7 @@ from analysis.compare import compare
 from analysis.confidence import METRICS, window_edges_ms
 from analysis.rundir import load_run
 from tests.cli import Done, analysis
-from tests.rundirs import encoded, histogram, png_size, request_row, write_rows
+from tests.rundirs import encoded, histogram, png_size, request_row, write_rows, write_summary
 
 LATENCY = [m.key for m in METRICS if m.q is not None]
 
@@ -37,12 +37,12 @@ def write_run(run_dir: Path, ttft_ms, tpot_ms, *, tokens: int = 32, config: dict
         values = zip(ttft_ms, tpot_ms, e2e_ms, strict=True)
         rows = [request_row(i, t, p, e, output_tokens=tokens) for i, (t, p, e) in enumerate(values)]
     write_rows(run_dir / "requests.jsonl", rows)
-    base = {"schema": 1, "window_s": n * 0.1,
+    base = {"window_s": n * 0.1,
             "config": {"mode": "fixed", "rate": 10.0, "arrival": "constant", "prompt_tokens": 64, "max_tokens": tokens,
                        "seed": 0, "warmup_s": 0.0, "interval_s": 1.0, "slo_ttft_ms": None, "slo_tpot_ms": None,
                        "slo_e2e_ms": None} | (config or {}),
-            "throughput": {}, "requests": {"sent": n, "ok": n, "failed": 0, "rows_omitted": 0}}
-    (run_dir / "summary.json").write_text(json.dumps(base | (summary or {})))
+            "requests": {"sent": n, "ok": n, "failed": 0, "not_sent": 0, "failed_by_code": {}, "warmup": 0}}
+    write_summary(run_dir, **(base | (summary or {})))
     hists = {"ttft": encoded(ttft_ms), "tpot": encoded(tpot_ms), "e2e": encoded(e2e_ms)}
     (run_dir / "histograms.json").write_text(json.dumps(hists))
 
@@ -185,8 +185,9 @@ def test_throughput_and_goodput_point_estimates_by_hand(tmp_path):
         request_row(5, None, None, None, status="UNAVAILABLE", output_tokens=0) | {"scheduled_ms": 6000.0},
     ]
     summary = {"window_s": 10.5, "throughput": {"window_s": 10.5, "output_tokens_per_s": (4 + 4 + 4 + 6 + 3) / 10.5,
-                                                "goodput_requests_per_s": 3 / 10.5},
-               "requests": {"sent": 6, "ok": 5, "failed": 1, "rows_omitted": 0}}
+                                                "requests_per_s": 5 / 10.5, "goodput_requests_per_s": 3 / 10.5},
+               "requests": {"sent": 6, "ok": 5, "failed": 1, "not_sent": 0, "failed_by_code": {"UNAVAILABLE": 1},
+                            "warmup": 0}}
     write_run(tmp_path / "r", [300.0, 900.0, 50.0, 300.0], [10.0] * 4, config=config, rows=rows, summary=summary)
     # The histograms hold what the measured OK rows do (two of them have no TPOT).
     hists = {"ttft": encoded([300.0, 900.0, 50.0, 300.0]), "tpot": encoded([100.0, 100.0]),
@@ -235,10 +236,12 @@ def test_too_few_requests_gives_point_estimate_only(tmp_path):
 def test_missing_or_truncated_rows_give_point_estimates_only(tmp_path):
     write_run(tmp_path / "full", lognormal(1, 100, 200.0), lognormal(2, 100, 20.0))
     write_run(tmp_path / "norows", lognormal(3, 100, 200.0), lognormal(4, 100, 20.0),
-              summary={"throughput": {"output_tokens_per_s": 300.0, "goodput_requests_per_s": 9.5}})
+              summary={"throughput": {"window_s": 10.0, "output_tokens_per_s": 300.0, "requests_per_s": 9.5,
+                                      "goodput_requests_per_s": 9.5}})
     (tmp_path / "norows" / "requests.jsonl").unlink()
     write_run(tmp_path / "capped", lognormal(5, 100, 200.0), lognormal(6, 100, 20.0),
-              summary={"requests": {"sent": 150, "ok": 150, "failed": 0, "rows_omitted": 50}})
+              summary={"requests": {"sent": 150, "ok": 150, "failed": 0, "not_sent": 0, "failed_by_code": {},
+                                    "warmup": 0, "rows_omitted": 50}})
     runs = [load_run(tmp_path / name) for name in ("full", "norows", "capped")]
     _, headline = compare(runs, tmp_path / "out")
     norows, capped = by_run(headline, "ttft_p99_ms")["norows"], by_run(headline, "ttft_p99_ms")["capped"]
@@ -256,7 +259,7 @@ def test_cut_short_rows_give_point_estimates_only(tmp_path, kept):
     # rows left would give intervals about another sample, and rates rebuilt from them would be too low.
     ttft, tpot = lognormal(1, 100, 200.0), lognormal(2, 100, 20.0)
     write_run(tmp_path / "full", ttft, tpot)
-    rates = {"output_tokens_per_s": 320.0, "goodput_requests_per_s": 10.0}
+    rates = {"window_s": 10.0, "output_tokens_per_s": 320.0, "requests_per_s": 10.0, "goodput_requests_per_s": 10.0}
     write_run(tmp_path / "cut", ttft, tpot, summary={"throughput": rates})
     rows = (tmp_path / "cut" / "requests.jsonl").read_text().splitlines(keepends=True)
     (tmp_path / "cut" / "requests.jsonl").write_text("".join(rows[:kept]))

@@ -15,7 +15,7 @@ from analysis.diagnosis import diagnose, render_markdown, render_text
 from analysis.intervals import read_hlog
 from analysis.rundir import load_run
 from analysis.spikes import merge_windows
-from tests.rundirs import encoded, request_row, write_hlog, write_rows, write_samples
+from tests.rundirs import encoded, request_row, step_row, write_hlog, write_rows, write_samples
 from tests.test_analysis import snapshot, write_run
 
 EXPERTS = 4
@@ -50,7 +50,7 @@ def getstats(intervals: list[dict], *, kv_total=8, max_batch_size=8, expert_cach
         layer = {"expert_tokens": routed, "dropped": [0] * EXPERTS, "imbalance_max_over_mean": 1.0, "imbalance_cv": 0.0,
                  "active_experts_steps": [0, 0, 0, 0, int(steps)]}
         if expert_cache:
-            layer["cache"] = {"hits": hits, "misses": misses, "evictions": misses, "bytes_copied": 0,
+            layer["cache"] = {"hits": int(hits), "misses": int(misses), "evictions": int(misses), "bytes_copied": 0,
                               "copy_ms": copy_ms, "wait_ms": copy_ms}
         uptime = 10.0 + i
         snaps.append({
@@ -209,16 +209,15 @@ def test_the_warm_up_ramp_is_left_out(tmp_path):
 
 def stress_section(last_saturated: str, stopped_because: str) -> dict:
     """Two steps of 5 s (config step_s): step 1 spans 5..10 s, series entries 4..8."""
-    step = {"offered_rps": 1.0, "sent_rps": 1.0, "achieved_rps": 1.0, "saturated": ""}
     return {"knee_rps": 1.0 if last_saturated else 2.0, "stopped_because": stopped_because,
-            "steps": [step | {"step": 0}, step | {"step": 1, "offered_rps": 2.0, "saturated": last_saturated}]}
+            "steps": [step_row(step=0), step_row(step=1, offered_rps=2.0, saturated=last_saturated)]}
 
 
 def stress_run(tmp_path, stress: dict, step_ms: float = 1000.0):
     # Requests in the server climb all run long, as a rising offered rate makes them; nothing waits.
     server = [interval(waiting=0, running=r, kv_in_use=r, step_ms=step_ms) for r in range(1, 11)]
     return build_run(tmp_path, server=server, kv_total=64, max_batch_size=64, stress=stress,
-                     config={"mode": "stress", "step_s": 5.0})
+                     config={"mode": "stress", "step_s": 5.0, "rate_step": 1.0})
 
 
 def test_a_stress_run_that_stopped_on_saturation_while_busy_is_compute_saturated(tmp_path):
@@ -420,7 +419,7 @@ def test_slow_requests_lifetimes_find_queueing_before_the_spike(tmp_path):
             "of their TTFT in the server queue (median 2500 ms)") in spike
     # Without requests.jsonl only 4..6 s is looked at, where the queue was empty.
     (run.path / "requests.jsonl").unlink()
-    assert "no cause found" in finding(diagnose(run), "latency_spikes").evidence[-1]
+    assert "no cause found" in finding(diagnose(load_run(run.path)), "latency_spikes").evidence[-1]
 
 
 @pytest.mark.parametrize("ttft, why", [

@@ -2,10 +2,15 @@
 (records/readme.py), every batching policy the server registers is described, and nothing in
 the repository points at files outside it."""
 
+import dataclasses
 import subprocess
+import typing
 from pathlib import Path
 
 from records.readme import render
+from records.requests import RequestRow
+from records.server_stats import ServerSample
+from records.summary import StepRow, Summary
 from server.policies import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -15,6 +20,26 @@ def test_readme_option_tables_are_generated_from_the_declarations():
     readme = (REPO / "README.md").read_text()
     assert "<!-- options: server -->" in readme and "<!-- options: load -->" in readme
     assert render(readme) == readme, "stale option tables: run make docs"
+
+
+def json_keys(kind) -> set[str]:
+    """The JSON keys of a record and of the records it nests (settings and GetStats are documented
+    where they are declared)."""
+    keys = set()
+    hints = typing.get_type_hints(kind)
+    for f in dataclasses.fields(kind):
+        keys.add(f.metadata.get("key") or f.name)
+        for inner in (hints[f.name], *typing.get_args(hints[f.name])):
+            if dataclasses.is_dataclass(inner) and inner.__module__ == "records.summary":
+                keys |= json_keys(inner)
+    return keys
+
+
+def test_the_run_directory_doc_names_every_field():
+    doc = (REPO / "docs" / "run-directory.md").read_text()
+    for kind in (Summary, StepRow, RequestRow, ServerSample):
+        missing = [key for key in json_keys(kind) if f"`{key}`" not in doc]
+        assert not missing, f"docs/run-directory.md does not describe {kind.__name__}'s {missing}"
 
 
 def test_every_policy_is_described_in_the_readme():

@@ -15,6 +15,7 @@ from loadgen.recorder import Recorder
 from loadgen.stress import short_of_sent
 from loadgen.timing import stream_timing
 from records.declare import SettingsError, build
+from records.jsonform import to_json
 from records.load_settings import LoadSettings, Slo
 
 MS = 1_000_000  # ns
@@ -78,19 +79,23 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     rec.add(result("refused", 1700, status="RESOURCE_EXHAUSTED"))
     rec.not_sent = 2
     rec.stop_ns = 3000 * MS
-    assert rec.accounting() == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
-                                "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2, "rows_omitted": 0}
+    assert to_json(rec.accounting()) == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
+                                         "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2, "rows_omitted": 0}
     assert rec.client["ttft"].count == 2  # warm-up kept out of the latency histograms
     tp = rec.throughput(rec.window_s)
-    assert tp["window_s"] == 2.0
-    assert tp["requests_per_s"] == 1.5  # warm-late, fast and slow completed in the window
-    assert tp["goodput_requests_per_s"] == 0.5  # only fast met the 100 ms TTFT objective
-    assert tp["output_tokens_per_s"] == 3.0  # 6 tokens in the window
-    assert [r["request_id"] for r in rec.rows] == ["warm", "warm-late", "fast", "slow", "refused"]
+    assert tp.window_s == 2.0
+    assert tp.requests_per_s == 1.5  # warm-late, fast and slow completed in the window
+    assert tp.goodput_requests_per_s == 0.5  # only fast met the 100 ms TTFT objective
+    assert tp.output_tokens_per_s == 3.0  # 6 tokens in the window
+    assert [r.request_id for r in rec.rows] == ["warm", "warm-late", "fast", "slow", "refused"]
     # Judged: the measured ok requests, fast (60 ms e2e) and slow (310 ms e2e, 300 ms TTFT).
-    assert rec.slo_summary() == {"objectives_ms": {"ttft": 100, "e2e": 400}, "requests": 2,
-                                 "met_share": {"ttft": 0.5, "e2e": 1.0, "all": 0.5}}
-    assert rec.rows[2]["ttft_ms"] == 50 and rec.rows[4]["ttft_ms"] is None
+    assert to_json(rec.slo_shares()) == {"objectives_ms": {"ttft": 100, "e2e": 400}, "requests": 2,
+                                         "met_share": {"ttft": 0.5, "e2e": 1.0, "all": 0.5}}
+    assert rec.rows[2].ttft_ms == 50 and rec.rows[4].ttft_ms is None
+    assert to_json(rec.rows[4]) == {"request_id": "refused", "class": "", "status": "RESOURCE_EXHAUSTED",
+                                    "details": "", "warmup": False, "scheduled_ms": 1700.0, "sent_ms": 1700.0,
+                                    "output_tokens": 0, "messages": 0, "ttft_ms": None, "tpot_ms": None,
+                                    "e2e_ms": None}
 
 
 def test_tokens_after_the_stop_are_outside_the_window():
@@ -121,10 +126,10 @@ def test_merging_exports_equals_recording_everything_in_one():
     merged.absorb(a.export())
     merged.absorb(b.export())
     assert merged.accounting() == one.accounting()
-    assert merged.accounting()["sent"] == 500
+    assert merged.accounting().sent == 500
     for name in ("ttft", "tpot", "itl", "e2e", "send_lag"):
-        assert merged.client[name].summary_ms() == one.client[name].summary_ms()
-    assert merged.slo_summary() == one.slo_summary()
+        assert merged.client[name].stats() == one.client[name].stats()
+    assert merged.slo_shares() == one.slo_shares()
     assert merged.throughput(10.0) == one.throughput(10.0)
     assert len(merged.rows) == 500
 
@@ -133,8 +138,8 @@ def test_request_rows_are_capped_and_the_rest_counted():
     rec = Recorder(start_ns=0, warmup_s=0, stop_ns=10_000 * MS, max_rows=3)
     for i in range(5):
         rec.add(StreamResult(f"r{i}", i * MS, sent_ns=i * MS, recv_ns=[(i + 5) * MS], tokens=[1]))
-    assert [r["request_id"] for r in rec.rows] == ["r0", "r1", "r2"]
-    assert rec.accounting()["rows_omitted"] == 2 and rec.accounting()["sent"] == 5
+    assert [r.request_id for r in rec.rows] == ["r0", "r1", "r2"]
+    assert rec.accounting().rows_omitted == 2 and rec.accounting().sent == 5
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])

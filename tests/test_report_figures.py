@@ -11,11 +11,23 @@ import pytest
 
 from analysis.breakdown import ttft_split
 from analysis.intervals import load_intervals
-from analysis.samples import read_samples, server_series
+from analysis.rundir import Run, read_samples
+from analysis.samples import server_series
 from analysis.server_stats import server_view
 from analysis.timeseries import client_series
 from tests.cli import analysis
-from tests.rundirs import histogram, png_size, request_row, write_hlog, write_rows, write_samples
+from tests.rundirs import (
+    histogram,
+    png_size,
+    request_row,
+    rows_of,
+    samples,
+    snapshots,
+    step_row,
+    write_hlog,
+    write_rows,
+    write_samples,
+)
 from tests.test_analysis import write_run
 
 STAGES = ("attention", "expert_compute")
@@ -48,7 +60,7 @@ def test_sparse_intervals_merge_into_windows_with_exact_percentiles(tmp_path):
     write_hlog(tmp_path / "itl.hlog", [[20] * 31 for _ in range(20)])  # 32-token answers
     write_rows(tmp_path / "requests.jsonl", [request_row(i, 100, 20, 700) | {"scheduled_ms": 100.0 + 1000 * i}
                                              for i in range(20)])
-    series = client_series(tmp_path)
+    series = client_series(Run(tmp_path))
     # 20 requests over 20 s: 5 per window would need 5 s, capped so that there are 10 windows: 2 s.
     assert series.length_s.tolist() == [2.0] * 10
     assert series.ttft_p99_ms[3] == pytest.approx(170, rel=1e-3)  # max of 160 and 170 ms
@@ -56,7 +68,7 @@ def test_sparse_intervals_merge_into_windows_with_exact_percentiles(tmp_path):
     assert series.achieved_rps.tolist() == [1.0] * 10  # scheduled at i + 0.1 s, finished 0.7 s later
     assert series.output_tokens_per_s.tolist() == [32.0] * 10
     assert series.offered_rps.tolist() == [1.0] * 10
-    assert client_series(tmp_path, window_s=0).length_s.tolist() == [1.0] * 20
+    assert client_series(Run(tmp_path), window_s=0).length_s.tolist() == [1.0] * 20
 
 
 def test_a_short_last_interval_joins_the_one_before(tmp_path):
@@ -64,7 +76,7 @@ def test_a_short_last_interval_joins_the_one_before(tmp_path):
     write_hlog(tmp_path / "ttft.hlog", [[100] * 10] * 10)
     with open(tmp_path / "ttft.hlog", "a") as f:
         f.write(f"10.000,0.200,0.000,{histogram([300] * 4).encode().decode()}\n")
-    series = client_series(tmp_path, window_s=0)
+    series = client_series(Run(tmp_path), window_s=0)
     assert len(series) == 10 and series.length_s[-1] == pytest.approx(1.2)
     assert series.achieved_rps[-1] == pytest.approx(14 / 1.2)
     assert series.ttft_p99_ms[-1] == pytest.approx(300, rel=1e-3)
@@ -75,7 +87,7 @@ def test_server_series_differences_consecutive_snapshots_and_survives_a_reset():
                  stats_snapshot(2.0, 30, 1200.0, [[40, 20]], waiting=3, misses=10, hits=10, copy_ms=25.0,
                                 cpu_percent=100.0),
                  stats_snapshot(0.5, 5, 250.0, [[5, 5]], waiting=0)]  # reset: the window shrank
-    series = server_series([(float(i + 1), s) for i, s in enumerate(snapshots)])
+    series = server_series(samples(snapshots))
     assert series.steps.tolist() == [20, 5]
     assert series.busy_share.tolist() == pytest.approx([0.8, 0.25])  # 800 ms of steps in 1 s, then 250 ms
     # Routed [30, 10] in the first interval: max/mean = 30 / 20.
@@ -93,7 +105,7 @@ def test_ttft_split_adds_up_to_each_band_mean_ttft():
             for i in range(100)]
     rows.append(request_row(100, 5000, 20, 6000, status="UNAVAILABLE"))  # not measured
     rows.append(request_row(101, 5000, 20, 6000, warmup=True))  # not measured
-    split = ttft_split(rows)
+    split = ttft_split(rows_of(rows))
     assert split.requests == 100
     n, means = split.bands["all"]
     # lag 2, queue 10 + i/1000 s..., prefill 50, other 1, network + client = ttft - lag - server ttft = 37.
@@ -108,7 +120,7 @@ def test_server_view_reports_moe_figures_over_the_window():
     start = stats_snapshot(1.0, 10, 400.0, [[10, 10]], misses=2, hits=8, copy_ms=5.0, dropped=1)
     end = stats_snapshot(3.0, 30, 1400.0, [[40, 20]], misses=10, hits=30, copy_ms=25.0, dropped=4)
     end["layers"][0]["active_experts_steps"] = [0, 5, 15]  # 20 steps: 5 with one expert, 15 with both
-    view = server_view({"start": start, "end": end})
+    view = server_view(snapshots(start, end))
     assert view.active_experts_steps.tolist() == [0, 5, 15]
     assert view.distinct_experts_per_step == pytest.approx((5 * 1 + 15 * 2) / 20)
     assert view.stage_ms_per_step == pytest.approx({"attention": 12.5, "expert_compute": 37.5})  # 1000 ms / 20 steps
@@ -124,9 +136,9 @@ def test_report_writes_every_figure_and_links_it(tmp_path):
     summary["server"] = {"start": stats_snapshot(1.0, 10, 400.0, [[10, 10]]),
                          "end": stats_snapshot(5.0, 50, 2000.0, [[70, 30]])}
     summary["stress"] = {"knee_rps": 4, "stopped_because": "step 2",
-                         "steps": [{"step": i, "offered_rps": r, "sent_rps": r, "achieved_rps": min(r, 5),
-                                    "goodput_rps": min(r, 4), "ttft_p99_ms": 50.0 * r, "tpot_p99_ms": 10.0 + r,
-                                    "saturated": "" if r < 6 else "achieved"} for i, r in enumerate((2, 4, 6))]}
+                         "steps": [step_row(step=i, offered_rps=r, sent_rps=r, achieved_rps=min(r, 5),
+                                            goodput_rps=min(r, 4), ttft_p99_ms=50.0 * r, tpot_p99_ms=10.0 + r,
+                                            saturated="" if r < 6 else "achieved") for i, r in enumerate((2, 4, 6))]}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     write_hlog(run_dir / "ttft.hlog", [[100, 120]] * 10)
     write_hlog(run_dir / "tpot.hlog", [[20, 25]] * 10)
@@ -174,7 +186,8 @@ def test_a_distributed_runs_worker_logs_are_added_period_by_period(tmp_path):
     assert len(read_samples(tmp_path)) == 3  # the first worker with samples
     write_run(tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["workers"] = [{"worker": 0, "sent": 5, "cpu_percent": 3.0}, {"worker": 1, "sent": 10, "cpu_percent": 4.2}]
+    summary["workers"] = [{"worker": 0, "sent": 5, "cpu_percent": 3.0, "window_s": 5.0},
+                          {"worker": 1, "sent": 10, "cpu_percent": 4.2, "window_s": 5.0}]
     (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
     done = analysis("report", tmp_path / "run")
     assert "2 workers (interval logs in worker-<i>/): worker 0 sent 5, CPU 3%; worker 1 sent 10, CPU 4%" in done.stdout

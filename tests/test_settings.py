@@ -23,8 +23,10 @@ from records.declare import (
     setting,
     text,
 )
+from records.jsonform import from_json
 from records.load_settings import LoadSettings
-from records.server_settings import ServerSettings, reported
+from records.server_settings import ServerSettings
+from records.server_stats import ServerStats
 from server.__main__ import parse_args
 from server.settings import check, resolve
 
@@ -79,11 +81,15 @@ def test_command_line_flags_and_the_server_registries():
 
 
 def test_settings_reported_by_an_older_server_read_as_the_map_would():
-    older = {"policy": "fcfs", "preset": "small", "max_batch_size": 8, "kv_slots_total": 12, "capacity_factor": 0.0,
-             "expert_cache": 0}
-    assert reported(older) == {"policy": "fcfs", "preset": "small", "max_batch_size": "8", "kv_slots": "12",
-                               "capacity_factor": "", "expert_cache": "0"}
-    assert reported({"settings": {"seed": "3"}, "preset": "small"}) == {"seed": "3"}
+    older = {"policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": 8,
+             "kv_slots_total": 12, "router": "topk", "routing_skew": "uniform", "capacity_factor": 0.0,
+             "moe_kernel": "sorted", "expert_cache": 0, "cache_policy": "lru"}
+    assert from_json(ServerStats, older, "test:").reported_settings() == {
+        "policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": "8",
+        "kv_slots": "12", "router": "topk", "routing_skew": "uniform", "capacity_factor": "", "moe_kernel": "sorted",
+        "expert_cache": "0", "cache_policy": "lru"}
+    newer = {"settings": {"seed": "3"}, "preset": "small"}
+    assert from_json(ServerStats, newer, "test:").reported_settings() == {"seed": "3"}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 
 from analysis.soak import fit_trend, soak, soak_figure
 from tests.cli import Done, analysis
-from tests.rundirs import png_size, write_hlog, write_samples
+from tests.rundirs import png_size, write_hlog, write_samples, write_summary
 
 MB = 2**20
 
@@ -139,7 +139,7 @@ def test_a_window_under_the_logging_interval_exits_2_naming_the_flag(tmp_path, w
 def test_the_logging_interval_comes_from_the_summary(tmp_path):
     run_dir = tmp_path / "coarse"
     write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10, rss_mb=lambda t: 1000)
-    (run_dir / "summary.json").write_text(json.dumps({"schema": 1, "config": {"interval_s": 5.0, "warmup_s": 0}}))
+    write_summary(run_dir, config={"interval_s": 5.0, "warmup_s": 0})
     (run_dir / "histograms.json").write_text("{}")
     done = run_soak(run_dir, "--window-s", "3")
     assert done.returncode == 2 and "--window-s 3 is shorter than the run's 5 s logging interval" in done.stderr

@@ -1,0 +1,41 @@
+"""requests.jsonl: one line per request the load generator sent (the first --max-request-rows),
+in the order they finished. Times are ms from the run's start; the server's own account
+(`server_*`) is there when the stream ended with one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from records.jsonform import field
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestRow:
+    request_id: str
+    klass: str = field(key="class")  # its request class; "" without classes
+    status: str  # OK, a gRPC status code name, CUT_OFF, INCOMPLETE or CLIENT_ERROR
+    details: str
+    warmup: bool  # scheduled during the warm-up: not measured
+    scheduled_ms: float
+    sent_ms: float | None  # None: never sent
+    output_tokens: int
+    messages: int
+    ttft_ms: float | None  # None unless ok
+    tpot_ms: float | None  # None unless ok with two tokens or more
+    e2e_ms: float | None
+    server_prompt_tokens: int | None = field(None, omit=None)
+    server_completion_tokens: int | None = field(None, omit=None)
+    server_queue_us: int | None = field(None, omit=None)
+    server_prefill_us: int | None = field(None, omit=None)
+    server_decode_us: int | None = field(None, omit=None)
+    server_ttft_us: int | None = field(None, omit=None)
+
+    @property
+    def measured_ok(self) -> bool:
+        """In the latency histograms: finished OK and scheduled after the warm-up."""
+        return self.status == "OK" and not self.warmup
+
+    @property
+    def finish_ms(self) -> float | None:
+        """When its last message came, ms from the run's start (E2E counts from the scheduled send)."""
+        return None if self.e2e_ms is None else self.scheduled_ms + self.e2e_ms

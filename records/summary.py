@@ -1,0 +1,147 @@
+"""summary.json (schema 1), written by the load generator at the end of a run and read by the
+analysis: the configuration, the latency statistics from the HDR histograms, throughput and
+goodput, SLO shares, the accounting of every request, the generator's own health, per-class
+figures, the server's GetStats at the start and end, and the stress steps or the workers
+where they apply. docs/run-directory.md describes each field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from records.jsonform import field
+from records.load_settings import LoadSettings
+from records.server_stats import ServerStats
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stats:
+    """One latency metric in ms, from its HDR histogram: the count alone when it has none."""
+
+    count: int
+    mean: float | None = field(None, omit=None)
+    p50: float | None = field(None, omit=None)
+    p90: float | None = field(None, omit=None)
+    p95: float | None = field(None, omit=None)
+    p99: float | None = field(None, omit=None)
+    p999: float | None = field(None, omit=None)
+    max: float | None = field(None, omit=None)
+    clamped: int = field(0, omit=0)  # values outside the histogram's range, clamped into it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Over the measured window (end of warm-up -> end of the schedule)."""
+
+    window_s: float
+    output_tokens_per_s: float  # tokens received in the window
+    requests_per_s: float  # ok requests whose last message landed in it
+    goodput_requests_per_s: float  # ... and met every SLO
+
+
+@dataclass(frozen=True, kw_only=True)
+class SloShares:
+    objectives_ms: dict[str, float]  # ttft, tpot, e2e: the objectives given
+    requests: int  # measured ok requests judged
+    met_share: dict[str, float | None]  # each objective and "all"; None with no request judged
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accounting:
+    """Every request the schedule produced, in exactly one place: sent = ok + failed."""
+
+    sent: int
+    ok: int
+    failed: int
+    not_sent: int  # over --max-in-flight, or due as the run stopped
+    failed_by_code: dict[str, int]
+    warmup: int  # scheduled during the warm-up: sent and counted, not measured
+    rows_omitted: int = 0  # past --max-request-rows, so not in requests.jsonl
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generator:
+    """The load generator's own health."""
+
+    late_sends: int  # sent more than late_threshold_ms after their scheduled time
+    late_threshold_ms: float
+    cpu_percent: float  # of one core, over the run and its drain
+    warnings: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassFigures:
+    """One request class (mixed mode, a dataset)."""
+
+    sent: int
+    ok: int
+    ttft_ms: Stats
+    tpot_ms: Stats
+    e2e_ms: Stats
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSnapshots:
+    start: ServerStats | None = field(None, omit=None)
+    end: ServerStats | None = field(None, omit=None)
+
+    @property
+    def latest(self) -> ServerStats | None:
+        """The end snapshot, or the start one without it; None without either (or with errors only)."""
+        return next((s for s in (self.end, self.start) if s is not None and s.ok), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRow:
+    """One stress step (also a row of steps.csv)."""
+
+    step: int
+    offered_rps: float  # the step's nominal rate
+    sent_rps: float  # arrivals actually scheduled in the step, one median latency earlier (a Poisson sample)
+    achieved_rps: float
+    output_tokens_per_s: float
+    goodput_rps: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    in_flight_slope_per_s: float
+    saturated: str  # why, or "" when the step held
+
+
+@dataclass(frozen=True, kw_only=True)
+class StressResult:
+    knee_rps: float | None  # the highest offered rate whose step held
+    stopped_because: str
+    steps: list[StepRow]
+    warning: str = field("", omit="")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFigures:
+    worker: int
+    sent: int
+    cpu_percent: float
+    window_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    schema: int = SCHEMA
+    run_dir: str
+    started_at: str  # UTC, ISO 8601
+    duration_s: float  # start -> end of the schedule
+    window_s: float  # measured: end of warm-up -> end of the schedule
+    config: LoadSettings
+    metrics: dict[str, Stats]  # <metric>_ms
+    server_time_ms: dict[str, Stats]  # the server's own queue, prefill, decode, ttft
+    throughput: Throughput
+    slo: SloShares
+    requests: Accounting
+    generator: Generator
+    classes: dict[str, ClassFigures]  # empty without request classes
+    server: ServerSnapshots = field(default_factory=ServerSnapshots)
+    stress: StressResult | None = field(None, omit=None)
+    workers: list[WorkerFigures] | None = field(None, omit=None)
