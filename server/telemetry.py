@@ -137,8 +137,12 @@ class Telemetry:
     def cache_counters(self, live: list[CacheCounters]) -> list[CacheCounters]:
         """The cache's counters since the window started."""
         base = self.cache_baseline or [CacheCounters() for _ in live]
-        return [CacheCounters(**{k: getattr(now, k) - getattr(b, k) for k in vars(now)}) for now, b in zip(live, base,
-                                                                                                         strict=True)]
+        return [since(now, before) for now, before in zip(live, base, strict=True)]
+
+
+def since(now: CacheCounters, before: CacheCounters) -> CacheCounters:
+    """Each counter's growth from before to now."""
+    return CacheCounters(**{k: getattr(now, k) - getattr(before, k) for k in vars(now)})
 
 
 def process_cpu_s() -> float:
