@@ -6,7 +6,8 @@ import argparse
 import math
 
 
-def number(kind: type, low: float, *, strict: bool = True, high: float | None = None, high_strict: bool = False):
+def number(kind: type, low: float, *, strict: bool = True, high: float | None = None,
+           high_strict: bool = False):
     """A number above `low` (at least `low` when not strict) and, with `high`, at most `high`
     (below it when high_strict)."""
 
@@ -14,8 +15,8 @@ def number(kind: type, low: float, *, strict: bool = True, high: float | None = 
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
+            expected = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         above = value > low if strict else value >= low
         below = high is None or (value < high if high_strict else value <= high)
         if not (above and below and math.isfinite(value)):
@@ -35,9 +36,12 @@ def numbers(low_ok: bool):
         try:
             values = [float(v) for v in text.split(",")]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-        if not all(v >= 0 if low_ok else v > 0 for v in values) or not all(math.isfinite(v) for v in values):
-            raise argparse.ArgumentTypeError(f"every value must be {'at least' if low_ok else 'above'} 0, got {text}")
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, "
+                                             f"got {text!r}") from None
+        if (not all(v >= 0 if low_ok else v > 0 for v in values)
+                or not all(math.isfinite(v) for v in values)):
+            least = "at least" if low_ok else "above"
+            raise argparse.ArgumentTypeError(f"every value must be {least} 0, got {text}")
         return values
 
     return parse

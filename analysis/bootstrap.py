@@ -39,8 +39,10 @@ def percentile(values: np.ndarray, q: float) -> float:
     return float(ordered[rank(len(ordered), q) - 1])
 
 
-def percentile_draws(values: np.ndarray, q: float, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The q-th percentile of each of `resamples` bootstrap resamples of `values` (exact, via Beta)."""
+def percentile_draws(values: np.ndarray, q: float, resamples: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """The q-th percentile of each of `resamples` bootstrap resamples of `values`
+    (exact, via Beta)."""
     ordered = np.sort(np.asarray(values, dtype=float))
     n = len(ordered)
     k = min(rank(n, q), n)
@@ -49,7 +51,8 @@ def percentile_draws(values: np.ndarray, q: float, resamples: int, rng: np.rando
     return ordered[index]
 
 
-def rate_draws(counts: np.ndarray, lengths_s: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+def rate_draws(counts: np.ndarray, lengths_s: np.ndarray, resamples: int,
+               rng: np.random.Generator) -> np.ndarray:
     """sum(counts) / sum(lengths_s) over bins resampled with replacement."""
     counts, lengths_s = np.asarray(counts, dtype=float), np.asarray(lengths_s, dtype=float)
     index = rng.integers(0, len(counts), size=(resamples, len(counts)))
@@ -57,8 +60,8 @@ def rate_draws(counts: np.ndarray, lengths_s: np.ndarray, resamples: int, rng: n
 
 
 def interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
-    """Percentile interval: the central `confidence` share of the draws (nearest draws, no interpolation,
-    which would turn two infinite ratio draws into nan)."""
+    """Percentile interval: the central `confidence` share of the draws (nearest draws,
+    no interpolation, which would turn two infinite ratio draws into nan)."""
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(draws, [tail, 100 - tail], method="nearest")
     return float(low), float(high)
@@ -73,7 +76,8 @@ def ratio(numerator: float | np.ndarray, denominator: float | np.ndarray) -> np.
 
 
 def verdict(low: float, high: float, lower_is_better: bool) -> str:
-    """'better', 'worse' (the numerator run against the denominator run) or no significant difference."""
+    """'better', 'worse' (the numerator run against the denominator run) or no significant
+    difference."""
     if low <= 1 <= high:
         return SAME
     return "better" if (high < 1) == lower_is_better else "worse"

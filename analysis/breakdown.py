@@ -29,14 +29,17 @@ class TtftSplit:
 
 def ttft_split(rows: list[RequestRow]) -> TtftSplit | None:
     """None when no measured request carries the server's times."""
-    rows = [row for row in measured_ok(rows) if row.server_ttft_us is not None and row.sent_ms is not None]
+    rows = [row for row in measured_ok(rows)
+            if row.server_ttft_us is not None and row.sent_ms is not None]
     if not rows:
         return None
     ttft = column(rows, "ttft_ms")
     lag = column(rows, "sent_ms") - column(rows, "scheduled_ms")
-    queue, prefill = column(rows, "server_queue_us") / 1000, column(rows, "server_prefill_us") / 1000
+    queue = column(rows, "server_queue_us") / 1000
+    prefill = column(rows, "server_prefill_us") / 1000
     server_ttft = column(rows, "server_ttft_us") / 1000
-    parts = np.stack([lag, queue, prefill, server_ttft - queue - prefill, ttft - lag - server_ttft], axis=1)  # [R, 5]
+    parts = np.stack([lag, queue, prefill, server_ttft - queue - prefill, ttft - lag - server_ttft],
+                     axis=1)  # [R, 5]
     slowest_first = np.argsort(-ttft, kind="stable")
     bands = {}
     for name, percentile in BANDS.items():

@@ -1,4 +1,5 @@
-"""Expert capacity planning (seed 5.1), from a run's measured per-expert loads or from given numbers.
+"""Expert capacity planning (seed 5.1), from a run's measured per-expert loads or from \
+given numbers.
 
 capacity = tokens x k / (experts x target utilisation): the slots per expert per step that
 keep an average expert at the target utilisation. The seed advises 1.5-2x the average
@@ -34,12 +35,14 @@ from records.server_stats import ServerSample, ServerStats
 
 CAPACITY_MD = "capacity.md"
 BURSTS = (1.5, 2.0)  # the seed's headroom over the average load
-ASSUMPTION = ("the estimate puts every step of an interval at the interval's mean tokens per step, each expert at "
-              "its interval share of the pairs. Step-to-step variation of the shares only adds drops, so it tends "
-              "low; steps smaller than the mean get relatively more slots from rounding up (under one slot per "
-              "expert per step), which the lower bound allows for.")
-NUMBERS_ASSUMPTION = ("every step has exactly these tokens and each expert exactly its share of the pairs; real "
-                      "steps vary, and variation of the shares only adds drops, so this is a lower bound for them.")
+ASSUMPTION = ("the estimate puts every step of an interval at the interval's mean tokens per "
+              "step, each expert at its interval share of the pairs. Step-to-step variation of "
+              "the shares only adds drops, so it tends low; steps smaller than the mean get "
+              "relatively more slots from rounding up (under one slot per expert per step), "
+              "which the lower bound allows for.")
+NUMBERS_ASSUMPTION = ("every step has exactly these tokens and each expert exactly its share of "
+                      "the pairs; real steps vary, and variation of the shares only adds drops, "
+                      "so this is a lower bound for them.")
 
 
 def planned_capacity(tokens: float, top_k: int, n_experts: int, target_utilisation: float) -> float:
@@ -63,7 +66,8 @@ def slots(tokens: float, top_k: int, n_experts: int, factor: float) -> int:
 
 @dataclass(frozen=True)
 class Load:
-    """Routed (token, expert) pairs per interval, layer and expert, and the steps of each interval."""
+    """Routed (token, expert) pairs per interval, layer and expert, and the steps of each
+    interval."""
 
     top_k: int
     n_experts: int
@@ -91,34 +95,40 @@ def load_from_numbers(tokens: int, top_k: int, n_experts: int, shares: np.ndarra
 
 
 def load_from_run(run_dir: Path) -> Load:
-    """From server_stats.jsonl's snapshots, or from summary.json's start and end snapshots without it."""
+    """From server_stats.jsonl's snapshots, or from summary.json's start and end snapshots
+    without it."""
     run = load_run(run_dir)
     samples, source = run.samples, run_dir / SAMPLES
-    start, end = (s if s is not None and s.ok else None for s in (run.summary.server.start, run.summary.server.end))
+    start, end = (s if s is not None and s.ok else None
+                  for s in (run.summary.server.start, run.summary.server.end))
     if len(samples) >= 2 and start is not None and _before(start, samples[0].stats):
-        samples = [ServerSample(t_unix_s=0.0, t_run_s=0.0, stats=start), *samples]  # the steps before the first sample
+        # the steps before the first sample
+        samples = [ServerSample(t_unix_s=0.0, t_run_s=0.0, stats=start), *samples]
     elif len(samples) < 2:
         samples, source = [], run_dir / SUMMARY
         if start is not None and end is not None:
-            samples = [ServerSample(t_unix_s=0.0, t_run_s=t, stats=s) for t, s in ((0.0, start), (1.0, end))]
+            samples = [ServerSample(t_unix_s=0.0, t_run_s=t, stats=s)
+                       for t, s in ((0.0, start), (1.0, end))]
     intervals = [i for i in expert_intervals(samples) if i.steps > 0 and i.routed.sum() > 0]
     last = samples[-1].stats if samples else ServerStats()
     if not intervals:
-        raise RunDirError(f"{source}: no per-layer expert loads over any interval (a server without layer stats, "
-                          "or no steps)")
+        raise RunDirError(f"{source}: no per-layer expert loads over any interval (a server "
+                          "without layer stats, or no steps)")
     if not last.top_k or not last.num_experts:
         raise RunDirError(f"{source}: the GetStats snapshots give no top_k or num_experts")
     shape = intervals[-1].routed.shape
     intervals = [i for i in intervals if i.routed.shape == shape]
     basis = (f"{SAMPLES}: {len(intervals)} intervals, the first from summary.json's start snapshot"
-             if source.name == SAMPLES else f"{SUMMARY}: start and end snapshots (one interval, the whole run)")
+             if source.name == SAMPLES
+             else f"{SUMMARY}: start and end snapshots (one interval, the whole run)")
     return Load(last.top_k, last.num_experts, np.asarray([i.steps for i in intervals], dtype=float),
                 np.stack([i.routed for i in intervals]), np.stack([i.dropped for i in intervals]),
                 intervals[-1].capacity_factor, basis)
 
 
 def _before(start: ServerStats, first: ServerStats) -> bool:
-    """Whether summary.json's start snapshot was taken before the first sample, on the same counters."""
+    """Whether summary.json's start snapshot was taken before the first sample, on the same
+    counters."""
     return bool(start.layers) and start.uptime_s < first.uptime_s
 
 
@@ -154,8 +164,10 @@ def factor_row(load: Load, factor: float) -> FactorRow:
         measured = float(load.dropped.sum() / load.routed.sum())
     return FactorRow(factor, slots(load.tokens_per_step, load.top_k, load.n_experts, factor),
                      float(drops.sum() / load.routed.sum()),
-                     float(estimated_drops(load, factor, lower_bound=True).sum() / load.routed.sum()),
-                     worst, float(per_layer[worst]), int(by_expert.argmax()) if by_expert.any() else None, measured)
+                     float(estimated_drops(load, factor, lower_bound=True).sum()
+                           / load.routed.sum()),
+                     worst, float(per_layer[worst]),
+                     int(by_expert.argmax()) if by_expert.any() else None, measured)
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,8 @@ class Plan:
                                 self.target_utilisation)
 
     def hottest(self) -> tuple[int, int, float]:
-        """(layer, expert, share of its layer's pairs) of the most loaded expert over the whole run."""
+        """(layer, expert, share of its layer's pairs) of the most loaded expert over the whole
+        run."""
         shares = expert_shares(self.load.routed.sum(axis=0))  # [L, E]
         layer, expert = np.unravel_index(int(shares.argmax()), shares.shape)
         return int(layer), int(expert), float(shares[layer, expert])
@@ -193,11 +206,13 @@ def _pct(value: float | None) -> str:
 
 def table(p: Plan) -> tuple[list[str], list[list[str]]]:
     if p.from_run:
-        header = ["CF", "slots/expert", "est. drop %", "lower bound %", "worst layer %", "worst expert",
-                  "measured drop %"]
+        header = ["CF", "slots/expert", "est. drop %", "lower bound %", "worst layer %",
+                  "worst expert", "measured drop %"]
         rows = [[f"{r.factor:g}", str(r.slots), _pct(r.drop_share), _pct(r.lower_bound),
-                 f"{_pct(r.worst_layer_share)} (layer {r.worst_layer})" if r.worst_layer_share else "0.00",
-                 "-" if r.worst_expert is None else f"layer {r.worst_layer} expert {r.worst_expert}",
+                 (f"{_pct(r.worst_layer_share)} (layer {r.worst_layer})" if r.worst_layer_share
+                  else "0.00"),
+                 ("-" if r.worst_expert is None
+                  else f"layer {r.worst_layer} expert {r.worst_expert}"),
                  _pct(r.measured)] for r in p.rows]
         return header, rows
     header = ["CF", "slots/expert", "drop %", "worst expert"]
@@ -208,24 +223,28 @@ def table(p: Plan) -> tuple[list[str], list[list[str]]]:
 def summary_lines(p: Plan) -> list[str]:
     load, u = p.load, p.target_utilisation
     layers = load.routed.shape[1]
-    lines = [f"{load.n_experts} experts, top-{load.top_k}" + (f", {layers} MoE layers" if p.from_run else "")
+    lines = [f"{load.n_experts} experts, top-{load.top_k}"
+             + (f", {layers} MoE layers" if p.from_run else "")
              + f"; {load.tokens_per_step:.2f} tokens per step"
              + (f" over {load.steps.sum():.0f} steps ({load.basis})" if p.from_run else ""),
              f"average load: {p.average_load:.2f} (token, expert) pairs per expert per step",
-             f"capacity at {100 * u:g}% target utilisation: {p.planned:.2f} pairs per expert per step "
-             f"({math.ceil(p.planned - 1e-9)} slots, the server's --capacity-factor {capacity_factor(u):g})",
+             f"capacity at {100 * u:g}% target utilisation: {p.planned:.2f} pairs per expert "
+             f"per step ({math.ceil(p.planned - 1e-9)} slots, the server's --capacity-factor "
+             f"{capacity_factor(u):g})",
              "burst headroom (seed 5.1): " + ", ".join(
-                 f"{b:g}x average = {b * p.average_load:.2f} ({math.ceil(b * p.average_load - 1e-9)} slots)"
+                 f"{b:g}x average = {b * p.average_load:.2f} "
+                 f"({math.ceil(b * p.average_load - 1e-9)} slots)"
                  for b in BURSTS)]
     layer, expert, share = p.hottest()
     over = share * load.n_experts
     if p.from_run:
-        lines.append(f"hottest expert over the run: layer {layer} expert {expert} takes {100 * share:.1f}% of its "
-                     f"layer's pairs, {over:.2f}x the average; CF {over:.2f} would hold it if every step had the "
-                     "run's overall shares (per interval they swing further: see the table)")
+        lines.append(f"hottest expert over the run: layer {layer} expert {expert} takes "
+                     f"{100 * share:.1f}% of its layer's pairs, {over:.2f}x the average; "
+                     f"CF {over:.2f} would hold it if every step had the run's overall shares "
+                     "(per interval they swing further: see the table)")
     else:
-        lines.append(f"hottest expert: expert {expert} takes {100 * share:.1f}% of the pairs, {over:.2f}x the "
-                     f"average: no drops needs CF >= {over:.2f}")
+        lines.append(f"hottest expert: expert {expert} takes {100 * share:.1f}% of the pairs, "
+                     f"{over:.2f}x the average: no drops needs CF >= {over:.2f}")
     if load.run_factor > 0:
         lines.append(f"the run ran with --capacity-factor {load.run_factor:g}: measured drops "
                      f"{_pct(float(load.dropped.sum() / load.routed.sum()))}% of the pairs")
@@ -235,48 +254,60 @@ def summary_lines(p: Plan) -> list[str]:
 def render_text(p: Plan, title: str) -> str:
     header, rows = table(p)
     assumption = ASSUMPTION if p.from_run else NUMBERS_ASSUMPTION
-    return "\n".join([title, *summary_lines(p), "", text_table(header, rows), f"assumes: {assumption}"])
+    return "\n".join([title, *summary_lines(p), "", text_table(header, rows),
+                      f"assumes: {assumption}"])
 
 
 def render_markdown(p: Plan, run_dir: Path) -> str:
     header, rows = table(p)
     return "\n\n".join([
-        f"# Expert capacity: {run_dir.resolve().name}", "\n".join(f"- {line}" for line in summary_lines(p)),
+        f"# Expert capacity: {run_dir.resolve().name}",
+        "\n".join(f"- {line}" for line in summary_lines(p)),
         "## Drops by capacity factor", markdown_table(header, rows),
-        "Slots per expert: ceil(tokens x k / experts x CF) at the run's mean tokens per step, as the server "
-        "computes them. Drop %: share of the (token, expert) pairs over capacity, all layers; worst layer: "
-        "the layer with the most; worst expert: the one with the most estimated drops in that layer.",
+        "Slots per expert: ceil(tokens x k / experts x CF) at the run's mean tokens per step, "
+        "as the server computes them. Drop %: share of the (token, expert) pairs over capacity, "
+        "all layers; worst layer: the layer with the most; worst expert: the one with the most "
+        "estimated drops in that layer.",
         f"Assumes: {ASSUMPTION}"]) + "\n"
 
 
 def headline(p: Plan, md: Path | None) -> dict:
     layer, expert, share = p.hottest()
-    return {"capacity_md": None if md is None else str(md), "tokens_per_step": p.load.tokens_per_step,
-            "top_k": p.load.top_k, "experts": p.load.n_experts, "target_utilisation": p.target_utilisation,
+    return {"capacity_md": None if md is None else str(md),
+            "tokens_per_step": p.load.tokens_per_step, "top_k": p.load.top_k,
+            "experts": p.load.n_experts, "target_utilisation": p.target_utilisation,
             "average_load": p.average_load, "planned_capacity": p.planned,
             "burst_slots": {f"{b:g}x": math.ceil(b * p.average_load - 1e-9) for b in BURSTS},
-            "hottest": {"layer": layer, "expert": expert, "share": share, "over_mean": share * p.load.n_experts},
+            "hottest": {"layer": layer, "expert": expert, "share": share,
+                        "over_mean": share * p.load.n_experts},
             "run_capacity_factor": p.load.run_factor or None,
             "factors": [{"capacity_factor": r.factor, "slots": r.slots, "drop_share": r.drop_share,
                          "drop_share_lower_bound": r.lower_bound if p.from_run else None,
-                         "worst_layer": r.worst_layer, "worst_layer_drop_share": r.worst_layer_share,
-                         "worst_expert": r.worst_expert, "measured_drop_share": r.measured} for r in p.rows]}
+                         "worst_layer": r.worst_layer,
+                         "worst_layer_drop_share": r.worst_layer_share,
+                         "worst_expert": r.worst_expert, "measured_drop_share": r.measured}
+                        for r in p.rows]}
 
 
 def add_command(commands) -> None:
     parser = commands.add_parser(
-        "capacity", help="expert capacity planning (seed 5.1): from a run's measured loads or from numbers",
+        "capacity",
+        help="expert capacity planning (seed 5.1): from a run's measured loads or from numbers",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", nargs="?", help="run directory (or give --tokens, --top-k and --experts)")
+    parser.add_argument("run_dir", nargs="?",
+                        help="run directory (or give --tokens, --top-k and --experts)")
     parser.add_argument("--target-utilisation", type=number(float, 0, high=1), default=0.8,
-                        help="share of an expert's slots the average load should fill, in (0, 1] (default 0.8)")
-    parser.add_argument("--capacity-factors", type=numbers(low_ok=False), default=[1.0, 1.25, 1.5, 2.0],
+                        help="share of an expert's slots the average load should fill, in (0, 1] "
+                             "(default 0.8)")
+    parser.add_argument("--capacity-factors", type=numbers(low_ok=False),
+                        default=[1.0, 1.25, 1.5, 2.0],
                         help="capacity factors to estimate drops at (default 1,1.25,1.5,2)")
     parser.add_argument("--tokens", type=number(int, 0), help="without a run: tokens per step")
     parser.add_argument("--top-k", type=number(int, 0), help="without a run: experts per token")
     parser.add_argument("--experts", type=number(int, 0), help="without a run: experts per layer")
     parser.add_argument("--loads", type=numbers(low_ok=True),
-                        help="without a run: each expert's share of the pairs, normalised (default uniform)")
+                        help="without a run: each expert's share of the pairs, normalised "
+                             "(default uniform)")
     parser.set_defaults(func=main, error=parser.error)
 
 
@@ -294,16 +325,18 @@ def _numbers_load(args: argparse.Namespace) -> Load:
     if args.top_k > experts:
         args.error(f"--top-k {args.top_k} is more than --experts {experts}")
     if shares is not None and shares.max() > 1 / args.top_k + 1e-9:
-        args.error(f"--loads: expert {int(shares.argmax())} has {shares.max():.3f} of the pairs, above 1/top-k = "
-                   f"{1 / args.top_k:.3f}: a token takes k distinct experts")
+        args.error(f"--loads: expert {int(shares.argmax())} has {shares.max():.3f} of the pairs, "
+                   f"above 1/top-k = {1 / args.top_k:.3f}: a token takes k distinct experts")
     return load_from_numbers(args.tokens, args.top_k, experts, shares)
 
 
 def main(args: argparse.Namespace) -> None:
-    given = [flag for flag, value in (("--tokens", args.tokens), ("--top-k", args.top_k), ("--experts", args.experts),
-                                      ("--loads", args.loads)) if value is not None]
+    given = [flag for flag, value in (("--tokens", args.tokens), ("--top-k", args.top_k),
+                                      ("--experts", args.experts), ("--loads", args.loads))
+             if value is not None]
     if args.run_dir is None:
-        p = plan(_numbers_load(args), args.target_utilisation, args.capacity_factors, from_run=False)
+        p = plan(_numbers_load(args), args.target_utilisation, args.capacity_factors,
+                 from_run=False)
         print(render_text(p, "capacity from given numbers"))
         print(json.dumps(headline(p, None)))
         return

@@ -31,8 +31,8 @@ from records.declare import compared_names, flat
 from records.load_settings import LoadSettings, Slo
 from records.server_settings import ServerSettings
 
-HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-          "batch", "experts/step", "padded %"]
+HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50",
+          "TPOT p99", "batch", "experts/step", "padded %"]
 COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
 # Settings whose values must match for two runs to measure the same thing, as their declarations
 # mark them (records/): the workload's (SLOs are checked for goodput on their own), and the server's
@@ -63,9 +63,10 @@ def figures(run: Run) -> dict:
 def _cells(f: dict) -> list[str]:
     share = f["prefill_padded_share"]
     return [f["run"], f["policy"] or "-", fmt_num(f["output_tokens_per_s"], ".1f"),
-            fmt_num(f["goodput_requests_per_s"], ".2f"), fmt_ms(f["ttft_p50_ms"]), fmt_ms(f["ttft_p99_ms"]),
-            fmt_ms(f["tpot_p50_ms"]), fmt_ms(f["tpot_p99_ms"]), fmt_num(f["mean_batch_size"], ".2f"),
-            fmt_num(f["distinct_experts_per_step"], ".2f"), fmt_num(None if share is None else 100 * share, ".1f")]
+            fmt_num(f["goodput_requests_per_s"], ".2f"), fmt_ms(f["ttft_p50_ms"]),
+            fmt_ms(f["ttft_p99_ms"]), fmt_ms(f["tpot_p50_ms"]), fmt_ms(f["tpot_p99_ms"]),
+            fmt_num(f["mean_batch_size"], ".2f"), fmt_num(f["distinct_experts_per_step"], ".2f"),
+            fmt_num(None if share is None else 100 * share, ".1f")]
 
 
 def _objectives(slo: Slo) -> str:
@@ -77,7 +78,8 @@ def _objectives(slo: Slo) -> str:
 def slo_line(names: list[str], runs: list[Run]) -> str:
     per_run = [slos(r) for r in runs]
     if len(set(per_run)) != 1:
-        each = "; ".join(f"{n}: {_objectives(slo) or 'none'}" for n, slo in zip(names, per_run, strict=True))
+        each = "; ".join(f"{n}: {_objectives(slo) or 'none'}"
+                         for n, slo in zip(names, per_run, strict=True))
         return f"goodput: the runs used different SLOs ({each}), so their goodput is not compared"
     objectives = _objectives(per_run[0])
     return f"goodput: requests/s meeting {objectives}" if objectives else \
@@ -90,20 +92,25 @@ def differences(names: list[str], settings: list[dict], keys: tuple[str, ...]) -
     for key in keys:
         values = [s.get(key) for s in settings]
         if any(v != values[0] for v in values):
-            lines.append(f"{key}: " + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)))
+            lines.append(f"{key}: "
+                         + ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True)))
     return lines
 
 
 def setting_warnings(names: list[str], runs: list[Run]) -> list[str]:
-    """Workload and server settings the runs do not share: the comparison then mixes them with the policy."""
+    """Workload and server settings the runs do not share: the comparison then mixes them with
+    the policy."""
     workload = differences(names, [flat(r.summary.config) for r in runs], WORKLOAD_KEYS)
     # Runs without a GetStats snapshot are left out, and settings some server did not report.
     snapshots = [(n, r.summary.server.latest) for n, r in zip(names, runs, strict=True)]
     known = [(n, snap.reported_settings()) for n, snap in snapshots if snap is not None]
     shared = [key for key in SERVER_KEYS if all(key in s for _, s in known)]
-    server = differences([n for n, _ in known], [s for _, s in known], tuple(shared)) if len(known) > 1 else []
-    return [f"the workloads differ, so the comparison mixes workload and policy: {line}" for line in workload] + \
-        [f"the servers differ, so the comparison mixes server settings and policy: {line}" for line in server]
+    server = (differences([n for n, _ in known], [s for _, s in known], tuple(shared))
+              if len(known) > 1 else [])
+    return [f"the workloads differ, so the comparison mixes workload and policy: {line}"
+            for line in workload] + \
+        [f"the servers differ, so the comparison mixes server settings and policy: {line}"
+         for line in server]
 
 
 # --- output ---
@@ -113,65 +120,75 @@ def confidence_rows(comparisons: dict[str, dict]) -> list[list[str]]:
     for metric in METRICS:
         c = comparisons[metric.key]
         for i, r in enumerate(c["runs"]):
-            ci = f"[{fmt_ms(r['ci'][0])}, {fmt_ms(r['ci'][1])}]" + " ~" * r["rough_interval"] if r["ci"] else \
-                r["no_interval"] or "-"
-            best = "best" + (" *" if c["significantly_best"] else "") if r["run"] == c["best"] else ""
-            rows.append([f"{metric.label} ({metric.unit})" if i == 0 else "", r["run"], fmt_ms(r["value"]), ci,
-                         best, r["vs_baseline"]["text"]])
+            ci = (f"[{fmt_ms(r['ci'][0])}, {fmt_ms(r['ci'][1])}]" + " ~" * r["rough_interval"]
+                  if r["ci"] else r["no_interval"] or "-")
+            best = ("best" + (" *" if c["significantly_best"] else "") if r["run"] == c["best"]
+                    else "")
+            rows.append([f"{metric.label} ({metric.unit})" if i == 0 else "", r["run"],
+                         fmt_ms(r["value"]), ci, best, r["vs_baseline"]["text"]])
     return rows
 
 
 def notes(comparisons: dict[str, dict]) -> list[str]:
-    return [f"{r['run']}, {c['label']}: {note}" for c in comparisons.values() for r in c["runs"] for note in r["notes"]]
+    return [f"{r['run']}, {c['label']}: {note}"
+            for c in comparisons.values() for r in c["runs"] for note in r["notes"]]
 
 
-def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: float, path: Path) -> None:
-    """One panel per metric: each run's value as a bar with its own interval, coloured by the verdict
-    against the baseline, the ratio written beside it."""
-    colours = {"baseline": "tab:blue", "better": "tab:green", "worse": "tab:red", bootstrap.SAME: "tab:gray",
-               None: "lightgray"}
+def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: float,
+                    path: Path) -> None:
+    """One panel per metric: each run's value as a bar with its own interval, coloured by the
+    verdict against the baseline, the ratio written beside it."""
+    colours = {"baseline": "tab:blue", "better": "tab:green", "worse": "tab:red",
+               bootstrap.SAME: "tab:gray", None: "lightgray"}
     fig = Figure(figsize=(16, 8), dpi=100, layout="constrained")
     for ax, metric in zip(fig.subplots(2, 4).flat, METRICS, strict=True):
         runs = comparisons[metric.key]["runs"]
         y = np.arange(len(runs))
         values = [r["value"] or 0.0 for r in runs]
         ax.barh(y, values, color=[colours[r["vs_baseline"]["verdict"]] for r in runs])
-        right = max([*values, *(r["ci"][1] for r in runs if r["ci"] and math.isfinite(r["ci"][1]))], default=0) or 1
+        right = max([*values, *(r["ci"][1] for r in runs
+                                if r["ci"] and math.isfinite(r["ci"][1]))], default=0) or 1
         for yi, r, value in zip(y, runs, values, strict=True):
             if r["ci"]:
                 ax.plot(r["ci"], [yi, yi], color="black", marker="|", markersize=10)
             ratio = r["vs_baseline"]["ratio"]
             label = "" if r["run"] == baseline or ratio is None else bootstrap.fmt_ratio(ratio)
-            ax.text(max(value, r["ci"][1] if r["ci"] else 0) + 0.02 * right, yi, label, va="center", fontsize="small")
+            ax.text(max(value, r["ci"][1] if r["ci"] else 0) + 0.02 * right, yi, label,
+                    va="center", fontsize="small")
         ax.set_yticks(y, [r["run"] for r in runs])
         ax.invert_yaxis()
         ax.set_xlim(0, 1.3 * right)
         ax.set_xlabel(metric.unit)
-        ax.set_title(f"{metric.label} ({'lower' if metric.lower_is_better else 'higher'} is better)")
+        ax.set_title(f"{metric.label} "
+                     f"({'lower' if metric.lower_is_better else 'higher'} is better)")
         ax.grid(True, axis="x", alpha=0.3)
     names = {"baseline": f"baseline ({baseline})", "better": "better", "worse": "worse",
              bootstrap.SAME: "no significant difference", None: "no verdict"}
     fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()],
                loc="outside lower center", ncols=5)
-    fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval (whiskers), ratio to baseline")
+    fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval "
+                 "(whiskers), ratio to baseline")
     fig.savefig(path)
 
 
-def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float = 0.95, resamples: int = 2000,
-            seed: int = 0) -> tuple[str, dict]:
-    """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the headline."""
+def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float = 0.95,
+            resamples: int = 2000, seed: int = 0) -> tuple[str, dict]:
+    """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the
+    headline."""
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
     comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
     note = slo_line(names, runs)
     warnings = setting_warnings(names, runs)
-    ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best", f"vs {names[baseline]}"]
+    ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best",
+                 f"vs {names[baseline]}"]
     best_rows = [[c["label"], c["best"] or "-", c["best_text"]] for c in comparisons.values()]
-    how = (f"{confidence:.0%} bootstrap intervals, {resamples} resamples, seed {seed}: latency percentiles over "
-           f"the measured requests (point estimates from the HDR histograms; percentile = the k-th smallest, "
-           f"k = round(q n / 100), as HDR counts), rates over the measured window's intervals; "
-           f"'best *': significantly better than the second best; a ratio is run / {names[baseline]}; '~': fewer "
-           f"than {MIN_BEYOND} values beyond the percentile, so its interval (and any verdict on it) is rough")
+    how = (f"{confidence:.0%} bootstrap intervals, {resamples} resamples, seed {seed}: latency "
+           f"percentiles over the measured requests (point estimates from the HDR histograms; "
+           f"percentile = the k-th smallest, k = round(q n / 100), as HDR counts), rates over the "
+           f"measured window's intervals; 'best *': significantly better than the second best; "
+           f"a ratio is run / {names[baseline]}; '~': fewer than {MIN_BEYOND} values beyond the "
+           f"percentile, so its interval (and any verdict on it) is rough")
     extra = notes(comparisons)
     sections = [text_table(HEADER, [_cells(f) for f in rows]), note + "\nlatency in ms",
                 text_table(ci_header, confidence_rows(comparisons)),
@@ -181,19 +198,22 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     text = "\n\n".join(sections)
     md = "\n\n".join(["# Comparison", *(f"**Warning:** {w}" for w in warnings),
                       markdown_table(HEADER, [_cells(f) for f in rows]),
-                      note + "; latency in ms; experts/step: distinct experts a step activated, mean over layers; "
-                      "padded %: padding in batched prefill attention.",
-                      f"## Against {names[baseline]}", markdown_table(ci_header, confidence_rows(comparisons)),
-                      "## Best per metric", markdown_table(["metric", "best", "against the second best"], best_rows),
-                      how + ". Each interval holds at its confidence on its own: over many comparisons a few "
-                      "'significant' ones are expected by chance.", *(f"- {n}" for n in extra),
-                      f"![comparison]({COMPARE_PNG})"])
+                      note + "; latency in ms; experts/step: distinct experts a step activated, "
+                      "mean over layers; padded %: padding in batched prefill attention.",
+                      f"## Against {names[baseline]}",
+                      markdown_table(ci_header, confidence_rows(comparisons)),
+                      "## Best per metric",
+                      markdown_table(["metric", "best", "against the second best"], best_rows),
+                      how + ". Each interval holds at its confidence on its own: over many "
+                      "comparisons a few 'significant' ones are expected by chance.",
+                      *(f"- {n}" for n in extra), f"![comparison]({COMPARE_PNG})"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / COMPARE_MD).write_text(md + "\n")
     plot_comparison(comparisons, names[baseline], confidence, out_dir / COMPARE_PNG)
-    headline = {"compare_md": str(out_dir / COMPARE_MD), "compare_png": str(out_dir / COMPARE_PNG), "runs": rows,
-                "baseline": names[baseline], "confidence": confidence, "resamples": resamples, "seed": seed,
-                "warnings": warnings, "comparisons": comparisons}
+    headline = {"compare_md": str(out_dir / COMPARE_MD), "compare_png": str(out_dir / COMPARE_PNG),
+                "runs": rows, "baseline": names[baseline], "confidence": confidence,
+                "resamples": resamples, "seed": seed, "warnings": warnings,
+                "comparisons": comparisons}
     return text, headline
 
 
@@ -208,7 +228,8 @@ def baseline_index(runs: list[Run], names: list[str], wanted: str | None) -> int
     if wanted is None:
         return 0
     for i, (run, name) in enumerate(zip(runs, names, strict=True)):
-        if wanted in (name, run.path.name, str(run.path)) or Path(wanted).resolve() == run.path.resolve():
+        if (wanted in (name, run.path.name, str(run.path))
+                or Path(wanted).resolve() == run.path.resolve()):
             return i
     return None
 
@@ -224,14 +245,16 @@ def _json_safe(value):
 
 
 def add_command(commands) -> None:
-    parser = commands.add_parser("compare", help="runs side by side (e.g. one per batching policy), with "
-                                 "bootstrap confidence intervals against a baseline run")
+    parser = commands.add_parser(
+        "compare", help="runs side by side (e.g. one per batching policy), with bootstrap "
+                        "confidence intervals against a baseline run")
     parser.add_argument("run_dirs", nargs="+", help="run directories")
-    parser.add_argument("--out", help="where compare.md and compare.png go (default: the runs' common parent)")
-    parser.add_argument("--baseline", help="run every other is compared with, by directory or name (default: the "
-                        "first)")
-    parser.add_argument("--confidence", type=number(float, 0, high=1, high_strict=True), default=0.95,
-                        help="of the intervals (default 0.95)")
+    parser.add_argument("--out", help="where compare.md and compare.png go (default: the runs' "
+                        "common parent)")
+    parser.add_argument("--baseline", help="run every other is compared with, by directory or name "
+                        "(default: the first)")
+    parser.add_argument("--confidence", type=number(float, 0, high=1, high_strict=True),
+                        default=0.95, help="of the intervals (default 0.95)")
     parser.add_argument("--resamples", type=number(int, 100, strict=False), default=2000,
                         help="bootstrap draws (default 2000)")
     parser.add_argument("--seed", type=number(int, 0, strict=False), default=0,
@@ -244,9 +267,11 @@ def main(args: argparse.Namespace) -> None:
     baseline = baseline_index(runs, run_names(runs), args.baseline)
     if baseline is None:
         args.parser.error(f"--baseline {args.baseline!r} is none of the run directories given")
-    out_dir = Path(args.out) if args.out else Path(os.path.commonpath([r.path.resolve() for r in runs]))
+    out_dir = (Path(args.out) if args.out
+               else Path(os.path.commonpath([r.path.resolve() for r in runs])))
     try:
-        text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples, args.seed)
+        text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples,
+                                 args.seed)
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
     print(text)

@@ -66,7 +66,8 @@ class Sample:
     """What one run's requests.jsonl offers the bootstrap."""
 
     problem: str  # why the rows cannot be used ("" when they can)
-    latency_ms: dict[str, np.ndarray] = field(default_factory=dict)  # ttft/tpot/e2e -> measured ok values
+    # ttft/tpot/e2e -> measured ok values
+    latency_ms: dict[str, np.ndarray] = field(default_factory=dict)
     lengths_s: np.ndarray | None = None  # the measured window's bins
     per_bin: dict[str, np.ndarray] = field(default_factory=dict)  # tokens/good -> count in each bin
 
@@ -77,7 +78,8 @@ class Estimate:
     draws: np.ndarray | None = None  # bootstrap draws; None when there is no interval
     ci: tuple[float, float] | None = None
     no_interval: str = ""  # why there is none
-    rough: bool = False  # the percentile sits among the sample's last few values: the interval is rough
+    # the percentile sits among the sample's last few values: the interval is rough
+    rough: bool = False
     notes: tuple[str, ...] = ()
 
 
@@ -98,21 +100,24 @@ def run_sample(run: Run) -> Sample:
     done = [r for r in rows if r.status == "OK" and r.ttft_ms is not None and r.e2e_ms is not None]
     finish_ms = column(done, "scheduled_ms") + column(done, "e2e_ms")
     good = finish_ms[_meets_slo(done, run.summary.config.slo)]
-    per_bin = {"tokens": tokens_per_bin(done, edges), "good": np.histogram(good, edges)[0].astype(float)}
+    per_bin = {"tokens": tokens_per_bin(done, edges),
+               "good": np.histogram(good, edges)[0].astype(float)}
     return Sample("", latency, np.diff(edges) / 1000, per_bin)
 
 
 def incomplete(run: Run, rows: list[RequestRow], latency_ms: dict[str, np.ndarray]) -> str:
-    """Why the rows are not the whole run ("" when they are): the load generator writes a row per request
-    it sent (summary.json's requests.sent) and the histograms hold the measured OK ones."""
+    """Why the rows are not the whole run ("" when they are): the load generator writes a row per
+    request it sent (summary.json's requests.sent) and the histograms hold the measured OK
+    ones."""
     sent, omitted = run.summary.requests.sent, run.summary.requests.rows_omitted
     if omitted:
-        return (f"{REQUESTS} holds {len(rows)} of the {sent} requests ({omitted} past --max-request-rows): "
-                f"point estimate only")
+        return (f"{REQUESTS} holds {len(rows)} of the {sent} requests ({omitted} past "
+                f"--max-request-rows): point estimate only")
     if len(rows) < sent:
         return f"{REQUESTS} holds {len(rows)} of the {sent} requests: point estimate only"
     if len(rows) > sent:
-        return f"{REQUESTS} holds {len(rows)} rows, summary.json counts {sent} requests: point estimate only"
+        return (f"{REQUESTS} holds {len(rows)} rows, summary.json counts {sent} requests: "
+                "point estimate only")
     for name, values in latency_ms.items():
         hist = run.histograms.get(name)
         if hist is not None and len(values) != hist.get_total_count():
@@ -122,8 +127,9 @@ def incomplete(run: Run, rows: list[RequestRow], latency_ms: dict[str, np.ndarra
 
 
 def window_edges_ms(run: Run) -> np.ndarray | None:
-    """Bin edges over the measured window (end of warm-up -> end of schedule), ms after the run's start:
-    --interval-s bins, the last one shorter when the window is not a whole number of them."""
+    """Bin edges over the measured window (end of warm-up -> end of schedule), ms after the run's
+    start: --interval-s bins, the last one shorter when the window is not a whole number of
+    them."""
     recording = run.summary.config.recording
     window_s = run.summary.window_s
     if window_s <= 0:
@@ -141,7 +147,8 @@ def slos(run: Run) -> Slo:
 
 
 def _meets_slo(rows: list[RequestRow], slo: Slo) -> np.ndarray:
-    """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets it."""
+    """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets
+    it."""
     met = np.ones(len(rows), dtype=bool)
     for name in LATENCY:
         if (limit := getattr(slo, f"slo_{name}_ms")) is not None:
@@ -151,7 +158,8 @@ def _meets_slo(rows: list[RequestRow], slo: Slo) -> np.ndarray:
 
 
 def tokens_per_bin(rows: list[RequestRow], edges_ms: np.ndarray) -> np.ndarray:
-    """Output tokens received in each bin (a, b], a request's messages placed evenly between its first and last."""
+    """Output tokens received in each bin (a, b], a request's messages placed evenly between its
+    first and last."""
     first = column(rows, "scheduled_ms") + column(rows, "ttft_ms")
     last = column(rows, "scheduled_ms") + column(rows, "e2e_ms")
     messages = np.asarray([r.messages or r.output_tokens or 1 for r in rows], dtype=float)
@@ -165,8 +173,9 @@ def tokens_per_bin(rows: list[RequestRow], edges_ms: np.ndarray) -> np.ndarray:
         count = np.where(step[r] > 0, spread, np.where(t_ms >= first[r], messages[r], 0))
         return np.clip(count, 0, messages[r]) * per_message[r]
 
-    # A request's running total changes only between the last edge before its first message and the first
-    # edge at or after its last one, so the loop runs over the longest request's bins, not the whole window.
+    # A request's running total changes only between the last edge before its first message and
+    # the first edge at or after its last one, so the loop runs over the longest request's bins,
+    # not the whole window.
     lo = np.clip(np.searchsorted(edges_ms, first) - 1, 0, len(edges_ms) - 1)
     hi = np.clip(np.searchsorted(edges_ms, last), 0, len(edges_ms) - 1)
     per_bin = np.zeros(len(edges_ms) - 1)
@@ -194,7 +203,8 @@ def _percentile_estimate(run, sample, metric, resamples, confidence, rng) -> Est
     value = hist.get_value_at_percentile(metric.q) / US_PER_MS
     if sample.problem:
         return Estimate(value, no_interval=sample.problem)
-    values = sample.latency_ms.get(metric.source, np.empty(0))  # as many as the histogram holds (incomplete())
+    # as many as the histogram holds (incomplete())
+    values = sample.latency_ms.get(metric.source, np.empty(0))
     n = len(values)
     if n < MIN_REQUESTS:
         return Estimate(value, no_interval=f"too few requests for an interval ({n})")
@@ -205,8 +215,10 @@ def _percentile_estimate(run, sample, metric, resamples, confidence, rng) -> Est
 
 
 def as_recorded(values_ms: np.ndarray, hist) -> np.ndarray:
-    """Each value as the histogram reports it: the highest value of its bucket (integer us, as recorded)."""
-    unique, inverse = np.unique(np.floor(values_ms * US_PER_MS + 1e-6).astype(np.int64), return_inverse=True)
+    """Each value as the histogram reports it: the highest value of its bucket (integer us, as
+    recorded)."""
+    unique, inverse = np.unique(np.floor(values_ms * US_PER_MS + 1e-6).astype(np.int64),
+                                return_inverse=True)
     top_us = np.asarray([hist.get_highest_equivalent_value(int(v)) for v in unique], dtype=float)
     return top_us[inverse] / US_PER_MS
 
@@ -222,7 +234,8 @@ def _rate_estimate(run, sample, metric, resamples, confidence, rng) -> Estimate:
         notes = (f"rebuilt from {REQUESTS} {value:.4g} vs summary.json {reported:.4g} "
                  f"({100 * (value - reported) / reported if reported else math.inf:+.1f}%)",)
     if len(counts) < MIN_BINS:
-        return Estimate(value, no_interval=f"too few intervals for an interval ({len(counts)})", notes=notes)
+        return Estimate(value, no_interval=f"too few intervals for an interval ({len(counts)})",
+                        notes=notes)
     draws = bootstrap.rate_draws(counts, sample.lengths_s, resamples, rng)
     return Estimate(value, draws, bootstrap.interval(draws, confidence), notes=notes)
 
@@ -234,7 +247,8 @@ def versus(a: Estimate, b: Estimate, metric: Metric, confidence: float) -> dict:
     r = float(bootstrap.ratio(a.value, b.value))
     if a.draws is None or b.draws is None:
         why = a.no_interval or b.no_interval
-        return {"ratio": r, "ci": None, "verdict": None, "text": f"{bootstrap.fmt_ratio(r)}, no interval ({why})"}
+        return {"ratio": r, "ci": None, "verdict": None,
+                "text": f"{bootstrap.fmt_ratio(r)}, no interval ({why})"}
     low, high = bootstrap.interval(bootstrap.ratio(a.draws, b.draws), confidence)
     verdict = bootstrap.verdict(low, high, metric.lower_is_better)
     span = _span(r, [low, high])
@@ -244,26 +258,31 @@ def versus(a: Estimate, b: Estimate, metric: Metric, confidence: float) -> dict:
 
 def _span(r: float, ci: list[float]) -> str:
     """x1.72 [1.41, 2.05]"""
-    return f"{bootstrap.fmt_ratio(r)} [{bootstrap.fmt_ratio(ci[0])[1:]}, {bootstrap.fmt_ratio(ci[1])[1:]}]"
+    return (f"{bootstrap.fmt_ratio(r)} "
+            f"[{bootstrap.fmt_ratio(ci[0])[1:]}, {bootstrap.fmt_ratio(ci[1])[1:]}]")
 
 
 def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], baseline: int,
                    confidence: float, incomparable: str = "") -> dict:
-    """Each run against the baseline and the best run; incomparable: why the runs' values do not compare
-    (each run keeps its own value and interval, but there is no ratio, verdict or best run)."""
+    """Each run against the baseline and the best run; incomparable: why the runs' values do not
+    compare (each run keeps its own value and interval, but there is no ratio, verdict or best
+    run)."""
     runs = []
     for i, (name, e) in enumerate(zip(names, estimates, strict=True)):
         if i == baseline:
             against = {"ratio": 1.0, "ci": None, "verdict": "baseline", "text": "baseline"}
         elif incomparable:
-            against = {"ratio": None, "ci": None, "verdict": None, "text": f"not compared ({incomparable})"}
+            against = {"ratio": None, "ci": None, "verdict": None,
+                       "text": f"not compared ({incomparable})"}
         else:
             against = versus(e, estimates[baseline], metric, confidence)
-        runs.append({"run": name, "value": e.value, "ci": list(e.ci) if e.ci else None, "rough_interval": e.rough,
-                     "no_interval": e.no_interval or None, "notes": list(e.notes), "vs_baseline": against})
+        runs.append({"run": name, "value": e.value, "ci": list(e.ci) if e.ci else None,
+                     "rough_interval": e.rough, "no_interval": e.no_interval or None,
+                     "notes": list(e.notes), "vs_baseline": against})
     if incomparable:
-        return {"label": metric.label, "unit": metric.unit, "lower_is_better": metric.lower_is_better, "best": None,
-                "second": None, "best_vs_second": None, "significantly_best": False,
+        return {"label": metric.label, "unit": metric.unit,
+                "lower_is_better": metric.lower_is_better, "best": None, "second": None,
+                "best_vs_second": None, "significantly_best": False,
                 "best_text": f"not compared ({incomparable})", "runs": runs}
     ranked = sorted((i for i, e in enumerate(estimates) if e.value is not None),
                     key=lambda i: estimates[i].value, reverse=not metric.lower_is_better)
@@ -275,18 +294,21 @@ def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], 
         best, second = ranked[:2]
         against = versus(estimates[best], estimates[second], metric, confidence)
         significant = against["verdict"] == "better"
-        text = (f"significantly better than {names[second]} ({_span(against['ratio'], against['ci'])})"
-                if significant else f"best by its point estimate; against {names[second]}: {against['text']}")
-        result |= {"second": names[second], "best_vs_second": against, "significantly_best": significant,
-                   "best_text": text}
+        text = (f"significantly better than {names[second]} "
+                f"({_span(against['ratio'], against['ci'])})" if significant
+                else f"best by its point estimate; against {names[second]}: {against['text']}")
+        result |= {"second": names[second], "best_vs_second": against,
+                   "significantly_best": significant, "best_text": text}
     return result
 
 
 def analyse(runs: list[Run], names: list[str], baseline: int, confidence: float, resamples: int,
             seed: int) -> dict[str, dict]:
-    """Every metric's comparison, from each run's estimate. Each (run, metric) draws from its own seeded stream."""
+    """Every metric's comparison, from each run's estimate. Each (run, metric) draws from its own
+    seeded stream."""
     samples = [run_sample(r) for r in runs]
-    estimates = {m.key: [estimate(run, sample, m, resamples, confidence, np.random.default_rng([seed, i, j]))
+    estimates = {m.key: [estimate(run, sample, m, resamples, confidence,
+                                  np.random.default_rng([seed, i, j]))
                          for i, (run, sample) in enumerate(zip(runs, samples, strict=True))]
                  for j, m in enumerate(METRICS)}
     other_slos = "the runs used different SLOs" if len({slos(r) for r in runs}) > 1 else ""

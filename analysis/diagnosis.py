@@ -65,65 +65,75 @@ def _imbalance(d: Signals) -> Finding:
     rule = ("expert_imbalance", "Expert load imbalance")
     view = server_view(d.run.summary.server)
     if view is None or view.expert_tokens is None:
-        return Finding(*rule, False, "summary.json has no server expert_tokens over the run (no start/end "
-                       "GetStats, or no token was routed in the window)", [], judged=False)
+        return Finding(*rule, False, "summary.json has no server expert_tokens over the run "
+                       "(no start/end GetStats, or no token was routed in the window)", [],
+                       judged=False)
     tokens = view.expert_tokens.astype(float)
     ratio = tokens.max(axis=1) / tokens.mean(axis=1)  # [L]
     shares = expert_shares(tokens)
     over = np.flatnonzero(ratio > IMBALANCE_MAX_OVER_MEAN)
     worst = int(ratio.argmax())
     hot = int(tokens[worst].argmax())
-    evidence = [f"layer {worst}: expert {hot} took {shares[worst, hot]:.1%} of its routed (token, expert) pairs "
-                f"(mean {1 / tokens.shape[1]:.1%}), max/mean {ratio[worst]:.2f}",
-                f"{len(over)} of {len(ratio)} layers above {IMBALANCE_MAX_OVER_MEAN:g} ({view.basis})"]
+    evidence = [f"layer {worst}: expert {hot} took {shares[worst, hot]:.1%} of its routed "
+                f"(token, expert) pairs (mean {1 / tokens.shape[1]:.1%}), "
+                f"max/mean {ratio[worst]:.2f}",
+                f"{len(over)} of {len(ratio)} layers above {IMBALANCE_MAX_OVER_MEAN:g} "
+                f"({view.basis})"]
     if d.series is not None and np.isfinite(d.imbalance).any():
         imb = np.nan_to_num(d.imbalance, nan=-1.0)
         top = np.argsort(-imb, kind="stable")[:TOP_INTERVALS]
         sparse = int((np.isfinite(d.series.imbalance) & ~np.isfinite(d.imbalance)).sum())
         evidence.append("highest interval max/mean (most imbalanced layer): "
-                        + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}" for i in top if imb[i] >= 0)
-                        + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} (token, expert) pairs per "
-                           "layer left out" if sparse else ""))
+                        + ", ".join(f"{imb[i]:.2f} at {when(d.series, i)}"
+                                    for i in top if imb[i] >= 0)
+                        + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} "
+                           "(token, expert) pairs per layer left out" if sparse else ""))
     settings = d.run.summary.server.latest.reported_settings()
     if settings.get("routing_skew"):
         factor = settings.get("capacity_factor")
-        evidence.append(f"router {settings.get('router', '?')}, routing skew {settings['routing_skew']}"
+        evidence.append(f"router {settings.get('router', '?')}, "
+                        f"routing skew {settings['routing_skew']}"
                         + (f", capacity factor {factor}" if factor else ""))
     if not len(over):
-        return Finding(*rule, False, f"Every layer's max/mean expert load is at most {ratio[worst]:.2f} "
-                       f"(threshold {IMBALANCE_MAX_OVER_MEAN:g}).", evidence)
-    return Finding(*rule, True, f"Expert load is imbalanced: layer {worst}'s expert {hot} carried {ratio[worst]:.2f}x "
-                   f"the mean load (above {IMBALANCE_MAX_OVER_MEAN:g}); under expert parallelism its device would "
-                   "set every step's pace, and a balancing router or capacity factor would spread it.", evidence)
+        return Finding(*rule, False, f"Every layer's max/mean expert load is at most "
+                       f"{ratio[worst]:.2f} (threshold {IMBALANCE_MAX_OVER_MEAN:g}).", evidence)
+    return Finding(*rule, True, f"Expert load is imbalanced: layer {worst}'s expert {hot} carried "
+                   f"{ratio[worst]:.2f}x the mean load (above {IMBALANCE_MAX_OVER_MEAN:g}); under "
+                   "expert parallelism its device would set every step's pace, and a balancing "
+                   "router or capacity factor would spread it.", evidence)
 
 
 def _data_movement(d: Signals) -> Finding:
     rule = ("data_movement", "Data movement (expert weight copies) share of step time")
-    scope = ("This measures the only data movement the server reports, copying expert weights in on cache misses; "
-             "there is no all-to-all time, as expert parallelism is not built.")
+    scope = ("This measures the only data movement the server reports, copying expert weights in "
+             "on cache misses; there is no all-to-all time, as expert parallelism is not built.")
     s = d.series
     if s is None or s.step_ms.sum() <= 0:
-        return Finding(*rule, False, "server_stats.jsonl has no step time (missing, under two snapshots, or no step "
-                       "ran)", [], judged=False)
+        return Finding(*rule, False, "server_stats.jsonl has no step time (missing, under two "
+                       "snapshots, or no step ran)", [], judged=False)
     step_ms, copy_ms = float(s.step_ms.sum()), float(s.cache_copy_ms.sum())
-    hits, misses, steps = float(s.cache_hits.sum()), float(s.cache_misses.sum()), float(s.steps.sum())
+    hits, misses, steps = (float(s.cache_hits.sum()), float(s.cache_misses.sum()),
+                           float(s.steps.sum()))
     if not d.expert_cache:
-        return Finding(*rule, False, "No --expert-cache: every expert stays resident and no weights are copied. "
-                       + scope, [f"copy 0 ms of {step_ms / 1000:.1f} s of step time"])
+        return Finding(*rule, False, "No --expert-cache: every expert stays resident and no "
+                       "weights are copied. " + scope,
+                       [f"copy 0 ms of {step_ms / 1000:.1f} s of step time"])
     share = copy_ms / step_ms
     lookups = hits + misses
-    evidence = [f"copy {fmt_ms(copy_ms)} ms of {fmt_ms(step_ms)} ms step time ({share:.1%}; threshold "
-                f"{DATA_MOVEMENT_SHARE:.0%})",
-                (f"hit rate {hits / lookups:.1%} ({hits:.0f} hits, {misses:.0f} misses)" if lookups else "no lookups")
+    evidence = [f"copy {fmt_ms(copy_ms)} ms of {fmt_ms(step_ms)} ms step time ({share:.1%}; "
+                f"threshold {DATA_MOVEMENT_SHARE:.0%})",
+                (f"hit rate {hits / lookups:.1%} ({hits:.0f} hits, {misses:.0f} misses)"
+                 if lookups else "no lookups")
                 + f"; {d.expert_cache} resident experts per layer",
                 f"{fmt_ms(copy_ms / steps if steps else None)} ms copying per step"
                 + (f", {fmt_ms(copy_ms / misses)} ms per miss" if misses else "")]
     if share <= DATA_MOVEMENT_SHARE:
         return Finding(*rule, False, f"Expert weight copies took {share:.1%} of step time (at most "
                        f"{DATA_MOVEMENT_SHARE:.0%}). " + scope, evidence)
-    return Finding(*rule, True, f"Copying expert weights in on cache misses took {share:.1%} of step time (above "
-                   f"{DATA_MOVEMENT_SHARE:.0%}): data movement, not compute, limits steps; a larger --expert-cache "
-                   "or another --cache-policy would cut it. " + scope, evidence)
+    return Finding(*rule, True, f"Copying expert weights in on cache misses took {share:.1%} of "
+                   f"step time (above {DATA_MOVEMENT_SHARE:.0%}): data movement, not compute, "
+                   "limits steps; a larger --expert-cache or another --cache-policy would cut it. "
+                   + scope, evidence)
 
 
 # --- latency spikes ---------------------------------------------------------------------------
@@ -134,14 +144,17 @@ def _spikes(d: Signals) -> Finding:
     judged = [f for f in found if isinstance(f, MetricSpikes)]
     missing = [f for f in found if isinstance(f, str)]
     if not judged:
-        return Finding(*rule, False, "Not enough requests per interval: " + "; ".join(missing), [], judged=False)
-    evidence = [f"{f.metric.upper()}: median window p99 {fmt_ms(f.typical_ms)} ms over {f.windows} windows of >= "
-                f"{MIN_WINDOW_SAMPLES} requests; a spike is above {fmt_ms(f.limit_ms)} ms" for f in judged]
+        return Finding(*rule, False, "Not enough requests per interval: " + "; ".join(missing),
+                       [], judged=False)
+    evidence = [f"{f.metric.upper()}: median window p99 {fmt_ms(f.typical_ms)} ms over "
+                f"{f.windows} windows of >= {MIN_WINDOW_SAMPLES} requests; a spike is above "
+                f"{fmt_ms(f.limit_ms)} ms" for f in judged]
     evidence += [f"not judged: {m}" for m in missing]
-    spikes = sorted((spike for f in judged for spike in f.spikes), key=lambda spike: spike.window.start_s)
+    spikes = sorted((spike for f in judged for spike in f.spikes),
+                    key=lambda spike: spike.window.start_s)
     if not spikes:
-        return Finding(*rule, False, f"No window's p99 rose above {SPIKE_FACTOR:g}x the run's median window p99 "
-                       "(by the minimum jump).", evidence)
+        return Finding(*rule, False, f"No window's p99 rose above {SPIKE_FACTOR:g}x the run's "
+                       "median window p99 (by the minimum jump).", evidence)
     tally, unexplained, lines = dict.fromkeys(CAUSES, 0), 0, []
     for spike in spikes:
         lined, looked = causes(d, spike)
@@ -150,11 +163,13 @@ def _spikes(d: Signals) -> Finding:
         unexplained += not lined
         said = "; ".join(f"{name}: {detail}" for name, detail in lined) if lined else \
             "no cause found among " + ", ".join(CAUSES)
-        lines.append((spike.p99_ms / spike.typical_ms, f"{spike.describe()}; looked at {looked}: {said}"))
+        lines.append((spike.p99_ms / spike.typical_ms,
+                      f"{spike.describe()}; looked at {looked}: {said}"))
     # The largest jumps when there are many, kept in time order.
     kept = sorted(sorted(lines, key=lambda line: -line[0])[:SPIKES_LISTED], key=lines.index)
     evidence += [text for _, text in kept]
-    evidence += [f"and {len(lines) - len(kept)} smaller spike windows"] if len(lines) > len(kept) else []
+    evidence += ([f"and {len(lines) - len(kept)} smaller spike windows"]
+                 if len(lines) > len(kept) else [])
     what = ", ".join(f"{f.metric.upper()} {len(f.spikes)}" for f in judged if f.spikes)
     lined_up = ", ".join(f"{name} ({n})" for name, n in tally.items() if n) or "nothing"
     verdict = f"Latency spiked in {len(spikes)} window(s) ({what}); lined up with {lined_up}"
@@ -177,36 +192,42 @@ def _generator(d: Signals) -> Finding:
         evidence.append(f"send lag p99 {fmt_ms(send.p99)} ms, max {fmt_ms(send.max)} ms (threshold "
                         f"{d.late_ms:g} ms); {generator.late_sends} late sends")
         if send.p99 > d.late_ms:
-            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > {d.late_ms:g} ms), which "
-                           "counts as latency the server did not cause")
+            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > "
+                           f"{d.late_ms:g} ms), which counts as latency the server did not cause")
     if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
         lags["delivery lag"] = delivery.p99
-        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server emit -> timestamped here)")
+        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms "
+                        "(server emit -> timestamped here)")
     evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
     warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
-    closed = summary.config.traffic.mode == "closed" or any(w.startswith("closed loop:") for w in warnings)
+    closed = (summary.config.traffic.mode == "closed"
+              or any(w.startswith("closed loop:") for w in warnings))
     if lags:
         name, worst = max(lags.items(), key=lambda item: item[1])
         p50s = {metric: stats.p50 for metric in ("ttft", "tpot")
                 if (stats := stats_ms(d.run.histograms.get(metric)))}
-        scale = [f"{worst / p50:.1%} of the {metric.upper()} p50 ({fmt_ms(p50)} ms)" for metric, p50 in p50s.items()]
+        scale = [f"{worst / p50:.1%} of the {metric.upper()} p50 ({fmt_ms(p50)} ms)"
+                 for metric, p50 in p50s.items()]
         larger = "larger " if len(lags) > 1 else ""
-        evidence += [f"the {larger}lag p99 ({name}, {fmt_ms(worst)} ms) is " + " and ".join(scale)] if scale else []
+        evidence += [f"the {larger}lag p99 ({name}, {fmt_ms(worst)} ms) is "
+                     + " and ".join(scale)] if scale else []
         finest = min(p50s.values(), default=None)
         if finest and worst > MATERIAL_LAG_SHARE * finest:
-            reasons.append(f"its {name} p99 ({fmt_ms(worst)} ms) is over {MATERIAL_LAG_SHARE:.0%} of the finest "
-                           f"latency measured ({fmt_ms(finest)} ms p50)")
+            reasons.append(f"its {name} p99 ({fmt_ms(worst)} ms) is over {MATERIAL_LAG_SHARE:.0%} "
+                           f"of the finest latency measured ({fmt_ms(finest)} ms p50)")
     size = f" (lag p99 up to {fmt_ms(max(lags.values()))} ms)" if lags else ""
-    late = f"load generator's own lateness{size} makes the latency figures suspect: " + " and ".join(reasons)
+    late = (f"load generator's own lateness{size} makes the latency figures suspect: "
+            + " and ".join(reasons))
     if closed:  # no schedule to keep: the loop itself is the generator's limit
-        return Finding(*rule, True, "The closed loop (--mode closed) under-states latency under load: each user waited "
-                       "for its previous response before sending, so a slow server was sent fewer requests and its "
-                       "queueing is missing from the figures (coordinated omission); use --mode fixed to measure "
-                       "latency at a given offered load." + (f" Also, the {late}." if reasons else ""), evidence)
+        return Finding(*rule, True, "The closed loop (--mode closed) under-states latency under "
+                       "load: each user waited for its previous response before sending, so a "
+                       "slow server was sent fewer requests and its queueing is missing from the "
+                       "figures (coordinated omission); use --mode fixed to measure latency at a "
+                       "given offered load." + (f" Also, the {late}." if reasons else ""), evidence)
     if not reasons:
-        warned = f"; it warned {len(warnings)} time(s), but its lags are small beside the latencies measured" \
-            if warnings else " and raised no warnings"
+        warned = (f"; it warned {len(warnings)} time(s), but its lags are small beside the "
+                  "latencies measured" if warnings else " and raised no warnings")
         return Finding(*rule, False, f"The load generator kept its schedule{warned}.", evidence)
     return Finding(*rule, True, f"The {late}; see its warnings.", evidence)
 
@@ -225,20 +246,24 @@ def render_text(findings: list[Finding]) -> str:
 
 def render_markdown(findings: list[Finding]) -> str:
     fired = [f for f in findings if f.fired]
-    parts = ["## Diagnosis", f"{len(fired)} of {len(findings)} rules fired (seed 5.3; thresholds in "
+    parts = ["## Diagnosis",
+             f"{len(fired)} of {len(findings)} rules fired (seed 5.3; thresholds in "
              "`analysis/diagnosis.py`, `saturation.py` and `spikes.py`)."]
     for f in fired:
         parts += [f"### {f.title}", f.verdict, "\n".join(f"- {e}" for e in f.evidence)]
     if quiet := [f for f in findings if f.judged and not f.fired]:
         parts += ["### Did not fire", "\n".join(f"- **{f.title}**: {f.verdict}" for f in quiet)]
     if unjudged := [f for f in findings if not f.judged]:
-        parts += ["### Could not be judged", "\n".join(f"- **{f.title}**: {f.verdict}" for f in unjudged)]
+        parts += ["### Could not be judged",
+                  "\n".join(f"- **{f.title}**: {f.verdict}" for f in unjudged)]
     return "\n\n".join(parts) + "\n"
 
 
 def add_command(commands) -> None:
-    parser = commands.add_parser("diagnose", help="bottleneck rules (seed 5.3) with their evidence: diagnosis.md")
-    parser.add_argument("run_dir", help="directory holding summary.json, histograms.json and the interval files")
+    parser = commands.add_parser(
+        "diagnose", help="bottleneck rules (seed 5.3) with their evidence: diagnosis.md")
+    parser.add_argument("run_dir", help="directory holding summary.json, histograms.json and the "
+                        "interval files")
     parser.set_defaults(func=main)
 
 

@@ -13,7 +13,8 @@ class RunDirError(Exception):
 
 
 def read_lines(file: Path) -> list[tuple[int, str]]:
-    """(line number, text) of each non-blank line of an optional run file; [] when it does not exist."""
+    """(line number, text) of each non-blank line of an optional run file; [] when it does not
+    exist."""
     try:
         lines = file.read_text().splitlines()
     except FileNotFoundError:
@@ -26,5 +27,6 @@ def read_lines(file: Path) -> list[tuple[int, str]]:
 def worker_dirs(run_dir: Path, name: str) -> list[Path]:
     """worker-<i>/name of a distributed run (each worker's own files), in worker order."""
     prefix = WORKER_DIR.format(rank="")
-    found = [d / name for d in run_dir.glob(f"{prefix}*") if d.name[len(prefix):].isdigit() and (d / name).exists()]
+    found = [d / name for d in run_dir.glob(f"{prefix}*")
+             if d.name[len(prefix):].isdigit() and (d / name).exists()]
     return sorted(found, key=lambda p: int(p.parent.name[len(prefix):]))

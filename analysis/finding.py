@@ -1,4 +1,5 @@
-"""A diagnosis rule's outcome, shared by the rules' modules (analysis/diagnosis.py, saturation.py)."""
+"""A diagnosis rule's outcome, shared by the rules' modules (analysis/diagnosis.py,
+saturation.py)."""
 
 from __future__ import annotations
 

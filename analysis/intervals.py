@@ -45,8 +45,8 @@ def load_intervals(run_dir: Path, metric: str) -> list[Interval]:
     if not logs:
         return []
     if any(base_s is None for base_s, _ in logs):
-        raise RunDirError(f"{run_dir}: a worker's {metric}.hlog has no BaseTime line, so its intervals cannot be "
-                          "lined up with the other workers'")
+        raise RunDirError(f"{run_dir}: a worker's {metric}.hlog has no BaseTime line, so its "
+                          "intervals cannot be lined up with the other workers'")
     return _align(logs)
 
 
@@ -65,7 +65,8 @@ def _parse(path: Path) -> tuple[float | None, list[Interval]]:
         try:
             start_s, length_s = float(fields[0]), float(fields[1])
             hist = HdrHistogram.decode(fields[3])
-        except (IndexError, ValueError, TypeError, zlib.error, HdrCookieException, HdrLengthException) as e:
+        except (IndexError, ValueError, TypeError, zlib.error, HdrCookieException,
+                HdrLengthException) as e:
             raise RunDirError(f"{path}:{number}: not an interval histogram line ({e})") from None
         intervals.append(Interval(max(start_s, 0.0), length_s, hist))
     return base_s, intervals
@@ -82,8 +83,9 @@ def _align(logs: list[tuple[float, list[Interval]]]) -> list[Interval]:
             start_s = base_s - first_s + interval.start_s
             shifted = Interval(start_s, interval.length_s, interval.hist)
             periods.setdefault(round(start_s / period_s), []).append(shifted)
-    return [Interval(min(i.start_s for i in group), max(i.end_s for i in group) - min(i.start_s for i in group),
-                     merged(group)) for _, group in sorted(periods.items())]
+    return [Interval(min(i.start_s for i in group),
+                     max(i.end_s for i in group) - min(i.start_s for i in group), merged(group))
+            for _, group in sorted(periods.items())]
 
 
 def merged(intervals: list[Interval]) -> HdrHistogram | None:
@@ -91,7 +93,8 @@ def merged(intervals: list[Interval]) -> HdrHistogram | None:
     if not intervals:
         return None
     first = intervals[0].hist
-    total = HdrHistogram(first.lowest_trackable_value, first.highest_trackable_value, first.significant_figures)
+    total = HdrHistogram(first.lowest_trackable_value, first.highest_trackable_value,
+                         first.significant_figures)
     for interval in intervals:
         total.add(interval.hist)
     return total

@@ -15,7 +15,8 @@ from analysis.tables import fmt_ms
 
 # Panel title -> histograms drawn in it; the service views (from the actual send) sit beside the
 # open-loop ones (from the scheduled send), so generator lag shows as the gap between two curves.
-PANELS = {"TTFT": ("ttft", "ttft_service"), "TPOT": ("tpot",), "ITL": ("itl",), "E2E": ("e2e", "e2e_service")}
+PANELS = {"TTFT": ("ttft", "ttft_service"), "TPOT": ("tpot",), "ITL": ("itl",),
+          "E2E": ("e2e", "e2e_service")}
 MARKED = ("p50", "p99")
 FRACTION_TICKS = (0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 
@@ -27,7 +28,8 @@ def plot_latency_cdf(histograms: dict[str, HdrHistogram], path: Path) -> None:
         ax.set_xlabel("latency (ms, log scale)")
         ax.set_ylabel("share ≤ x (logit scale)")
         ax.grid(True, which="both", alpha=0.3)
-        drawn = [name for name in names if name in histograms and histograms[name].get_total_count()]
+        drawn = [name for name in names
+                 if name in histograms and histograms[name].get_total_count()]
         if not drawn:
             ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
@@ -64,7 +66,9 @@ def _draw_cdf(ax, name: str, hist: HdrHistogram) -> None:
     fraction = fraction.clip(0.5 / (n + 1), 1 - 0.5 / (n + 1))
     by_percentile = hist.get_percentile_to_value_dict([PERCENTILES[key] for key in MARKED])
     marks = {key: by_percentile[PERCENTILES[key]] / US_PER_MS for key in MARKED}
-    label = f"{name} (n={n}; " + ", ".join(f"{key} {fmt_ms(ms)} ms" for key, ms in marks.items()) + ")"
+    label = (f"{name} (n={n}; " + ", ".join(f"{key} {fmt_ms(ms)} ms" for key, ms in marks.items())
+             + ")")
     (line,) = ax.plot(edges_ms, fraction, drawstyle="steps-post", label=label)
     for key, value_ms in marks.items():
-        ax.plot([value_ms], [min(PERCENTILES[key] / 100, 1 - 0.5 / (n + 1))], "o", color=line.get_color())
+        ax.plot([value_ms], [min(PERCENTILES[key] / 100, 1 - 0.5 / (n + 1))], "o",
+                color=line.get_color())

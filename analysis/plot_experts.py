@@ -13,10 +13,11 @@ from analysis.server_stats import expert_shares
 ANNOTATE_UP_TO = 16  # experts per layer whose cells still have room for a number
 
 
-def plot_experts(expert_tokens: np.ndarray, active_experts_steps: np.ndarray | None, path: Path) -> None:
+def plot_experts(expert_tokens: np.ndarray, active_experts_steps: np.ndarray | None,
+                 path: Path) -> None:
     n_layers, n_experts = expert_tokens.shape
-    fig = Figure(figsize=(min(4 + 0.6 * n_experts, 16) + (4.5 if active_experts_steps is not None else 0),
-                          max(min(2 + 0.45 * n_layers, 12), 4)), layout="constrained")
+    width = min(4 + 0.6 * n_experts, 16) + (4.5 if active_experts_steps is not None else 0)
+    fig = Figure(figsize=(width, max(min(2 + 0.45 * n_layers, 12), 4)), layout="constrained")
     if active_experts_steps is None:
         heat = fig.subplots()
     else:

@@ -15,21 +15,23 @@ from analysis.samples import ServerSeries
 from analysis.timeseries import ClientSeries
 
 
-def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, phases: Phases, path: Path) -> None:
+def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, phases: Phases,
+                   path: Path) -> None:
     fig = Figure(figsize=(12, 10), layout="constrained")
     axes = fig.subplots(3, 2, sharex=True).ravel()
     rates, tokens, ttft, tpot, queue, experts = axes
     if server is not None:
-        tokens.plot(server.t_s - server.length_s / 2, server.tokens / server.length_s, "o-", ms=3, color="C2",
-                    label="generated (server)")
+        tokens.plot(server.t_s - server.length_s / 2, server.tokens / server.length_s, "o-", ms=3,
+                    color="C2", label="generated (server)")
     if client is not None:
         t = client.mid_s
-        rates.plot(t, client.offered_rps, "o-", ms=3, label="sent (closed loop)" if phases.closed else
-                   "offered (scheduled)")
+        rates.plot(t, client.offered_rps, "o-", ms=3,
+                   label="sent (closed loop)" if phases.closed else "offered (scheduled)")
         rates.plot(t, client.achieved_rps, "s-", ms=3, label="achieved (finished ok)")
-        tokens.plot(t, client.output_tokens_per_s, ":", color="C7", label="in requests finishing (client)")
-        for ax, p50, p99 in ((ttft, client.ttft_p50_ms, client.ttft_p99_ms), (tpot, client.tpot_p50_ms,
-                                                                              client.tpot_p99_ms)):
+        tokens.plot(t, client.output_tokens_per_s, ":", color="C7",
+                    label="in requests finishing (client)")
+        for ax, p50, p99 in ((ttft, client.ttft_p50_ms, client.ttft_p99_ms),
+                             (tpot, client.tpot_p50_ms, client.tpot_p99_ms)):
             ax.plot(t, p50, "o-", ms=3, label="p50")
             ax.plot(t, p99, "s-", ms=3, label="p99")
             if np.isfinite(np.concatenate([p50, p99])).any():
@@ -41,21 +43,24 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, pha
     if server is not None:
         queue.plot(server.t_s, server.waiting, "o-", ms=3, label="waiting")
         queue.plot(server.t_s, server.running, "s-", ms=3, label="running")
-        experts.plot(server.t_s, server.imbalance, "o-", ms=3, color="C3", label="imbalance (max/mean, worst layer)")
+        experts.plot(server.t_s, server.imbalance, "o-", ms=3, color="C3",
+                     label="imbalance (max/mean, worst layer)")
         experts.axhline(1.0, color="grey", lw=0.8, ls=":")
         if np.isfinite(server.imbalance).any():
-            experts.set_ylim(0.9, np.nanmax(server.imbalance) * 1.2)  # room above the line for the legends
+            # room above the line for the legends
+            experts.set_ylim(0.9, np.nanmax(server.imbalance) * 1.2)
         if server.cache_misses.any():
             misses = experts.twinx()
-            misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s, width=server.length_s,
-                       alpha=0.3, color="C4", label="cache misses/s")
+            misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s,
+                       width=server.length_s, alpha=0.3, color="C4", label="cache misses/s")
             misses.set_ylabel("expert-cache misses/s")
             experts.set_zorder(misses.get_zorder() + 1)  # the imbalance line in front of the bars
             experts.patch.set_visible(False)
             misses.legend(loc="upper right", fontsize="small")
     _titles(queue, "Server queue", "requests")
     _titles(experts, "Expert load imbalance", "max/mean")
-    ends = ([float(client.start_s[-1] + client.length_s[-1])] if client is not None and len(client) else []) + \
+    ends = ([float(client.start_s[-1] + client.length_s[-1])]
+            if client is not None and len(client) else []) + \
         ([float(server.t_s[-1])] if server is not None else [])
     end_s = max(ends, default=1.0)
     for ax in axes:
@@ -87,12 +92,14 @@ class Phases:
 
 
 def plot_stages(server: ServerSeries, path: Path) -> None:
-    """Mean time per step of each stage, interval by interval, stacked: the top edge is the step time."""
+    """Mean time per step of each stage, interval by interval, stacked: the top edge is the step
+    time."""
     fig = Figure(figsize=(11, 5), layout="constrained")
     ax = fig.subplots()
     steps = np.where(server.steps > 0, server.steps, np.nan)
     names = list(server.stage_ms)
-    ax.stackplot(server.t_s, *[server.stage_ms[name] / steps for name in names], labels=names, alpha=0.85)
+    ax.stackplot(server.t_s, *[server.stage_ms[name] / steps for name in names], labels=names,
+                 alpha=0.85)
     ax.plot(server.t_s, server.step_ms / steps, "k--", lw=1, label="step (measured)")
     _titles(ax, "Engine step time by stage", "ms per step")
     ax.set_xlabel("time since the run started (s)")

@@ -52,8 +52,8 @@ class Report:
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
         signals = signals_of(run)  # shared with the diagnosis
-        return cls(run, latency, server_view(run.summary.server), ttft_split(run.rows), client_series(run),
-                   signals.series, rules(signals))
+        return cls(run, latency, server_view(run.summary.server), ttft_split(run.rows),
+                   client_series(run), signals.series, rules(signals))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -63,13 +63,15 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
         drawn[SPLIT_PNG] = lambda path: plot_ttft_split(report.split, path)
     if report.client or report.series:
         config = run.summary.config
-        phases = Phases(config.recording.warmup_s, run.summary.duration_s, config.traffic.mode == "closed")
-        drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases, path)
+        phases = Phases(config.recording.warmup_s, run.summary.duration_s,
+                        config.traffic.mode == "closed")
+        drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases,
+                                                           path)
     if report.series and report.series.stage_ms:
         drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
     if report.server and report.server.expert_tokens is not None:
-        drawn[EXPERTS_PNG] = lambda path: plot_experts(report.server.expert_tokens, report.server.active_experts_steps,
-                                                       path)
+        drawn[EXPERTS_PNG] = lambda path: plot_experts(report.server.expert_tokens,
+                                                       report.server.active_experts_steps, path)
     stress = run.summary.stress
     if stress is not None and stress.steps:
         drawn[STRESS_PNG] = lambda path: plot_stress(stress.steps, stress.knee_rps, path)
@@ -77,7 +79,8 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
 
 
 def add_command(commands) -> None:
-    parser = commands.add_parser("report", help="percentile tables, plots and diagnosis of one run: report.md")
+    parser = commands.add_parser(
+        "report", help="percentile tables, plots and diagnosis of one run: report.md")
     parser.add_argument("run_dir", help="directory holding summary.json and histograms.json")
     parser.set_defaults(func=main)
 
@@ -101,7 +104,8 @@ def render_text(report: Report) -> str:
     run = report.run
     summary = run.summary
     parts = [f"run {run.path}: {_window(run)}",
-             "config: " + " ".join(f"{key}={fmt_plain(value)}" for key, value in flat(summary.config).items()),
+             "config: " + " ".join(f"{key}={fmt_plain(value)}"
+                                   for key, value in flat(summary.config).items()),
              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
              "throughput: " + ", ".join(_throughput(run)), f"requests: {_accounting(run)}"]
     if summary.classes:
@@ -109,7 +113,8 @@ def render_text(report: Report) -> str:
     if summary.stress is not None:
         parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
     if server_time := summary.server_time_ms:
-        parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()], stats_rows(server_time)))
+        parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()],
+                                stats_rows(server_time)))
     if report.split:
         parts.append(text_table(SPLIT_HEADER, _split_rows(report.split)))
     if report.server:
@@ -123,15 +128,19 @@ def render_text(report: Report) -> str:
 def render_markdown(report: Report) -> str:
     run = report.run
     summary = run.summary
-    parts = [f"# Run report: {run.path.resolve().name}", f"Run directory `{run.path}`; {_window(run)}."]
+    parts = [f"# Run report: {run.path.resolve().name}",
+             f"Run directory `{run.path}`; {_window(run)}."]
     rows = [[key, f"`{fmt_plain(value)}`"] for key, value in flat(summary.config).items()]
     parts += ["## Config", markdown_table(["setting", "value"], rows)]
-    parts += ["## Latency (ms)", markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
-              "Percentiles decoded from the HDR histograms in histograms.json (3 significant digits).",
+    parts += ["## Latency (ms)",
+              markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
+              "Percentiles decoded from the HDR histograms in histograms.json "
+              "(3 significant digits).",
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
     requests = summary.requests
-    row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.not_sent, requests.warmup)]
+    row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.not_sent,
+                            requests.warmup)]
     parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
     if by_code := _by_count(requests.failed_by_code):
         parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
@@ -143,9 +152,11 @@ def render_markdown(report: Report) -> str:
             parts.append(f"![throughput-latency curve and goodput vs offered rate]({STRESS_PNG})")
     parts.append(diagnosis_markdown(report.findings).strip())
     if report.split:
-        parts += ["## Where TTFT went (mean ms per request)", markdown_table(SPLIT_HEADER, _split_rows(report.split)),
-                  "From requests.jsonl: generator lag = scheduled -> sent; server queue, prefill and TTFT from the "
-                  "server's usage summary; network + client = (sent -> first token) - server TTFT.",
+        parts += ["## Where TTFT went (mean ms per request)",
+                  markdown_table(SPLIT_HEADER, _split_rows(report.split)),
+                  "From requests.jsonl: generator lag = scheduled -> sent; server queue, prefill "
+                  "and TTFT from the server's usage summary; network + client = "
+                  "(sent -> first token) - server TTFT.",
                   f"![TTFT split]({SPLIT_PNG})"]
     if report.client or report.series:
         parts += ["## Over time", _over_time_note(report), f"![over time]({OVER_TIME_PNG})"]
@@ -183,21 +194,24 @@ def _window(run: Run) -> str:
 
 def _throughput(run: Run) -> list[str]:
     throughput, slo = run.summary.throughput, run.summary.config.slo
-    slos = [f"{name} ≤ {ms:g} ms" for name, ms in (("TTFT", slo.slo_ttft_ms), ("TPOT", slo.slo_tpot_ms),
-                                                    ("E2E", slo.slo_e2e_ms)) if ms is not None]
-    lines = [f"{throughput.output_tokens_per_s:.1f} output tokens/s", f"{throughput.requests_per_s:.2f} requests/s",
+    objectives = (("TTFT", slo.slo_ttft_ms), ("TPOT", slo.slo_tpot_ms), ("E2E", slo.slo_e2e_ms))
+    slos = [f"{name} ≤ {ms:g} ms" for name, ms in objectives if ms is not None]
+    lines = [f"{throughput.output_tokens_per_s:.1f} output tokens/s",
+             f"{throughput.requests_per_s:.2f} requests/s",
              f"goodput {throughput.goodput_requests_per_s:.2f} requests/s "
              f"({'SLO ' + ', '.join(slos) if slos else 'no SLO set'})"]
     share = run.summary.slo.met_share
     if run.summary.slo.objectives_ms and share.get("all") is not None:
-        lines.append("met: " + ", ".join(f"{name.upper() if name != 'all' else 'all'} {100 * v:.1f}%"
-                                         for name, v in share.items() if v is not None))
+        lines.append("met: " + ", ".join(
+            f"{name.upper() if name != 'all' else 'all'} {100 * v:.1f}%"
+            for name, v in share.items() if v is not None))
     return lines
 
 
 def _classes(run: Run) -> list[list[str]]:
-    return [[name, str(c.sent), str(c.ok), fmt_ms(c.ttft_ms.p50), fmt_ms(c.ttft_ms.p99), fmt_ms(c.tpot_ms.p50),
-             fmt_ms(c.tpot_ms.p99)] for name, c in run.summary.classes.items()]
+    return [[name, str(c.sent), str(c.ok), fmt_ms(c.ttft_ms.p50), fmt_ms(c.ttft_ms.p99),
+             fmt_ms(c.tpot_ms.p50), fmt_ms(c.tpot_ms.p99)]
+            for name, c in run.summary.classes.items()]
 
 
 SPLIT_HEADER = ["TTFT band", "requests", *PARTS, "TTFT"]
@@ -212,45 +226,51 @@ def _over_time_note(report: Report) -> str:
     notes = []
     if report.client:
         width = float(np.median(report.client.length_s))
-        notes.append(f"Client figures per {width:.3g} s window (interval logs, exact HDR adds), by when requests "
-                     "finished; offered = requests scheduled per second.")
+        notes.append(f"Client figures per {width:.3g} s window (interval logs, exact HDR adds), "
+                     "by when requests finished; offered = requests scheduled per second.")
     if report.series:
         notes.append("Server figures between consecutive GetStats samples (server_stats.jsonl).")
     return " ".join(notes)
 
 
 CLASS_HEADER = ["class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
-STEP_HEADER = ["step", "offered/s", "sent/s", "achieved/s", "goodput/s", "TTFT p99", "TPOT p99", "saturated"]
+STEP_HEADER = ["step", "offered/s", "sent/s", "achieved/s", "goodput/s", "TTFT p99", "TPOT p99",
+               "saturated"]
 
 
 def _steps(run: Run) -> list[list[str]]:
-    return [[str(r.step), *(f"{rate:.3g}" for rate in (r.offered_rps, r.sent_rps, r.achieved_rps, r.goodput_rps)),
-             fmt_ms(r.ttft_p99_ms), fmt_ms(r.tpot_p99_ms), r.saturated or "-"] for r in run.summary.stress.steps]
+    return [[str(r.step), *(f"{rate:.3g}"
+                            for rate in (r.offered_rps, r.sent_rps, r.achieved_rps, r.goodput_rps)),
+             fmt_ms(r.ttft_p99_ms), fmt_ms(r.tpot_p99_ms), r.saturated or "-"]
+            for r in run.summary.stress.steps]
 
 
 def _knee(run: Run) -> str:
     stress = run.summary.stress
     knee = stress.knee_rps
-    return (f"knee: {'none (the first step saturated)' if knee is None else f'{knee:g} requests/s'}; "
+    return (f"knee: "
+            f"{'none (the first step saturated)' if knee is None else f'{knee:g} requests/s'}; "
             f"stopped: {stress.stopped_because or '-'}")
 
 
 def _accounting(run: Run) -> str:
     requests = run.summary.requests
     by_code = ", ".join(f"{code} {n}" for code, n in _by_count(requests.failed_by_code))
-    return (f"sent {requests.sent}, ok {requests.ok}, failed {requests.failed}{f' ({by_code})' if by_code else ''}, "
+    return (f"sent {requests.sent}, ok {requests.ok}, failed {requests.failed}"
+            f"{f' ({by_code})' if by_code else ''}, "
             f"not sent {requests.not_sent}, warm-up {requests.warmup}")
 
 
 def _generator(run: Run) -> list[str]:
     generator = run.summary.generator
-    lines = [f"late sends {generator.late_sends} (sent more than {generator.late_threshold_ms:.1f} ms after "
-             "their scheduled time)"]
+    lines = [f"late sends {generator.late_sends} (sent more than "
+             f"{generator.late_threshold_ms:.1f} ms after their scheduled time)"]
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
                        ("delivery_lag", "delivery lag (server emit -> client timestamp)")):
         lag = stats_ms(run.histograms.get(name))
         if lag:
-            lines.append(f"{what} p50 {fmt_ms(lag.p50)} ms, p99 {fmt_ms(lag.p99)} ms, max {fmt_ms(lag.max)} ms")
+            lines.append(f"{what} p50 {fmt_ms(lag.p50)} ms, p99 {fmt_ms(lag.p99)} ms, "
+                         f"max {fmt_ms(lag.max)} ms")
     if workers := run.summary.workers:
         lines.append(f"{len(workers)} workers (interval logs in worker-<i>/): " + "; ".join(
             f"worker {w.worker} sent {w.sent}, CPU {w.cpu_percent:.0f}%" for w in workers))

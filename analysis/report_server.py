@@ -5,7 +5,15 @@ rate, stage time per step, batching efficiency)."""
 from __future__ import annotations
 
 from analysis.server_stats import ServerView, expert_shares
-from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_num, fmt_percent, fmt_plain, markdown_table, stats_rows
+from analysis.tables import (
+    STAT_COLUMNS,
+    fmt_ms,
+    fmt_num,
+    fmt_percent,
+    fmt_plain,
+    markdown_table,
+    stats_rows,
+)
 from records.summary import Stats
 
 EXPERTS_PNG = "experts.png"
@@ -13,38 +21,44 @@ STAGES_PNG = "stages.png"
 
 
 def server_text(server: ServerView) -> list[str]:
-    lines = [f"server ({server.basis}): " + ", ".join(f"{name} {value}" for name, value in _fields(server))]
+    lines = [f"server ({server.basis}): "
+             + ", ".join(f"{name} {value}" for name, value in _fields(server))]
     if moe := _moe_fields(server):
         lines.append("moe: " + ", ".join(f"{name} {value}" for name, value in moe))
     if server.expert_tokens is not None:
         shares = expert_shares(server.expert_tokens)
         layer, expert = divmod(int(shares.argmax()), shares.shape[1])
         uniform = 1 / shares.shape[1]
-        lines.append(f"experts: hottest share per layer {' '.join(f'{s:.3f}' for s in shares.max(axis=1))} "
+        lines.append(f"experts: hottest share per layer "
+                     f"{' '.join(f'{s:.3f}' for s in shares.max(axis=1))} "
                      f"(uniform {uniform:.3f}); hottest overall layer {layer} expert {expert}, "
                      f"{shares[layer, expert] / uniform:.2f}x uniform")
     if server.stage_ms_per_step:
-        lines.append("stage ms per step: " + ", ".join(f"{name} {fmt_ms(ms)}"
-                                                       for name, ms in server.stage_ms_per_step.items()))
+        lines.append("stage ms per step: " + ", ".join(
+            f"{name} {fmt_ms(ms)}" for name, ms in server.stage_ms_per_step.items()))
     return lines
 
 
-def server_markdown(server: ServerView | None, server_time: dict[str, Stats], has_stage_series: bool) -> list[str]:
+def server_markdown(server: ServerView | None, server_time: dict[str, Stats],
+                    has_stage_series: bool) -> list[str]:
     parts = []
     if server:
-        parts += [f"Counters: {server.basis}.", markdown_table(["field", "value"], [list(f) for f in _fields(server)])]
+        parts += [f"Counters: {server.basis}.",
+                  markdown_table(["field", "value"], [list(f) for f in _fields(server)])]
     if server_time:
         parts += ["### Server-side timing (ms)",
                   markdown_table(["phase", *STAT_COLUMNS.values()], stats_rows(server_time))]
     if server is None:
         return parts
     if moe := _moe_fields(server):
-        parts += ["### MoE and batching efficiency", markdown_table(["figure", "value"], [list(f) for f in moe])]
+        parts += ["### MoE and batching efficiency",
+                  markdown_table(["figure", "value"], [list(f) for f in moe])]
     if server.stage_ms_per_step:
         total = sum(server.stage_ms_per_step.values())
         rows = [[name, fmt_ms(ms), f"{100 * ms / total:.1f}%" if total else "-"]
                 for name, ms in server.stage_ms_per_step.items()]
-        rows.append(["all stages", fmt_ms(total), f"(step time mean {fmt_ms(server.step_time_mean_ms)} ms)"])
+        rows.append(["all stages", fmt_ms(total),
+                     f"(step time mean {fmt_ms(server.step_time_mean_ms)} ms)"])
         parts += ["### Step time by stage", markdown_table(["stage", "ms per step", "share"], rows)]
         if has_stage_series:
             parts.append(f"![stage time per step over time]({STAGES_PNG})")
@@ -53,11 +67,12 @@ def server_markdown(server: ServerView | None, server_time: dict[str, Stats], ha
         n_experts = shares.shape[1]
         rows = [[str(layer), str(int(tokens.sum())), str(int(row.argmax())), f"{row.max():.3f}",
                  f"{row.max() * n_experts:.2f}x", " ".join(f"{s:.3f}" for s in row)]
-                for layer, (tokens, row) in enumerate(zip(server.expert_tokens, shares, strict=True))]
+                for layer, (tokens, row) in enumerate(zip(server.expert_tokens, shares,
+                                                          strict=True))]
         parts += [f"### Expert token share per layer (uniform 1/{n_experts} = {1 / n_experts:.3f})",
                   f"![expert load heatmap]({EXPERTS_PNG})",
-                  markdown_table(["layer", "routed tokens", "hottest expert", "its share", "vs uniform",
-                                  "share by expert id"], rows)]
+                  markdown_table(["layer", "routed tokens", "hottest expert", "its share",
+                                  "vs uniform", "share by expert id"], rows)]
     return parts
 
 
@@ -73,12 +88,15 @@ def _fields(server: ServerView) -> list[tuple[str, str]]:
 def _moe_fields(server: ServerView) -> list[tuple[str, str]]:
     fields = []
     if server.distinct_experts_per_step is not None:
-        fields.append(("distinct experts per step (mean over layers)", f"{server.distinct_experts_per_step:.2f}"))
+        fields.append(("distinct experts per step (mean over layers)",
+                       f"{server.distinct_experts_per_step:.2f}"))
     if server.dropped is not None:
-        fields.append(("dropped (token, expert) slots", f"{server.dropped} ({fmt_percent(server.drop_share)})"))
+        fields.append(("dropped (token, expert) slots",
+                       f"{server.dropped} ({fmt_percent(server.drop_share)})"))
     if server.cache is not None:
         cache = server.cache
-        fields.append(("expert-cache hit rate", f"{fmt_percent(cache['hit_rate'])} ({int(cache['hits'])} hits, "
+        fields.append(("expert-cache hit rate",
+                       f"{fmt_percent(cache['hit_rate'])} ({int(cache['hits'])} hits, "
                        f"{int(cache['misses'])} misses, {fmt_ms(cache['copy_ms'])} ms copying)"))
     if server.tokens_per_step is not None:
         fields.append(("tokens per step", f"{server.tokens_per_step:.1f}"))

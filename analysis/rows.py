@@ -14,4 +14,5 @@ def measured_ok(rows: list[RequestRow]) -> list[RequestRow]:
 
 def column(rows: list[RequestRow], name: str) -> np.ndarray:
     """One field as floats, nan where a row has none (e.g. tpot_ms of a one-token answer)."""
-    return np.asarray([np.nan if (v := getattr(row, name)) is None else float(v) for row in rows], dtype=float)
+    return np.asarray([np.nan if (v := getattr(row, name)) is None else float(v) for row in rows],
+                      dtype=float)

@@ -41,7 +41,8 @@ class Run:
     def histograms(self) -> dict[str, HdrHistogram]:
         """histograms.json: name -> histogram of integer microseconds."""
         file = self.path / HISTOGRAMS
-        return {name: _decode(file, name, blob) for name, blob in _read_json_object(file).items() if blob is not None}
+        return {name: _decode(file, name, blob) for name, blob in _read_json_object(file).items()
+                if blob is not None}
 
     @cached_property
     def rows(self) -> list[RequestRow]:
@@ -61,7 +62,8 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """A finished run: its summary and histograms read now, so a broken one fails before any work."""
+    """A finished run: its summary and histograms read now, so a broken one fails before any
+    work."""
     run = Run(Path(path))
     run.summary, run.histograms  # noqa: B018 (read for their errors)
     return run
@@ -124,7 +126,8 @@ def _read_json_object(file: Path) -> dict:
 
 def _decode(file: Path, name: str, blob: object) -> HdrHistogram:
     if not isinstance(blob, str):
-        raise RunDirError(f"{file}: histogram {name!r} is {type(blob).__name__}, expected an encoded string")
+        raise RunDirError(f"{file}: histogram {name!r} is {type(blob).__name__}, "
+                          "expected an encoded string")
     try:
         return HdrHistogram.decode(blob)
     except (ValueError, TypeError, zlib.error, HdrCookieException, HdrLengthException) as e:

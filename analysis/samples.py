@@ -30,7 +30,8 @@ class ServerSeries:
     busy_share: np.ndarray  # engine step time / wall time
     cpu_util: np.ndarray  # process CPU, fraction of one core; nan where unknown
     gpu_util: np.ndarray  # GPU utilisation 0..1 (gauge); nan where the server has none
-    imbalance: np.ndarray  # the most imbalanced layer's max/mean expert load; nan without routed tokens
+    # the most imbalanced layer's max/mean expert load; nan without routed tokens
+    imbalance: np.ndarray
     routed: np.ndarray  # (token, expert) pairs routed, all layers
     cache_hits: np.ndarray
     cache_misses: np.ndarray
@@ -48,10 +49,12 @@ def server_series(samples: list[ServerSample]) -> ServerSeries | None:
         return None
     rows = [_interval(prev.stats, cur.stats, cur.t_run_s - prev.t_run_s) | {"t_s": cur.t_run_s}
             for prev, cur in zip(samples, samples[1:], strict=False)]
-    stages = list(dict.fromkeys(name for row in rows for name in row["stage_ms"]))  # the server's pipeline order
+    # the server's pipeline order
+    stages = list(dict.fromkeys(name for row in rows for name in row["stage_ms"]))
     columns = {key: np.asarray([row[key] for row in rows], dtype=float)
                for key in rows[0] if key != "stage_ms"}
-    stage_ms = {name: np.asarray([row["stage_ms"].get(name, 0.0) for row in rows]) for name in stages}
+    stage_ms = {name: np.asarray([row["stage_ms"].get(name, 0.0) for row in rows])
+                for name in stages}
     return ServerSeries(stage_ms=stage_ms, **columns)
 
 
@@ -68,7 +71,8 @@ def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
         "tokens": cur.tokens_generated - prev.tokens_generated,
         "busy_share": step_ms / 1000 / length_s if length_s > 0 else float("nan"),
         "cpu_util": cpu_s / length_s if length_s > 0 else float("nan"),
-        "gpu_util": cur.gpu_utilization_percent / 100 if cur.gpu_utilization_percent >= 0 else float("nan"),
+        "gpu_util": (cur.gpu_utilization_percent / 100 if cur.gpu_utilization_percent >= 0
+                     else float("nan")),
         "imbalance": _max_over_mean(routed),
         "routed": float(routed.sum()),
         "cache_hits": cur.cache_total("hits") - prev.cache_total("hits"),
@@ -100,7 +104,8 @@ def _max_over_mean(routed: np.ndarray) -> float:
         return float("nan")
     means = routed.mean(axis=1)
     loaded = means > 0
-    return float((routed.max(axis=1)[loaded] / means[loaded]).max()) if loaded.any() else float("nan")
+    return (float((routed.max(axis=1)[loaded] / means[loaded]).max()) if loaded.any()
+            else float("nan"))
 
 
 @dataclass(frozen=True)
@@ -125,10 +130,14 @@ def expert_intervals(samples: list[ServerSample]) -> list[ExpertInterval]:
             prev = EMPTY
         if not cur.layers or len(prev.layers or cur.layers) != len(cur.layers):
             continue
-        routed, dropped = _layer_delta(cur, prev, "expert_tokens"), _layer_delta(cur, prev, "dropped")
-        if routed.ndim != 2 or routed.size == 0 or dropped.shape not in (routed.shape, (routed.shape[0], 0)):
+        routed = _layer_delta(cur, prev, "expert_tokens")
+        dropped = _layer_delta(cur, prev, "dropped")
+        if (routed.ndim != 2 or routed.size == 0
+                or dropped.shape not in (routed.shape, (routed.shape[0], 0))):
             continue
-        intervals.append(ExpertInterval(cur_sample.t_run_s, cur_sample.t_run_s - prev_sample.t_run_s,
+        intervals.append(ExpertInterval(cur_sample.t_run_s,
+                                        cur_sample.t_run_s - prev_sample.t_run_s,
                                         cur.steps - prev.steps, routed,
-                                        dropped if dropped.size else np.zeros_like(routed), cur.capacity_factor))
+                                        dropped if dropped.size else np.zeros_like(routed),
+                                        cur.capacity_factor))
     return intervals

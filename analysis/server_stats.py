@@ -26,14 +26,18 @@ class ServerView:
     mean_batch_size: float | None
     step_time_mean_ms: float | None
     expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
-    active_experts_steps: np.ndarray | None  # [a] = layer-steps in which a experts computed (all layers)
+    # [a] = layer-steps in which a experts computed (all layers)
+    active_experts_steps: np.ndarray | None
     distinct_experts_per_step: float | None  # experts a step activated, mean over steps and layers
-    prefill_padded_share: float | None  # padding / (prompt tokens + padding) in batched prefill attention
+    # padding / (prompt tokens + padding) in batched prefill attention
+    prefill_padded_share: float | None
     tokens_per_step: float | None  # tokens in a forward pass (prefill + decode), mean over steps
-    kv_efficiency: float | None  # decode attention: cached positions needed / computed (padding included)
+    # decode attention: cached positions needed / computed (padding included)
+    kv_efficiency: float | None
     dropped: int | None  # (token, expert) pairs over capacity, all layers
     drop_share: float | None  # dropped / routed pairs
-    cache: dict | None  # expert cache hits, misses, copy_ms and hit_rate over all layers; None without a cache
+    # expert cache hits, misses, copy_ms and hit_rate over all layers; None without a cache
+    cache: dict | None
     stage_ms_per_step: dict[str, float] | None  # stage -> mean ms per step
 
 
@@ -87,12 +91,14 @@ def reset_between(start: ServerStats, end: ServerStats) -> bool:
 
 
 def _step_mean(snap: ServerStats, base: ServerStats, key: str) -> float | None:
-    # GetStats means are averaged over all steps since the last reset; reweight to the window's steps.
+    # GetStats means are averaged over all steps since the last reset; reweight to the window's
+    # steps.
     if base is EMPTY:
         return getattr(snap, key)
     if snap.steps <= base.steps:
         return None
-    return (getattr(snap, key) * snap.steps - getattr(base, key) * base.steps) / (snap.steps - base.steps)
+    return ((getattr(snap, key) * snap.steps - getattr(base, key) * base.steps)
+            / (snap.steps - base.steps))
 
 
 def _expert_tokens(snap: ServerStats, base: ServerStats) -> np.ndarray | None:
@@ -109,14 +115,17 @@ def _active_experts(snap: ServerStats, base: ServerStats) -> np.ndarray | None:
     """[a] = layer-steps in which a experts computed, summed over layers; None without any."""
     if not snap.layers:
         return None
-    steps = np.asarray([layer.active_experts_steps for layer in snap.layers], dtype=np.int64)  # [L, E + 1]
+    steps = np.asarray([layer.active_experts_steps for layer in snap.layers],
+                       dtype=np.int64)  # [L, E + 1]
     if base.layers:
-        steps = steps - np.asarray([layer.active_experts_steps for layer in base.layers], dtype=np.int64)
+        steps = steps - np.asarray([layer.active_experts_steps for layer in base.layers],
+                                   dtype=np.int64)
     return steps.sum(axis=0) if steps.sum() else None
 
 
 def _mean_active(active: np.ndarray | None) -> float | None:
-    return float((active * np.arange(len(active))).sum() / active.sum()) if active is not None else None
+    return (float((active * np.arange(len(active))).sum() / active.sum()) if active is not None
+            else None)
 
 
 def _padded_share(snap: ServerStats, base: ServerStats) -> float | None:
@@ -147,7 +156,8 @@ def _layer_total(snap: ServerStats, base: ServerStats, key: str) -> int | None:
 def _cache(snap: ServerStats, base: ServerStats) -> dict | None:
     if not snap.expert_cache or not snap.layers:
         return None
-    counts = {key: snap.cache_total(key) - base.cache_total(key) for key in ("hits", "misses", "copy_ms")}
+    counts = {key: snap.cache_total(key) - base.cache_total(key)
+              for key in ("hits", "misses", "copy_ms")}
     return counts | {"hit_rate": _ratio(counts["hits"], counts["hits"] + counts["misses"])}
 
 

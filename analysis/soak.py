@@ -39,12 +39,15 @@ MIN_WINDOWS = 3
 S_PER_H = 3600.0
 CONFIDENCE = 0.95
 # GetStats gauges trended: key -> title, unit, reader.
+# key -> title, unit, GetStats field, scale
 SAMPLED = {"rss_mb": ("server RSS", "MB", "process_rss_bytes", 1 / 2**20),
-           "waiting": ("queue depth", "requests", "waiting", 1)}  # key -> title, unit, GetStats field, scale
-DEFAULT_INTERVAL_S = 1.0  # the load generator's --interval-s default, for summaries that do not carry it
-# soak.png draws these from 0, where an empty queue sits. The others (RSS ~1.3 GB, latencies) would be
-# flattened by a 0 baseline: their axes fit the data, but never narrower than --min-change of the level,
-# so a change at the drift bar fills the axis and noise far under it stays flat.
+           "waiting": ("queue depth", "requests", "waiting", 1)}
+# the load generator's --interval-s default, for summaries that do not carry it
+DEFAULT_INTERVAL_S = 1.0
+# soak.png draws these from 0, where an empty queue sits. The others (RSS ~1.3 GB, latencies)
+# would be flattened by a 0 baseline: their axes fit the data, but never narrower than
+# --min-change of the level, so a change at the drift bar fills the axis and noise far under it
+# stays flat.
 FROM_ZERO = ("waiting",)
 UNREPORTED_AS_ZERO = ("rss_mb",)
 
@@ -76,12 +79,13 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
     fit = stats.linregress(t_s, y - y[0])  # shifted: a constant series fits a slope of exactly 0
     half = stats.t.ppf((1 + CONFIDENCE) / 2, n - 2) * fit.stderr
     ci = (fit.slope - half, fit.slope + half)
-    start, end = y.mean() + fit.slope * (t_s[0] - t_s.mean()), y.mean() + fit.slope * (t_s[-1] - t_s.mean())
+    start, end = (y.mean() + fit.slope * (t_s[0] - t_s.mean()),
+                  y.mean() + fit.slope * (t_s[-1] - t_s.mean()))
     reference = start if start > 0 else (float(y.mean()) if y.mean() > 0 else None)
     significant = ci[0] > 0 or ci[1] < 0
     drift = significant and reference is not None and abs(end - start) > min_change * reference
-    return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end), reference, significant,
-                 drift)
+    return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end),
+                 reference, significant, drift)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ class Series:
     key: str  # JSON name
     title: str
     unit: str
-    t_s: np.ndarray  # usable windows: centre (latency) or samples' mean time (gauges), s after the start
+    # usable windows: centre (latency) or samples' mean time (gauges), s after the start
+    t_s: np.ndarray
     values: np.ndarray
     skipped: int  # windows left out (too few requests, or no samples)
     source: str  # the file it came from
@@ -129,24 +134,30 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
         raise RunDirError(f"{run_dir}: not a directory")
     summary = read_summary(run_dir)  # None while the run is still going
     interval_s = summary.config.recording.interval_s if summary else DEFAULT_INTERVAL_S
-    if window_s < interval_s:  # windows narrower than the logs' intervals are mostly empty, and countless
-        raise RunDirError(f"{run_dir}: --window-s {window_s:g} is shorter than the run's {interval_s:g} s logging "
-                          f"interval (interval_s in {SUMMARY}, {DEFAULT_INTERVAL_S:g} s when absent); use "
-                          f"--window-s {interval_s:g} or more")
+    # windows narrower than the logs' intervals are mostly empty, and countless
+    if window_s < interval_s:
+        raise RunDirError(f"{run_dir}: --window-s {window_s:g} is shorter than the run's "
+                          f"{interval_s:g} s logging interval (interval_s in {SUMMARY}, "
+                          f"{DEFAULT_INTERVAL_S:g} s when absent); use --window-s {interval_s:g} "
+                          f"or more")
     if skip_s is None:
         skip_s = summary.config.recording.warmup_s if summary else 0.0
     latency = {metric: load_intervals(run_dir, metric) for metric in ("ttft", "tpot")}
     samples = read_samples(run_dir)
-    ends = [i.end_s for intervals in latency.values() for i in intervals] + [s.t_run_s for s in samples]
+    ends = ([i.end_s for intervals in latency.values() for i in intervals]
+            + [s.t_run_s for s in samples])
     if not ends:
         raise RunDirError(f"{run_dir}: no ttft.hlog, tpot.hlog or {SAMPLES} to follow over time")
     span_s = max(ends) - skip_s
-    count = int(math.floor(span_s / window_s + 0.5))  # a last part under half a window joins the one before
+    # a last part under half a window joins the one before
+    count = int(math.floor(span_s / window_s + 0.5))
     if count < MIN_WINDOWS:
-        raise RunDirError(f"{run_dir}: too short for a soak verdict: {max(span_s, 0):.0f} s after the {skip_s:g} s "
-                          f"warm-up is fewer than {MIN_WINDOWS} windows of {window_s:g} s; use a smaller --window-s")
+        raise RunDirError(f"{run_dir}: too short for a soak verdict: {max(span_s, 0):.0f} s after "
+                          f"the {skip_s:g} s warm-up is fewer than {MIN_WINDOWS} windows of "
+                          f"{window_s:g} s; use a smaller --window-s")
     windows = Windows(skip_s, window_s, count, max(ends))
-    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change) for metric in latency]
+    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change)
+              for metric in latency]
     series += [_sample_series(key, samples, windows, min_change) for key in ("rss_mb", "waiting")]
     return windows, series
 
@@ -162,11 +173,12 @@ def _latency_series(metric: str, intervals: list[Interval], windows: Windows, mi
             continue
         t_s.append(centre)
         values.append(hist.get_value_at_percentile(99.0) / US_PER_MS)
-    return _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped, f"{metric}.hlog",
-                   min_change)
+    return _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
+                   f"{metric}.hlog", min_change)
 
 
-def _sample_series(key: str, samples: list[ServerSample], windows: Windows, min_change: float) -> Series:
+def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
+                   min_change: float) -> Series:
     title, unit, field, scale = SAMPLED[key]
     # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
     # read as a real, flat figure.
@@ -199,8 +211,9 @@ def _cells(s: Series, windows: Windows) -> list[str]:
     tr = s.trend
     share = "" if tr.change_share is None else f" ({100 * tr.change_share:+.1f}%)"
     lo, hi = (S_PER_H * v for v in tr.ci_per_s)
-    return [f"{s.title} ({s.unit})", used, fmt_ms(tr.start), fmt_ms(tr.end), f"{fmt_ms(tr.change, '+')}{share}",
-            fmt_ms(S_PER_H * tr.slope_per_s, "+"), f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]", s.verdict]
+    return [f"{s.title} ({s.unit})", used, fmt_ms(tr.start), fmt_ms(tr.end),
+            f"{fmt_ms(tr.change, '+')}{share}", fmt_ms(S_PER_H * tr.slope_per_s, "+"),
+            f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]", s.verdict]
 
 
 def sentence(s: Series, min_change: float) -> str:
@@ -208,8 +221,8 @@ def sentence(s: Series, min_change: float) -> str:
     if s.trend is None:
         reason = (f"{s.source} missing or without it" if s.verdict == "no data"
                   else f"fewer than {MIN_WINDOWS} usable windows"
-                  + (f"; {s.skipped} had too few requests: use a larger --window-s or a smaller --min-samples"
-                     if s.skipped else ""))
+                  + (f"; {s.skipped} had too few requests: use a larger --window-s or a smaller "
+                     "--min-samples" if s.skipped else ""))
         return f"{s.title}: {s.verdict} ({reason})"
     tr = s.trend
     rate = f"{fmt_ms(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
@@ -218,15 +231,18 @@ def sentence(s: Series, min_change: float) -> str:
         return f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}{over}"
     if not tr.significant:
         return f"{s.title}: no drift ({rate}{over}; the slope's 95% CI includes 0)"
-    return f"{s.title}: no drift ({rate}{over}; a real slope, but under {100 * min_change:g}% of the starting level)"
+    return (f"{s.title}: no drift ({rate}{over}; a real slope, but under "
+            f"{100 * min_change:g}% of the starting level)")
 
 
-def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int, min_change: float) -> str:
+def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
+                min_change: float) -> str:
     rows = [_cells(s, windows) for s in series]
-    lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from {windows.start_s:g} s "
-             f"to {windows.end_s:.0f} s", text_table(HEADER, rows)]
+    lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from "
+             f"{windows.start_s:g} s to {windows.end_s:.0f} s", text_table(HEADER, rows)]
     lines += [sentence(s, min_change) for s in series]
-    lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})" for s in series if s.skipped]
+    lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
+              for s in series if s.skipped]
     return "\n".join(lines)
 
 
@@ -238,19 +254,21 @@ def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_s
                     min_change: float) -> str:
     rows = [_cells(s, windows) for s in series]
     parts = [f"# Soak: {run_dir.resolve().name}",
-             f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s (after the warm-up) "
-             f"to {windows.end_s:.0f} s into the run.",
-             markdown_table(HEADER, rows), "\n".join(f"- {sentence(s, min_change)}" for s in series)]
+             f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s "
+             f"(after the warm-up) to {windows.end_s:.0f} s into the run.",
+             markdown_table(HEADER, rows),
+             "\n".join(f"- {sentence(s, min_change)}" for s in series)]
     if skipped := [s for s in series if s.skipped]:
-        parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
-                               for s in skipped))
-    parts += [f"Method: per window, p99 of the interval histograms added together (HDR add) for TTFT and TPOT, "
-              f"the mean of the GetStats samples for RSS and queue depth. Ordinary least squares of each series "
-              f"on time (window centres for latency, the samples' mean time for RSS and queue depth); 95% CI "
-              f"of the slope from Student's t with n - 2 degrees of freedom. "
-              f"Drift: the CI excludes 0 and the fitted change exceeds {100 * min_change:g}% of the fitted "
-              f"starting level (of the series mean where that start is not above 0). Windows are not "
-              f"independent (a slow server stays slow), so treat a borderline CI with care.",
+        parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped "
+                               f"({_skip_reason(s, min_samples)})" for s in skipped))
+    parts += [f"Method: per window, p99 of the interval histograms added together (HDR add) for "
+              f"TTFT and TPOT, the mean of the GetStats samples for RSS and queue depth. Ordinary "
+              f"least squares of each series on time (window centres for latency, the samples' "
+              f"mean time for RSS and queue depth); 95% CI of the slope from Student's t with "
+              f"n - 2 degrees of freedom. Drift: the CI excludes 0 and the fitted change exceeds "
+              f"{100 * min_change:g}% of the fitted starting level (of the series mean where that "
+              f"start is not above 0). Windows are not independent (a slow server stays slow), so "
+              f"treat a borderline CI with care.",
               f"![soak]({SOAK_PNG})"]
     return "\n\n".join(parts) + "\n"
 
@@ -277,9 +295,10 @@ def soak_figure(series: list[Series], windows: Windows, min_change: float) -> Fi
         if s.trend is not None:
             ends = np.asarray([s.t_s[0], s.t_s[-1]])
             rate = f"{fmt_ms(S_PER_H * s.trend.slope_per_s, '+')} {s.unit}/h"
-            share = "" if s.trend.change_share is None else f", {100 * s.trend.change_share:+.1f}% over the run"
-            ax.plot(ends / scale, [s.trend.start, s.trend.end], "--", color="C3" if s.trend.drift else "C2",
-                    label=f"OLS trend {rate}{share}")
+            share = ("" if s.trend.change_share is None
+                     else f", {100 * s.trend.change_share:+.1f}% over the run")
+            ax.plot(ends / scale, [s.trend.start, s.trend.end], "--",
+                    color="C3" if s.trend.drift else "C2", label=f"OLS trend {rate}{share}")
         if s.key in FROM_ZERO:
             ax.set_ylim(bottom=0)
         else:
@@ -290,9 +309,11 @@ def soak_figure(series: list[Series], windows: Windows, min_change: float) -> Fi
 
 
 def _widen(ax, s: Series, min_change: float) -> None:
-    """The autoscaled axis (points and trend), widened about its middle to min_change of the level."""
+    """The autoscaled axis (points and trend), widened about its middle to min_change of the
+    level."""
     low, high = ax.get_ylim()
-    level = s.trend.reference if s.trend is not None and s.trend.reference else float(np.abs(s.values).mean())
+    level = (s.trend.reference if s.trend is not None and s.trend.reference
+             else float(np.abs(s.values).mean()))
     if high - low < min_change * level:
         middle, half = (low + high) / 2, min_change * level / 2
         ax.set_ylim(max(middle - half, 0.0) if low >= 0 else middle - half, middle + half)
@@ -302,33 +323,40 @@ def _widen(ax, s: Series, min_change: float) -> None:
 def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
     def figures(s: Series) -> dict:
         tr = s.trend
-        return {"verdict": s.verdict, "unit": s.unit, "windows": len(s.values), "skipped": s.skipped,
+        return {"verdict": s.verdict, "unit": s.unit, "windows": len(s.values),
+                "skipped": s.skipped,
                 "slope_per_h": None if tr is None else S_PER_H * tr.slope_per_s,
                 "ci_per_h": None if tr is None else [S_PER_H * v for v in tr.ci_per_s],
                 "start": None if tr is None else tr.start, "end": None if tr is None else tr.end,
-                "change_pct": None if tr is None or tr.change_share is None else 100 * tr.change_share}
+                "change_pct": (None if tr is None or tr.change_share is None
+                               else 100 * tr.change_share)}
 
-    return {"soak_md": str(run_dir / SOAK_MD), "soak_png": str(run_dir / SOAK_PNG), "window_s": windows.window_s,
-            "windows": windows.count, "drift": [s.key for s in series if s.verdict == "drift"],
+    return {"soak_md": str(run_dir / SOAK_MD), "soak_png": str(run_dir / SOAK_PNG),
+            "window_s": windows.window_s, "windows": windows.count,
+            "drift": [s.key for s in series if s.verdict == "drift"],
             "series": {s.key: figures(s) for s in series}}
 
 
 def add_command(commands) -> None:
     parser = commands.add_parser(
-        "soak", help="drift of p99 TTFT/TPOT, server RSS and queue depth over a long run: soak.md, soak.png",
-        description=__doc__ + "\nExit status: 0 with a verdict per series; 2 when the run directory is unusable "
-                              "or spans fewer than 3 windows.", formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", help="run directory with ttft.hlog, tpot.hlog and server_stats.jsonl")
+        "soak", help="drift of p99 TTFT/TPOT, server RSS and queue depth over a long run: "
+                     "soak.md, soak.png",
+        description=__doc__ + "\nExit status: 0 with a verdict per series; 2 when the run "
+                              "directory is unusable or spans fewer than 3 windows.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir",
+                        help="run directory with ttft.hlog, tpot.hlog and server_stats.jsonl")
     parser.add_argument("--window-s", type=number(float, 0), default=60.0,
                         help="window length in seconds (default 60)")
     parser.add_argument("--min-change", type=number(float, 0, strict=False), default=0.1,
-                        help="smallest fitted change over the run, as a fraction of the fitted starting level, "
-                             "that counts as drift (default 0.1)")
+                        help="smallest fitted change over the run, as a fraction of the fitted "
+                             "starting level, that counts as drift (default 0.1)")
     parser.add_argument("--min-samples", type=number(int, 1, strict=False), default=50,
-                        help="requests a window needs for its p99 to count (default 50; under 100 the p99 is "
-                             "the window's largest value or next to it)")
+                        help="requests a window needs for its p99 to count (default 50; under "
+                             "100 the p99 is the window's largest value or next to it)")
     parser.add_argument("--skip-s", type=number(float, 0, strict=False), default=None,
-                        help="leave out the first seconds (default: the run's warm-up from summary.json)")
+                        help="leave out the first seconds (default: the run's warm-up from "
+                             "summary.json)")
     parser.set_defaults(func=main)
 
 
@@ -338,7 +366,8 @@ def main(args: argparse.Namespace) -> None:
     print(render_text(run_dir, windows, series, args.min_samples, args.min_change))
     try:
         plot_soak(series, windows, run_dir / SOAK_PNG, args.min_change)
-        (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples, args.min_change))
+        (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples,
+                                                       args.min_change))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None
     print(f"\nsoak: {run_dir / SOAK_MD}")

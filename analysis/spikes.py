@@ -34,13 +34,14 @@ SPIKE_MIN_JUMP_MS = {"ttft": 50.0, "tpot": 10.0}
 # window's p99 is one request's latency, an outlier rather than a spike. At low rates a window
 # spans several intervals; the evidence gives its times.
 MIN_WINDOW_SAMPLES = 5
-MIN_WINDOWS = 3  # the median of three is the middle one, so one spiking window cannot set its own bar
+# the median of three is the middle one, so one spiking window cannot set its own bar
+MIN_WINDOWS = 3
 HOT_EXPERT_FACTOR = 1.5  # an interval's imbalance this many times the run's median is a hot expert
 # An interval's max/mean expert load counts only when each layer routed at least this many (token,
-# expert) pairs per expert on average. Below it a request or two set the ratio: an interval that routed
-# 38 tokens (76 pairs a layer over 8 experts, top-2) read 4.00, the most top-2 of 8 can give. At 10 per
-# expert a uniform router alone still reads about 1.4 for 8 experts, so intervals are ranked against
-# each other and the run's median, not against a fixed bar.
+# expert) pairs per expert on average. Below it a request or two set the ratio: an interval that
+# routed 38 tokens (76 pairs a layer over 8 experts, top-2) read 4.00, the most top-2 of 8 can
+# give. At 10 per expert a uniform router alone still reads about 1.4 for 8 experts, so intervals
+# are ranked against each other and the run's median, not against a fixed bar.
 MIN_ROUTED_PER_EXPERT = 10
 CACHE_BURST_FACTOR = 2.0  # an interval's cache misses this many times the run's median is a burst
 QUEUE_SHARE_OF_TTFT = 0.5  # slow requests spending half their TTFT in the server queue: queueing
@@ -61,9 +62,11 @@ class Signals:
     series: ServerSeries | None
     kv_in_use: np.ndarray  # KV pool slots held, at each series entry's later snapshot (gauge)
     kv_total: np.ndarray
-    # The series' imbalance where each layer routed at least MIN_ROUTED_PER_EXPERT pairs per expert, else nan.
+    # The series' imbalance where each layer routed at least MIN_ROUTED_PER_EXPERT pairs per
+    # expert, else nan.
     imbalance: np.ndarray
-    min_routed_per_layer: float  # that minimum in pairs per layer; 0 when the server gives no layer sizes
+    # that minimum in pairs per layer; 0 when the server gives no layer sizes
+    min_routed_per_layer: float
     max_batch_size: float | None
     expert_cache: int
     late_ms: float
@@ -90,8 +93,8 @@ class Spike:
 
     def describe(self) -> str:
         return (f"{self.metric.upper()} p99 {fmt_ms(self.p99_ms)} ms at {self.window.start_s:.1f}-"
-                f"{self.window.end_s:.1f} s ({self.window.count} requests; {self.p99_ms / self.typical_ms:.1f}x the "
-                f"median {fmt_ms(self.typical_ms)} ms)")
+                f"{self.window.end_s:.1f} s ({self.window.count} requests; "
+                f"{self.p99_ms / self.typical_ms:.1f}x the median {fmt_ms(self.typical_ms)} ms)")
 
 
 def signals_of(run: Run) -> Signals:
@@ -133,16 +136,19 @@ def find_spikes(run: Run, metric: str) -> MetricSpikes | str:
         return f"{metric}.hlog is missing or empty"
     windows = merge_windows(intervals)
     if len(windows) < MIN_WINDOWS:
-        return f"{metric}.hlog gives {len(windows)} window(s) of >= {MIN_WINDOW_SAMPLES} requests (need {MIN_WINDOWS})"
+        return (f"{metric}.hlog gives {len(windows)} window(s) of >= {MIN_WINDOW_SAMPLES} "
+                f"requests (need {MIN_WINDOWS})")
     p99 = [w.hist.get_value_at_percentile(99) / US_PER_MS for w in windows]
     typical = float(np.median(p99))
     limit = max(SPIKE_FACTOR * typical, typical + SPIKE_MIN_JUMP_MS[metric])
-    spikes = [Spike(metric, w, p, typical, limit) for w, p in zip(windows, p99, strict=True) if p > limit]
+    spikes = [Spike(metric, w, p, typical, limit) for w, p in zip(windows, p99, strict=True)
+              if p > limit]
     return MetricSpikes(metric, len(windows), typical, limit, spikes)
 
 
 def merge_windows(intervals: list[Interval]) -> list[Window]:
-    """Consecutive intervals merged until each window holds MIN_WINDOW_SAMPLES; a short tail joins the last."""
+    """Consecutive intervals merged until each window holds MIN_WINDOW_SAMPLES; a short tail joins
+    the last."""
     groups, group = [], []
     for index in range(len(intervals)):
         group.append(index)
@@ -153,26 +159,31 @@ def merge_windows(intervals: list[Interval]) -> list[Window]:
         groups[-1] += group
     windows = []
     for group in groups:
-        full = [i for i in group if intervals[i].hist.get_total_count()]  # the window's times skip empty intervals
+        # the window's times skip empty intervals
+        full = [i for i in group if intervals[i].hist.get_total_count()]
         hist = merged([intervals[i] for i in group])
         windows.append(Window(intervals[full[0]].start_s, intervals[full[-1]].end_s,
-                               intervals[max(full[0] - 1, 0)].start_s, hist, hist.get_total_count()))
+                              intervals[max(full[0] - 1, 0)].start_s, hist,
+                              hist.get_total_count()))
     return windows
 
 
 def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
     """Which causes lined up with one spike, and where they were looked for."""
     metric, window = spike.metric, spike.window
-    timed = [row for row in measured_ok(d.run.rows) if row.ttft_ms is not None and row.e2e_ms is not None]
+    timed = [row for row in measured_ok(d.run.rows)
+             if row.ttft_ms is not None and row.e2e_ms is not None]
     slow = [row for row in timed if (getattr(row, f"{metric}_ms") or 0) > spike.limit_ms
-            and window.start_s - FINISH_TOLERANCE_S <= _finish_s(row) <= window.end_s + FINISH_TOLERANCE_S]
+            and (window.start_s - FINISH_TOLERANCE_S <= _finish_s(row)
+                 <= window.end_s + FINISH_TOLERANCE_S)]
     if slow:
         first_token = [(row.scheduled_ms + row.ttft_ms) / 1000 for row in slow]
         if metric == "ttft":
             start, end = min(row.scheduled_ms for row in slow) / 1000, max(first_token)
         else:
             start, end = min(first_token), max(_finish_s(row) for row in slow)
-        looked = f"{start:.1f}-{end:.1f} s (the lifetimes of its {len(slow)} slow requests in requests.jsonl)"
+        looked = (f"{start:.1f}-{end:.1f} s (the lifetimes of its {len(slow)} slow requests in "
+                  "requests.jsonl)")
     else:
         start, end = window.before_s, window.end_s
         looked = f"{start:.1f}-{end:.1f} s (the window and the interval before it)"
@@ -183,7 +194,8 @@ def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
         found["cache-miss burst"] = _miss_burst(s, near)
         found["queue growth"] = _queue_growth(d, near, start)
     else:
-        looked += "; no server_stats.jsonl, so hot expert, cache misses and the queue gauge unchecked"
+        looked += ("; no server_stats.jsonl, so hot expert, cache misses and the queue gauge "
+                   "unchecked")
     if metric == "ttft" and (queued := _queue_share(slow)):
         found["queue growth"] = "; ".join(filter(None, [found.get("queue growth"), queued]))
     found["generator lateness"] = _generator_late(d, spike, slow)
@@ -209,8 +221,8 @@ def _hot_expert(d: Signals, near: np.ndarray) -> str | None:
     imb = np.nan_to_num(imbalance[near], nan=0.0)
     i = int(near[imb.argmax()])
     if imbalance[i] > HOT_EXPERT_FACTOR * median:
-        return (f"max/mean {imbalance[i]:.2f} at {when(d.series, i)} ({imbalance[i] / median:.1f}x the run's median "
-                f"{median:.2f})")
+        return (f"max/mean {imbalance[i]:.2f} at {when(d.series, i)} "
+                f"({imbalance[i] / median:.1f}x the run's median {median:.2f})")
     return None
 
 
@@ -244,7 +256,8 @@ def _queue_growth(d: Signals, near: np.ndarray, start_s: float) -> str | None:
 
 
 def _queue_share(slow: list[RequestRow]) -> str | None:
-    queued = [(row.server_queue_us / 1000, row.ttft_ms) for row in slow if row.server_queue_us is not None]
+    queued = [(row.server_queue_us / 1000, row.ttft_ms) for row in slow
+              if row.server_queue_us is not None]
     if not queued:
         return None
     queue_ms, ttft_ms = np.asarray(queued).T
@@ -262,12 +275,14 @@ def _generator_late(d: Signals, spike: Spike, slow: list[RequestRow]) -> str | N
     bar_ms = max(d.late_ms, LAG_SHARE_OF_JUMP * jump_ms)
     found = []
     for metric in LAGS:
-        hist = merged([i for i in d.run.intervals(metric) if window.before_s <= i.start_s < window.end_s])
+        hist = merged([i for i in d.run.intervals(metric)
+                       if window.before_s <= i.start_s < window.end_s])
         if hist is not None and hist.get_total_count():
             p99 = hist.get_value_at_percentile(99) / US_PER_MS
             if p99 > bar_ms:
-                found.append(f"{metric.replace('_', ' ')} p99 {fmt_ms(p99)} ms at {window.before_s:.1f}-"
-                             f"{window.end_s:.1f} s (over {fmt_ms(bar_ms)} ms)")
+                found.append(f"{metric.replace('_', ' ')} p99 {fmt_ms(p99)} ms at "
+                             f"{window.before_s:.1f}-{window.end_s:.1f} s "
+                             f"(over {fmt_ms(bar_ms)} ms)")
     lags = [row.sent_ms - row.scheduled_ms for row in slow if row.sent_ms is not None]
     if lags and max(lags) > bar_ms:
         found.append(f"its slow requests were sent up to {fmt_ms(max(lags))} ms late")

@@ -2,8 +2,8 @@
 
 from records.summary import Stats
 
-STAT_COLUMNS = {"count": "count", "mean": "mean", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99",
-                "p999": "p99.9", "max": "max"}
+STAT_COLUMNS = {"count": "count", "mean": "mean", "p50": "p50", "p90": "p90", "p95": "p95",
+                "p99": "p99", "p999": "p99.9", "max": "max"}
 
 
 def fmt_ms(value: float | None, sign: str = "") -> str:
@@ -36,12 +36,14 @@ def stats_rows(stats_by_name: dict[str, Stats | None]) -> list[list[str]]:
         if not stats or not stats.count:
             rows.append([name, "no samples"])
             continue
-        rows.append([name, str(stats.count)] + [fmt_ms(getattr(stats, key)) for key in list(STAT_COLUMNS)[1:]])
+        rows.append([name, str(stats.count)]
+                    + [fmt_ms(getattr(stats, key)) for key in list(STAT_COLUMNS)[1:]])
     return rows
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
-    """First column left-aligned, the rest right-aligned; a short row (a note) runs on after its name."""
+    """First column left-aligned, the rest right-aligned; a short row (a note) runs on after its
+    name."""
     full = [header] + [row for row in rows if len(row) == len(header)]
     widths = [max(len(row[i]) for row in full) for i in range(len(header))]
     lines = []

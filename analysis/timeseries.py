@@ -29,8 +29,10 @@ class ClientSeries:
     ttft_p99_ms: np.ndarray
     tpot_p50_ms: np.ndarray
     tpot_p99_ms: np.ndarray
-    achieved_rps: np.ndarray  # ok requests finished per second (warm-up's included where requests.jsonl has them)
-    output_tokens_per_s: np.ndarray  # tokens of the measured ok requests that finished in the interval
+    # ok requests finished per second (warm-up's included where requests.jsonl has them)
+    achieved_rps: np.ndarray
+    # tokens of the measured ok requests that finished in the interval
+    output_tokens_per_s: np.ndarray
     offered_rps: np.ndarray  # requests scheduled per second (nan without requests.jsonl)
 
     def __len__(self) -> int:
@@ -55,7 +57,8 @@ def client_series(run: Run, window_s: float | None = None) -> ClientSeries | Non
     tpot, itl = _aligned(run.intervals("tpot"), ttft), _aligned(run.intervals("itl"), ttft)
     width = auto_window_s(ttft) if window_s is None else window_s
     groups = _groups(ttft, width)
-    ttft, tpot, itl = ([_merge([intervals[i] for i in group]) for group in groups] for intervals in (ttft, tpot, itl))
+    ttft, tpot, itl = ([_merge([intervals[i] for i in group]) for group in groups]
+                       for intervals in (ttft, tpot, itl))
     start = np.asarray([i.start_s for i in ttft])
     length = np.asarray([i.length_s for i in ttft])
     safe_length = np.where(length > 0, length, np.nan)
@@ -69,7 +72,8 @@ def client_series(run: Run, window_s: float | None = None) -> ClientSeries | Non
         offered = np.histogram(column(rows, "scheduled_ms") / 1000, bins=edges)[0] / safe_length
         # Completions as summary.json counts them: every ok request, warm-up scheduled or not, by
         # when its last token came (e2e runs from the scheduled send).
-        ok: list[RequestRow] = [row for row in rows if row.status == "OK" and row.e2e_ms is not None]
+        ok: list[RequestRow] = [row for row in rows
+                                if row.status == "OK" and row.e2e_ms is not None]
         finished_s = (column(ok, "scheduled_ms") + column(ok, "e2e_ms")) / 1000
         achieved = np.histogram(finished_s, bins=edges)[0] / safe_length
     else:
@@ -99,7 +103,8 @@ def _groups(intervals: list[Interval], window_s: float) -> list[list[int]]:
     one each; a last window under half the median width (the end of the drain) joins the one
     before, so that its few finishing requests are not read as a burst of throughput."""
     keys = [int(i.start_s // window_s) if window_s > 0 else n for n, i in enumerate(intervals)]
-    groups = [[n for n, _ in run] for _, run in itertools.groupby(enumerate(keys), key=lambda item: item[1])]
+    groups = [[n for n, _ in run]
+              for _, run in itertools.groupby(enumerate(keys), key=lambda item: item[1])]
     widths = [intervals[g[-1]].end_s - intervals[g[0]].start_s for g in groups]
     if len(groups) > 1 and widths[-1] < np.median(widths) / 2:
         groups[-2:] = [groups[-2] + groups[-1]]

@@ -24,8 +24,8 @@ class AioSender:
         self.not_sent = 0
         self.ended = Event()
         self.started = False
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def start(self, settings: LoadSettings, workers: int, index: int, start_ns: int) -> None:
         self.started = True

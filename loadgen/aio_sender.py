@@ -38,7 +38,8 @@ async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_
             r.received(msg, time.monotonic_ns())
             last = msg
         close_stream(r, last)
-    except Exception as exc:  # as stream_generate: an RPC error, a bad reply or a bug is counted, never lost
+    except Exception as exc:
+        # as stream_generate: an RPC error, a bad reply or a bug is counted, never lost
         fail(r, exc)
 
 
@@ -64,7 +65,8 @@ async def main() -> None:
         transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
 
     def done(task: asyncio.Task) -> None:
-        emit(vars(tasks.pop(task)))  # plain fields only: vars is asdict's result, without its deep copy
+        # plain fields only: vars is asdict's result, without its deep copy
+        emit(vars(tasks.pop(task)))
 
     settings = build(LoadSettings, job["config"])
     sender = settings.sender

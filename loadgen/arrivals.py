@@ -22,13 +22,15 @@ def gap_s(rng: random.Random, rate: float, arrival: str, burstiness: float = 1.0
     raise ValueError(f"unknown arrival {arrival!r}; choose from {', '.join(ARRIVALS)}")
 
 
-def arrival_offsets_s(rate: float, arrival: str, seed: int, burstiness: float = 1.0) -> Iterator[float]:
+def arrival_offsets_s(rate: float, arrival: str, seed: int,
+                      burstiness: float = 1.0) -> Iterator[float]:
     """Endless send times in seconds from the start, at `rate` requests/s."""
     if rate <= 0:
         raise ValueError(f"rate must be above 0, got {rate}")
     if arrival == "constant":
         return (i / rate for i in itertools.count())  # exact, no accumulated rounding
-    gap_s(random.Random(), rate, arrival, burstiness)  # refuse an unknown arrival now, not when iterated
+    # refuse an unknown arrival now, not when iterated
+    gap_s(random.Random(), rate, arrival, burstiness)
     rng = random.Random(seed)
     return itertools.accumulate(gap_s(rng, rate, arrival, burstiness) for _ in itertools.count())
 
@@ -44,5 +46,6 @@ def worker_arrivals(rate: float, arrival: str, seed: int, workers: int = 1, inde
     """
     if arrival == "constant":
         return ((k * workers + index, (k * workers + index) / rate) for k in itertools.count())
-    offsets = arrival_offsets_s(rate / workers, arrival, seed if workers == 1 else seed * 1_000 + index, burstiness)
+    worker_seed = seed if workers == 1 else seed * 1_000 + index
+    offsets = arrival_offsets_s(rate / workers, arrival, worker_seed, burstiness)
     return ((k * workers + index, t) for k, t in enumerate(offsets))

@@ -46,8 +46,8 @@ async def aio_run(port: int, rate: float, duration_s: float, seed: int) -> dict:
             nonlocal messages
             sent = time.monotonic()
             send_lag.append((sent - due) * 1e3)
-            request = moe_pb2.GenerateRequest(request_id=f"aio-{i}", prompt_token_ids=[65] * 4, max_tokens=TOKENS,
-                                              ignore_eos=True)
+            request = moe_pb2.GenerateRequest(request_id=f"aio-{i}", prompt_token_ids=[65] * 4,
+                                              max_tokens=TOKENS, ignore_eos=True)
             first = True
             async for msg in stub.Generate(request, timeout=60):
                 now = time.monotonic()
@@ -71,23 +71,29 @@ async def aio_run(port: int, rate: float, duration_s: float, seed: int) -> dict:
         cpu = 100 * (time.process_time() - cpu0) / wall
     return {"messages_per_s": messages / duration_s, "send_lag_p99_ms": pct(send_lag, 99),
             "delivery_lag_p50_ms": pct(delivery, 50), "delivery_lag_p99_ms": pct(delivery, 99),
-            "ttft_error_p50_ms": pct(ttft_err, 50), "ttft_error_p99_ms": pct(ttft_err, 99), "cpu_percent": cpu}
+            "ttft_error_p50_ms": pct(ttft_err, 50), "ttft_error_p99_ms": pct(ttft_err, 99),
+            "cpu_percent": cpu}
 
 
-def locust_run(port: int, rate: float, duration_s: float, seed: int, run_dir: Path, client: str) -> dict:
+def locust_run(port: int, rate: float, duration_s: float, seed: int, run_dir: Path,
+               client: str) -> dict:
     locust = str(Path(sys.executable).parent / "locust")
-    done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}", "--headless",
-                           "--only-summary", "-t", f"{round(duration_s)}s", "--rate", str(rate), "--prompt-tokens", "4",
-                           "--max-tokens", str(TOKENS), "--seed", str(seed), "--run-dir", str(run_dir),
-                           "--client", client], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}",
+                           "--headless", "--only-summary", "-t", f"{round(duration_s)}s",
+                           "--rate", str(rate), "--prompt-tokens", "4", "--max-tokens", str(TOKENS),
+                           "--seed", str(seed), "--run-dir", str(run_dir), "--client", client],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     if not (run_dir / "summary.json").exists():
-        raise SystemExit(f"locust wrote no summary (exit {done.returncode}):\n{done.stdout[-3000:]}")
+        raise SystemExit(f"locust wrote no summary (exit {done.returncode}):\n"
+                         f"{done.stdout[-3000:]}")
     s = json.loads((run_dir / "summary.json").read_text())
     m = s["metrics"]
-    return {"messages_per_s": s["throughput"]["output_tokens_per_s"], "send_lag_p99_ms": m["send_lag_ms"]["p99"],
-            "delivery_lag_p50_ms": m["delivery_lag_ms"]["p50"], "delivery_lag_p99_ms": m["delivery_lag_ms"]["p99"],
-            "ttft_error_p50_ms": m["ttft_ms"]["p50"] - TTFT_MS, "ttft_error_p99_ms": m["ttft_ms"]["p99"] - TTFT_MS,
+    return {"messages_per_s": s["throughput"]["output_tokens_per_s"],
+            "send_lag_p99_ms": m["send_lag_ms"]["p99"],
+            "delivery_lag_p50_ms": m["delivery_lag_ms"]["p50"],
+            "delivery_lag_p99_ms": m["delivery_lag_ms"]["p99"],
+            "ttft_error_p50_ms": m["ttft_ms"]["p50"] - TTFT_MS,
+            "ttft_error_p99_ms": m["ttft_ms"]["p99"] - TTFT_MS,
             "cpu_percent": s["generator"]["cpu_percent"]}
 
 
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
-    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server", "--port-file", str(tmp / "port"),
+    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server",
+                               "--port-file", str(tmp / "port"),
                                "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)], cwd=REPO)
     try:
         for _ in range(300):
@@ -109,33 +116,39 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for target in args.messages_per_s:
             rate = target / TOKENS
-            ours = locust_run(port, rate, args.duration_s, args.seed, tmp / f"locust-{target:g}", "gevent")
-            ours_aio = locust_run(port, rate, args.duration_s, args.seed, tmp / f"locust-aio-{target:g}", "aio")
+            ours = locust_run(port, rate, args.duration_s, args.seed,
+                              tmp / f"locust-{target:g}", "gevent")
+            ours_aio = locust_run(port, rate, args.duration_s, args.seed,
+                                  tmp / f"locust-aio-{target:g}", "aio")
             aio = asyncio.run(aio_run(port, rate, args.duration_s, args.seed))
             rows.append({"target_messages_per_s": target, "requests_per_s": rate, "locust": ours,
                          "locust_aio": ours_aio, "grpc_aio": aio})
     finally:
         server.terminate()
         server.wait(timeout=10)
-    print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, {TOKENS} messages a stream; "
-          f"{args.duration_s:g} s per run, one process each\n")
-    header = f"{'msgs/s':>7} {'client':>10} {'achieved':>9} {'send p99':>9} {'deliv p50':>10} {'deliv p99':>10} " \
+    print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
+          f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
+    header = f"{'msgs/s':>7} {'client':>10} {'achieved':>9} {'send p99':>9} " \
+             f"{'deliv p50':>10} {'deliv p99':>10} " \
              f"{'TTFT err p50':>13} {'p99':>7} {'CPU %':>6}"
     print(header)
     for row in rows:
         for name in ("locust", "locust_aio", "grpc_aio"):
             r = row[name]
             print(f"{row['target_messages_per_s']:>7g} {name:>10} {r['messages_per_s']:>9.0f} "
-                  f"{r['send_lag_p99_ms']:>9.2f} {r['delivery_lag_p50_ms']:>10.2f} {r['delivery_lag_p99_ms']:>10.2f} "
-                  f"{r['ttft_error_p50_ms']:>13.2f} {r['ttft_error_p99_ms']:>7.2f} {r['cpu_percent']:>6.0f}")
+                  f"{r['send_lag_p99_ms']:>9.2f} {r['delivery_lag_p50_ms']:>10.2f} "
+                  f"{r['delivery_lag_p99_ms']:>10.2f} "
+                  f"{r['ttft_error_p50_ms']:>13.2f} {r['ttft_error_p99_ms']:>7.2f} "
+                  f"{r['cpu_percent']:>6.0f}")
     held = {client: max((row["target_messages_per_s"] for row in rows
-                         if row[client]["delivery_lag_p99_ms"] <= 5 and row[client]["send_lag_p99_ms"] <= 5),
+                         if row[client]["delivery_lag_p99_ms"] <= 5
+                         and row[client]["send_lag_p99_ms"] <= 5),
                         default=None) for client in ("locust", "locust_aio")}
     print(f"\nsend and delivery lag p99 <= 5 ms up to (messages/s, target 3000): --client gevent "
           f"{held['locust']}, --client aio {held['locust_aio']}")
+    aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
     print(json.dumps({"rows": rows, "held_messages_per_s": held,
-                      "median_aio_delivery_p99_ms": statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"]
-                                                                      for r in rows)}))
+                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms}))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,8 @@ def server_stats(host: str) -> ServerStats:
     without it."""
     try:
         with grpc.insecure_channel(host) as channel:
-            reply = moe_pb2_grpc.MoEInferenceStub(channel).GetStats(moe_pb2.GetStatsRequest(), timeout=5)
+            stub = moe_pb2_grpc.MoEInferenceStub(channel)
+            reply = stub.GetStats(moe_pb2.GetStatsRequest(), timeout=5)
     except grpc.RpcError as exc:
         return ServerStats(error=f"GetStats failed: {exc.code().name}: {exc.details()}")
     stats = message_dict(reply)

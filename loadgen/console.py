@@ -21,9 +21,11 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
         else:
             print(f"{name:<14}{0:>8}  no samples")
     for klass, c in summary.classes.items():
-        print(f"class {klass:<12} sent {c.sent:>6}  ok {c.ok:>6}  TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
+        print(f"class {klass:<12} sent {c.sent:>6}  ok {c.ok:>6}  "
+              f"TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
               f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
-    print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, {t.requests_per_s:.2f} requests/s, "
+    print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, "
+          f"{t.requests_per_s:.2f} requests/s, "
           f"goodput {t.goodput_requests_per_s:.2f} requests/s over {t.window_s:.1f} s")
     slo = summary.slo
     if slo.objectives_ms and slo.requests:
@@ -38,19 +40,22 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
         print_stress(summary)
     for warning in summary.generator.warnings:
         print(f"WARNING: {warning}")
-    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99, "tpot_p99_ms": m["tpot_ms"].p99,
-                "output_tokens_per_s": t.output_tokens_per_s, "sent": r.sent, "ok": r.ok, "failed": r.failed}
+    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99,
+                "tpot_p99_ms": m["tpot_ms"].p99, "output_tokens_per_s": t.output_tokens_per_s,
+                "sent": r.sent, "ok": r.ok, "failed": r.failed}
     print(json.dumps(headline))
 
 
 def print_stress(summary: Summary) -> None:
     stress = summary.stress
-    print(f"{'stress step':<14}{'offered/s':>10}{'sent/s':>8}{'achieved/s':>11}{'TTFT p99':>10}  saturated")
+    print(f"{'stress step':<14}{'offered/s':>10}{'sent/s':>8}{'achieved/s':>11}"
+          f"{'TTFT p99':>10}  saturated")
     for row in stress.steps:
         p99 = "-" if row.ttft_p99_ms is None else f"{row.ttft_p99_ms:.1f}"
         print(f"{row.step:<14}{row.offered_rps:>10.3g}{row.sent_rps:>8.3g}{row.achieved_rps:>11.3g}"
               f"{p99:>10}  {row.saturated or '-'}")
-    knee = "none (the first step saturated)" if stress.knee_rps is None else f"{stress.knee_rps:g} requests/s"
+    knee = ("none (the first step saturated)" if stress.knee_rps is None
+            else f"{stress.knee_rps:g} requests/s")
     print(f"knee: {knee}; stopped: {stress.stopped_because}")
     if stress.warning:
         print(f"WARNING: {stress.warning}")

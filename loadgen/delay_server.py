@@ -47,8 +47,9 @@ class DelayService(moe_pb2_grpc.MoEInferenceServicer):
             for i in range(request.max_tokens):
                 due_s += (self.args.ttft_ms if i == 0 else self.args.itl_ms) / 1e3
                 due_s += await self.wait_until(due_s)
+                elapsed_us = (time.monotonic_ns() - received) // 1000
                 msg = moe_pb2.GenerateResponse(token_ids=[65], text="A",
-                                               server_elapsed_us=(time.monotonic_ns() - received) // 1000)
+                                               server_elapsed_us=elapsed_us)
                 if i == request.max_tokens - 1:
                     msg.finish_reason = moe_pb2.GenerateResponse.LENGTH
                     msg.usage.completion_tokens = request.max_tokens

@@ -14,14 +14,16 @@ from records.load_settings import LoadSettings
 from records.rundir import WORKERS
 from records.summary import ServerSnapshots, Summary, WorkerFigures
 
-MESSAGE = "moe_results"  # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
+# worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
+MESSAGE = "moe_results"
 STOP_MESSAGE = "moe_stop"  # master -> workers: stop sending, drain, report now
 PART_GRACE_S = 15.0  # beyond --drain-s, how long the master waits for a worker's results
 
 
 def worker_message(index: int, run) -> dict:
     return {"worker": index, "export": run.recorder.export(), "started_at": run.started_at,
-            "duration_s": run.duration_s, "window_s": run.recorder.window_s, "cpu_percent": run.cpu_percent}
+            "duration_s": run.duration_s, "window_s": run.recorder.window_s,
+            "cpu_percent": run.cpu_percent}
 
 
 def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
@@ -33,8 +35,9 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
     window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal
     missing = [f"only {len(parts)} of {expected} workers reported results: the run is incomplete"] \
         if len(parts) < expected else []
-    summary = summarize(settings, merged, min(p["started_at"] for p in parts), max(p["duration_s"] for p in parts),
-                        window_s, max(p["cpu_percent"] for p in parts), tuple(missing))
+    summary = summarize(settings, merged, min(p["started_at"] for p in parts),
+                        max(p["duration_s"] for p in parts), window_s,
+                        max(p["cpu_percent"] for p in parts), tuple(missing))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
     return dataclasses.replace(summary, server=server, workers=workers), merged
@@ -43,8 +46,9 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
 def write_merged(settings: LoadSettings, parts: list[dict], expected: int,
                  server: ServerSnapshots) -> tuple[Summary, Path]:
     summary, merged = merge_parts(settings, parts, expected, server)
-    path = write_run_dir(settings.recording.run_dir, summary, histogram_encodings(merged), merged.rows)
+    path = write_run_dir(settings.recording.run_dir, summary, histogram_encodings(merged),
+                         merged.rows)
     # Each worker's own histograms and counts, so anyone can check the merge.
-    write_json(path / WORKERS, [{k: v for k, v in p["export"].items() if k != "rows"} | {"worker": p["worker"]}
-                                       for p in parts])
+    write_json(path / WORKERS, [{k: v for k, v in p["export"].items() if k != "rows"}
+                                | {"worker": p["worker"]} for p in parts])
     return summary, path

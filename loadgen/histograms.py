@@ -38,8 +38,8 @@ class Histogram:
             return Stats(count=0)
         values = self.hdr.get_percentile_to_value_dict(list(PERCENTILES.values()))
         return Stats(count=self.count, mean=self.hdr.get_mean_value() / 1000,
-                     **{k: values[p] / 1000 for k, p in PERCENTILES.items()}, max=self.hdr.get_max_value() / 1000,
-                     clamped=self.clamped)
+                     **{k: values[p] / 1000 for k, p in PERCENTILES.items()},
+                     max=self.hdr.get_max_value() / 1000, clamped=self.clamped)
 
     def encode(self) -> str:
         return self.hdr.encode().decode("ascii")

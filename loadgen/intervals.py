@@ -37,7 +37,8 @@ class IntervalLog:
             self.files[name], self.writers[name] = f, writer
 
     def write(self, histograms: dict[str, HdrHistogram], now_unix_s: float) -> None:
-        """Writes each histogram as the interval since the previous write; the caller resets them."""
+        """Writes each histogram as the interval since the previous write; the caller resets
+        them."""
         now_ms = now_unix_s * 1000
         for name, hdr in histograms.items():
             hdr.set_start_time_stamp(int(self.last_ms))

@@ -82,7 +82,8 @@ class RunListener:
         gevent.spawn(runner.quit if self.environment.parsed_options.headless else runner.stop)
 
     def refuse(self, message: str) -> None:
-        """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test stops."""
+        """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test
+        stops."""
         log.error("%s", message)
         self.run = None
         if self.environment.parsed_options.headless:
@@ -119,13 +120,16 @@ class RunListener:
             self.run = Run(settings, self.report, lambda: server_stats(host), len(ranks), self.rank,
                            f"{settings.recording.run_dir}/worker-{self.rank}")
         else:
-            self.run = Run(settings, self.report, lambda: server_stats(host), request_stop=self.end_test)
+            self.run = Run(settings, self.report, lambda: server_stats(host),
+                           request_stop=self.end_test)
         log.info("%s", describe(settings))
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
-        self.environment.parsed_options.moe_ranks = None  # a refused test must not pass on the last one's
+        # a refused test must not pass on the last one's
+        self.environment.parsed_options.moe_ranks = None
         if settings.traffic.mode == "stress":
-            self.refuse("--mode stress runs in one process (it judges each step as it ends); drop --master/--processes")
+            self.refuse("--mode stress runs in one process (it judges each step as it ends); "
+                        "drop --master/--processes")
             return
         if runner.target_user_count < runner.worker_count:
             self.refuse(f"{runner.worker_count} workers need at least {runner.worker_count} users "
@@ -143,16 +147,17 @@ class RunListener:
         fire = self.environment.events.request.fire
         if not result.ok:
             elapsed_ms = (result.recv_ns[-1] - result.sent_ns) / 1e6 if result.recv_ns else 0
-            fire(request_type="grpc", name="Generate", response_time=elapsed_ms, response_length=sum(result.tokens),
+            fire(request_type="grpc", name="Generate", response_time=elapsed_ms,
+                 response_length=sum(result.tokens),
                  exception=RuntimeError(f"{result.status}: {result.details}"), context={})
             return
         if timing is None:  # warm-up
             return
-        fire(request_type="grpc", name="TTFT", response_time=timing.ttft_us / 1000, response_length=0,
-             exception=None, context={})
+        fire(request_type="grpc", name="TTFT", response_time=timing.ttft_us / 1000,
+             response_length=0, exception=None, context={})
         if timing.tpot_us is not None:
-            fire(request_type="grpc", name="TPOT", response_time=timing.tpot_us / 1000, response_length=0,
-                 exception=None, context={})
+            fire(request_type="grpc", name="TPOT", response_time=timing.tpot_us / 1000,
+                 response_length=0, exception=None, context={})
         fire(request_type="grpc", name="E2E", response_time=timing.e2e_us / 1000,
              response_length=timing.output_tokens, exception=None, context={})
 
@@ -179,10 +184,11 @@ class RunListener:
         if isinstance(self.environment.runner, WorkerRunner):
             self.environment.runner.send_message(MESSAGE, worker_message(self.rank, run))
             return
-        server = ServerSnapshots(start=self.server_start, end=server_stats(run.settings.sender.host))
+        server = ServerSnapshots(start=self.server_start,
+                                 end=server_stats(run.settings.sender.host))
         summary = dataclasses.replace(run.summary(), server=server)
-        path = write_run_dir(run.settings.recording.run_dir, summary, histogram_encodings(run.recorder),
-                             run.recorder.rows)
+        path = write_run_dir(run.settings.recording.run_dir, summary,
+                             histogram_encodings(run.recorder), run.recorder.rows)
         if run.stress is not None:
             run.stress.write_csv(path)
         print_summary(summary, path)
@@ -206,18 +212,21 @@ class RunListener:
         if not master.parts:
             log.error("no worker reported results: nothing to write")
             return
-        server = ServerSnapshots(start=master.server_start, end=server_stats(master.settings.sender.host))
-        summary, path = write_merged(master.settings, list(master.parts.values()), master.expected, server)
+        server = ServerSnapshots(start=master.server_start,
+                                 end=server_stats(master.settings.sender.host))
+        summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
+                                     server)
         print_summary(summary, path)
 
 
 def describe(settings: LoadSettings) -> str:
     """The run in one line for the log."""
     w, t = settings.workload, settings.traffic
-    prompt = f"{w.prompt_tokens}-{w.prompt_tokens_max}" if w.prompt_tokens_max else str(w.prompt_tokens)
+    prompt = (f"{w.prompt_tokens}-{w.prompt_tokens_max}" if w.prompt_tokens_max
+              else str(w.prompt_tokens))
     where = settings.recording.run_dir
     if t.mode == "closed":
-        return (f"closed loop: each user sends its next request when the last ends; {prompt} prompt + "
-                f"{w.max_tokens} output tokens, results to {where}")
-    return (f"open loop: {t.rate:.3g} requests/s ({t.arrival}), {prompt} prompt + {w.max_tokens} output tokens, "
-            f"results to {where}")
+        return (f"closed loop: each user sends its next request when the last ends; "
+                f"{prompt} prompt + {w.max_tokens} output tokens, results to {where}")
+    return (f"open loop: {t.rate:.3g} requests/s ({t.arrival}), {prompt} prompt + "
+            f"{w.max_tokens} output tokens, results to {where}")

@@ -26,7 +26,8 @@ from records.load_settings import LoadSettings  # noqa: E402
 
 @events.init_command_line_parser.add_listener
 def add_options(parser):
-    add_arguments(parser, LoadSettings, grouped=False)  # Locust's web UI lists only the parser's own options
+    # Locust's web UI lists only the parser's own options
+    add_arguments(parser, LoadSettings, grouped=False)
 
 
 @events.init.add_listener
@@ -35,7 +36,8 @@ def listen(environment, **_):
 
 
 class MoEUser(User):
-    """Dispatches the run's open-loop arrivals (or, closed loop, its own requests) over its own channel."""
+    """Dispatches the run's open-loop arrivals (or, closed loop, its own requests) over its own
+    channel."""
 
     wait_time = constant(0)
 

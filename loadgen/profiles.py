@@ -57,7 +57,8 @@ class Profile:
     def peak(self) -> float:
         return 1 + self.values[1] if self.kind == "sinusoid" else self.values[2]
 
-    def arrivals(self, rate: float, seed: int, workers: int = 1, index: int = 0) -> Iterator[tuple[int, float]]:
+    def arrivals(self, rate: float, seed: int, workers: int = 1,
+                 index: int = 0) -> Iterator[tuple[int, float]]:
         """This process's share, as (run-wide request index, send time s)."""
         if self.kind == "trace":
             times = read_trace(self.path)
@@ -72,7 +73,8 @@ class Profile:
                 if rng.random() * self.peak < self.multiplier(t):
                     yield t
 
-        return ((k * workers + index, t) for k, t in zip(itertools.count(), accepted(), strict=False))
+        return ((k * workers + index, t)
+                for k, t in zip(itertools.count(), accepted(), strict=False))
 
 
 def read_trace(path: str) -> list[float]:
@@ -101,4 +103,5 @@ def schedule_of(traffic: Traffic, workers: int, index: int) -> Iterator[tuple[in
     when there is one, else --arrival at a constant --rate. The gevent and aio senders share it."""
     if traffic.profile:
         return Profile.parse(traffic.profile).arrivals(traffic.rate, traffic.seed, workers, index)
-    return worker_arrivals(traffic.rate, traffic.arrival, traffic.seed, workers, index, traffic.burstiness)
+    return worker_arrivals(traffic.rate, traffic.arrival, traffic.seed, workers, index,
+                           traffic.burstiness)

@@ -20,14 +20,16 @@ from records.load_settings import LoadSettings, Slo
 from records.requests import RequestRow
 from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
 
-CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag",
+                  "delivery_lag")
 CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
-MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good", "slo_judged",
-                 "rows_omitted")
+MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
+                 "slo_judged", "rows_omitted")
 LATE_DELIVERY_MS = 5.0  # client delivery lag p99 above this: timestamps are that late
-BUSY_CPU_PERCENT = 50.0  # past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
+# past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
+BUSY_CPU_PERCENT = 50.0
 
 
 @dataclass
@@ -39,9 +41,12 @@ class Recorder:
     warmup_s: float
     slo: Slo = field(default_factory=Slo)
     stop_ns: int | None = None  # end of the schedule, set when the run stops
-    client: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
-    interval: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
-    server: dict[str, Histogram] = field(default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
+    client: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    interval: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    server: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
     classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
     class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
     rows: list[RequestRow] = field(default_factory=list)  # one per request sent, up to max_rows
@@ -54,7 +59,8 @@ class Recorder:
     window_tokens: int = 0  # output tokens received inside the measured window
     window_ok: int = 0  # ok requests that completed inside it (whenever scheduled)
     window_good: int = 0  # ... and met the SLOs
-    slo_met: Counter = field(default_factory=Counter)  # measured ok requests meeting each objective, and all
+    # measured ok requests meeting each objective, and all
+    slo_met: Counter = field(default_factory=Counter)
     slo_judged: int = 0  # measured ok requests
 
     @classmethod
@@ -78,7 +84,8 @@ class Recorder:
         lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
         if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
             self.late_sends += 1
-        self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True) if self.in_window(t))
+        self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True)
+                                  if self.in_window(t))
         timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens,
                                result.server_elapsed_us) if result.ok else None
         checks = objectives.checks(self.slo, timing) if timing else {}
@@ -98,13 +105,15 @@ class Recorder:
         if timing is None:
             return None
         self.slo_judged += 1
-        self.slo_met.update([name for name, ok in checks.items() if ok] + (["all"] if all(checks.values()) else []))
+        self.slo_met.update([name for name, ok in checks.items() if ok]
+                            + (["all"] if all(checks.values()) else []))
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
             self.record(name, getattr(timing, f"{name}_us"))
         for itl in timing.itl_us:
             self.record("itl", itl)
         for lag in timing.delivery_lag_us:
-            self.record("delivery_lag", max(lag, 0))  # clamps the sub-microsecond rounding below zero
+            # clamps the sub-microsecond rounding below zero
+            self.record("delivery_lag", max(lag, 0))
         if timing.tpot_us is not None:
             self.record("tpot", timing.tpot_us)
         if result.klass:
@@ -122,8 +131,10 @@ class Recorder:
         return {
             "client": {name: [h.encode(), h.clamped] for name, h in self.client.items()},
             "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
-            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met), "rows": to_json(self.rows),
-            "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()} for k, hists in self.classes.items()},
+            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met),
+            "rows": to_json(self.rows),
+            "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()}
+                        for k, hists in self.classes.items()},
             "class_statuses": {k: dict(v) for k, v in self.class_statuses.items()},
             **{k: getattr(self, k) for k in MERGED_COUNTS},
         }
@@ -142,7 +153,8 @@ class Recorder:
             self.class_statuses.setdefault(klass, Counter()).update(counts)
         self.slo_met.update(part["slo_met"])
         room = self.max_rows - len(self.rows)
-        self.rows.extend(from_json(RequestRow, row, "a worker's row") for row in part["rows"][:room])
+        self.rows.extend(from_json(RequestRow, row, "a worker's row")
+                         for row in part["rows"][:room])
         self.rows_omitted += max(0, len(part["rows"]) - room)
         for k in MERGED_COUNTS:
             setattr(self, k, getattr(self, k) + part[k])
@@ -163,15 +175,16 @@ class Recorder:
         def stats(klass: str, metric: str) -> Stats:
             return self.classes[klass][metric].stats() if klass in self.classes else Stats(count=0)
 
-        return {k: ClassFigures(sent=sum(counts.values()), ok=counts["OK"], ttft_ms=stats(k, "ttft"),
-                                tpot_ms=stats(k, "tpot"), e2e_ms=stats(k, "e2e"))
+        return {k: ClassFigures(sent=sum(counts.values()), ok=counts["OK"],
+                                ttft_ms=stats(k, "ttft"), tpot_ms=stats(k, "tpot"),
+                                e2e_ms=stats(k, "e2e"))
                 for k, counts in sorted(self.class_statuses.items())}
 
     def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> RequestRow:
         """The request's line in requests.jsonl, times in ms from the run's start."""
         return RequestRow(
-            request_id=r.request_id, klass=r.klass, status=r.status, details=r.details, warmup=warmup,
-            scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
+            request_id=r.request_id, klass=r.klass, status=r.status, details=r.details,
+            warmup=warmup, scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
             sent_ms=(r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
             output_tokens=sum(r.tokens), messages=len(r.tokens),
             ttft_ms=t.ttft_us / 1000 if t else None,
@@ -182,13 +195,15 @@ class Recorder:
     def slo_shares(self) -> SloShares:
         """The objectives and the share of measured ok requests meeting each, and all."""
         given = objectives.objectives_ms(self.slo)
-        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None for n in [*given, "all"]}
+        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None
+                 for n in [*given, "all"]}
         return SloShares(objectives_ms=given, requests=self.slo_judged, met_share=share)
 
     def accounting(self) -> Accounting:
         failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}
-        return Accounting(sent=sum(self.statuses.values()), ok=self.statuses["OK"], failed=sum(failed.values()),
-                          not_sent=self.not_sent, failed_by_code=failed, warmup=self.warmup,
+        return Accounting(sent=sum(self.statuses.values()), ok=self.statuses["OK"],
+                          failed=sum(failed.values()), not_sent=self.not_sent,
+                          failed_by_code=failed, warmup=self.warmup,
                           rows_omitted=self.rows_omitted)
 
     @property
@@ -207,33 +222,38 @@ class Recorder:
         lag = self.client["send_lag"].stats()
         warnings = []
         if closed_loop:
-            warnings.append("closed loop: each user waited for its previous response before sending, so a slow "
-                            "or stalled server received fewer requests and its queueing is under-stated "
-                            "(coordinated omission); use --mode fixed to measure latency under a given load")
+            warnings.append("closed loop: each user waited for its previous response before "
+                            "sending, so a slow or stalled server received fewer requests and "
+                            "its queueing is under-stated (coordinated omission); use --mode "
+                            "fixed to measure latency under a given load")
         if cpu_percent > BUSY_CPU_PERCENT:
-            warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above {BUSY_CPU_PERCENT:g}% its "
-                            "receive timestamps lag (tens of ms at p99): add Locust worker processes "
-                            "(--processes N, with -u N) or lower the rate")
+            warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above "
+                            f"{BUSY_CPU_PERCENT:g}% its receive timestamps lag (tens of ms at "
+                            "p99): add Locust worker processes (--processes N, with -u N) or "
+                            "lower the rate")
         delivery = self.client["delivery_lag"].stats()
         if (delivery.p99 or 0) > LATE_DELIVERY_MS:
             warnings.append(
-                f"client delivery lag p99 {delivery.p99:.1f} ms (message emitted by the server -> timestamped "
-                f"here, network included) is above {LATE_DELIVERY_MS:g} ms: message times are that late; use "
-                "--client aio (open-loop modes), add Locust worker processes (--processes N, with -u N), or lower "
-                "the rate")
+                f"client delivery lag p99 {delivery.p99:.1f} ms (message emitted by the server -> "
+                f"timestamped here, network included) is above {LATE_DELIVERY_MS:g} ms: message "
+                "times are that late; use --client aio (open-loop modes), add Locust worker "
+                "processes (--processes N, with -u N), or lower the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
-                f"{LATE_SEND_MS:g} ms after their scheduled time (send lag p99 {lag.p99 or 0:.1f} ms, "
+                f"{LATE_SEND_MS:g} ms after their scheduled time "
+                f"(send lag p99 {lag.p99 or 0:.1f} ms, "
                 f"max {lag.max or 0:.1f} ms): "
                 "the load generator could not keep up; latencies still count from the schedule, "
-                "but add Locust worker processes (--processes N, with -u N) or lower the rate to measure the "
-                "server alone")
+                "but add Locust worker processes (--processes N, with -u N) or lower the rate to "
+                "measure the server alone")
         if self.not_sent:
-            warnings.append(f"{self.not_sent} scheduled requests were not sent: over --max-in-flight (the server "
-                            "is not keeping up with the offered rate), or due just as the run stopped")
+            warnings.append(f"{self.not_sent} scheduled requests were not sent: over "
+                            "--max-in-flight (the server is not keeping up with the offered "
+                            "rate), or due just as the run stopped")
         clamped = sum(h.clamped for h in self.client.values())
         if clamped:
-            warnings.append(f"{clamped} latency values fell outside the histogram range and were clamped")
-        return Generator(late_sends=self.late_sends, late_threshold_ms=LATE_SEND_MS, cpu_percent=cpu_percent,
-                         warnings=warnings)
+            warnings.append(f"{clamped} latency values fell outside the histogram range "
+                            "and were clamped")
+        return Generator(late_sends=self.late_sends, late_threshold_ms=LATE_SEND_MS,
+                         cpu_percent=cpu_percent, warnings=warnings)

@@ -34,9 +34,10 @@ from records.summary import Summary
 
 
 class Run:
-    def __init__(self, settings: LoadSettings, on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 server_stats: Callable[[], ServerStats], workers: int = 1, index: int = 0, run_dir: str | None = None,
-                 request_stop: Callable[[], None] = lambda: None):
+    def __init__(self, settings: LoadSettings,
+                 on_result: Callable[[StreamResult, StreamTiming | None], None],
+                 server_stats: Callable[[], ServerStats], workers: int = 1, index: int = 0,
+                 run_dir: str | None = None, request_stop: Callable[[], None] = lambda: None):
         """workers, index: this process's place among Locust worker processes; run_dir: where
         its interval logs go (a worker's own directory; default the run's); request_stop: ends
         the Locust test (stress mode calls it when it is done)."""
@@ -49,7 +50,8 @@ class Run:
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
         self.workload = Workload(settings)
         self._schedule = schedule_of(settings.traffic, workers, index)
-        self._closed_indexes = (k * workers + index for k in itertools.count())  # run-wide unique ids
+        # run-wide unique ids
+        self._closed_indexes = (k * workers + index for k in itertools.count())
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.channels: list = []  # the users' channels, closed after the drain
@@ -121,7 +123,8 @@ class Run:
     def _send(self, stub, index: int, due_ns: int) -> gevent.Greenlet:
         request, klass = self.workload.request(index)
         result = StreamResult(request.request_id, due_ns, klass)
-        greenlet = self._group.spawn(stream_generate, stub, request, result, self.sender.request_timeout_s)
+        greenlet = self._group.spawn(stream_generate, stub, request, result,
+                                     self.sender.request_timeout_s)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet
@@ -136,8 +139,10 @@ class Run:
 
     def tick(self) -> None:
         now_s = time.time()
-        self.intervals.write({name: h.hdr for name, h in self.recorder.take_interval().items()}, now_s)
-        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=self.server_stats())
+        interval = self.recorder.take_interval()
+        self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
+        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at,
+                              stats=self.server_stats())
         self.server_log.write(json.dumps(to_json(sample)) + "\n")
         self.server_log.flush()
 
@@ -171,14 +176,17 @@ class Run:
         self.stop()
         if self._stress_watcher is not None:
             self._stress_watcher.kill()  # a web UI restart must not inherit it
-            if not self.stress.stopped_because:  # stopped from outside (-t, the web UI) before saturation
-                self.stress.stopped_because = f"stopped after {len(self.stress.rows)} steps, before saturation"
+            # stopped from outside (-t, the web UI) before saturation
+            if not self.stress.stopped_because:
+                self.stress.stopped_because = (f"stopped after {len(self.stress.rows)} steps, "
+                                               "before saturation")
         if self.aio is not None:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
         self._group.join(timeout=self.sender.drain_s)
         for greenlet, result in list(self.inflight.items()):
-            if greenlet.ready():  # finished just now, its callback not run yet: count it as it ended
+            # finished just now, its callback not run yet: count it as it ended
+            if greenlet.ready():
                 continue
             greenlet.unlink(self._finished)
             greenlet.kill(block=True, timeout=5)
@@ -198,9 +206,11 @@ class Run:
     @property
     def cpu_percent(self) -> float:
         """This process's CPU over the run and its drain, % of one core."""
-        return 100 * (time.process_time() - self._cpu_start_s) / ((time.monotonic_ns() - self.start_ns) / 1e9)
+        return (100 * (time.process_time() - self._cpu_start_s)
+                / ((time.monotonic_ns() - self.start_ns) / 1e9))
 
     def summary(self) -> Summary:
-        summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s, self.recorder.window_s,
-                            self.cpu_percent)
-        return summary if self.stress is None else dataclasses.replace(summary, stress=self.stress.result())
+        summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
+                            self.recorder.window_s, self.cpu_percent)
+        return (summary if self.stress is None
+                else dataclasses.replace(summary, stress=self.stress.result()))

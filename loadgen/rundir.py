@@ -19,7 +19,8 @@ def write_json(path: Path, data) -> None:
     os.replace(tmp, path)  # a reader never sees half a file
 
 
-def write_run_dir(run_dir: str, summary: Summary, histograms: dict[str, str], rows: list[RequestRow]) -> Path:
+def write_run_dir(run_dir: str, summary: Summary, histograms: dict[str, str],
+                  rows: list[RequestRow]) -> Path:
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     write_json(path / HISTOGRAMS, histograms)

@@ -37,4 +37,5 @@ def with_run_dir(settings: LoadSettings) -> LoadSettings:
     if settings.recording.run_dir:
         return settings
     run_dir = time.strftime(f"runs/%Y%m%d-%H%M%S-{settings.traffic.mode}", time.gmtime())
-    return dataclasses.replace(settings, recording=dataclasses.replace(settings.recording, run_dir=run_dir))
+    recording = dataclasses.replace(settings.recording, run_dir=run_dir)
+    return dataclasses.replace(settings, recording=recording)

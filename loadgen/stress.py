@@ -117,33 +117,40 @@ class Stress:
             row = self.judge(step, step_start, step_end, samples)
             self.rows.append(row)
             if row.saturated:
-                self.stopped_because = f"step {step} at {row.offered_rps:g} requests/s: {row.saturated}"
+                self.stopped_because = (f"step {step} at {row.offered_rps:g} requests/s: "
+                                        f"{row.saturated}")
                 break
         else:
             self.stopped_because = f"no saturation within {c.max_steps} steps"
         self.run.request_stop()
 
-    def judge(self, step: int, start_ns: int, end_ns: int, samples: list[tuple[float, int]]) -> StepRow:
+    def judge(self, step: int, start_ns: int, end_ns: int,
+              samples: list[tuple[float, int]]) -> StepRow:
         c, objectives = self.settings.stress, self.settings.slo
         window_s = (end_ns - start_ns) / 1e9
         done, self._done = self._done, []
         ok = [(r, t) for r, t in done if t is not None and start_ns <= r.recv_ns[-1] <= end_ns]
         tokens = sum(n for r, _ in done for t_ns, n in zip(r.recv_ns, r.tokens, strict=True)
                      if start_ns <= t_ns <= end_ns)
-        ttft = [t.ttft_us / 1000 for r, t in done if t is not None and start_ns <= r.recv_ns[0] <= end_ns]
+        ttft = [t.ttft_us / 1000 for r, t in done
+                if t is not None and start_ns <= r.recv_ns[0] <= end_ns]
         in_flight = list(self.run.inflight.values())
-        ttft += [(r.recv_ns[0] - r.scheduled_ns) / 1e6 for r in in_flight if r.recv_ns and start_ns <= r.recv_ns[0]]
-        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]  # at least this
+        ttft += [(r.recv_ns[0] - r.scheduled_ns) / 1e6 for r in in_flight
+                 if r.recv_ns and start_ns <= r.recv_ns[0]]
+        # at least this
+        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]
         tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
         good = sum(slo.met(self.run.recorder.slo, t) for _, t in ok)
         offered = self.rate(step)
         # Compare completions with the arrivals one typical latency earlier, which they answer.
         self._lag_s = lag_s = percentile([t.e2e_us / 1e6 for _, t in ok], 50) or self._lag_s
-        start_s, end_s = (start_ns - self.run.start_ns) / 1e9 - lag_s, (end_ns - self.run.start_ns) / 1e9 - lag_s
+        start_s = (start_ns - self.run.start_ns) / 1e9 - lag_s
+        end_s = (end_ns - self.run.start_ns) / 1e9 - lag_s
         sent = sum(1 for t in self._sent if start_s <= t < end_s) / window_s
         growth = slope(samples)
-        row = StepRow(step=step, offered_rps=offered, sent_rps=sent, achieved_rps=len(ok) / window_s,
-                      output_tokens_per_s=tokens / window_s, goodput_rps=good / window_s,
+        row = StepRow(step=step, offered_rps=offered, sent_rps=sent,
+                      achieved_rps=len(ok) / window_s, output_tokens_per_s=tokens / window_s,
+                      goodput_rps=good / window_s,
                       ttft_p50_ms=percentile(ttft, 50), ttft_p99_ms=percentile(ttft, 99),
                       tpot_p50_ms=percentile(tpot, 50), tpot_p99_ms=percentile(tpot, 99),
                       in_flight_slope_per_s=growth, saturated="")
@@ -152,7 +159,8 @@ class Stress:
         # older than the step, throughput tells nothing (a stall still shows as TTFT and growth).
         conclusive = ok or any((end_ns - r.scheduled_ns) / 1e9 > window_s for r in in_flight)
         if conclusive and short_of_sent(len(ok), sent * window_s, c.saturation_share):
-            reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the {sent:.3g}/s sent")
+            reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the "
+                           f"{sent:.3g}/s sent")
         for name, p99, limit in (("TTFT", row.ttft_p99_ms, objectives.slo_ttft_ms),
                                  ("TPOT", row.tpot_p99_ms, objectives.slo_tpot_ms)):
             if limit is not None and p99 is not None and p99 > limit:
@@ -160,7 +168,8 @@ class Stress:
         # Growth counts when it is steep and adds more than twice the in-flight count a
         # healthy server holds (arrival rate x latency): ramp-up noise is neither.
         healthy_in_flight = sent * lag_s + 1
-        if conclusive and growth > GROWTH_SHARE * offered and growth * window_s > 2 * healthy_in_flight:
+        if (conclusive and growth > GROWTH_SHARE * offered
+                and growth * window_s > 2 * healthy_in_flight):
             reasons.append(f"in flight growing {growth:.3g}/s")
         return dataclasses.replace(row, saturated="; ".join(reasons))
 
@@ -173,10 +182,11 @@ class Stress:
     def result(self) -> StressResult:
         warning = ""
         if self._lag_s * 2 > self.settings.stress.step_s or (self.rows and not self._lag_s):
-            warning = ("requests took longer than half a step (or none completed): a step cannot be judged before "
-                       "its requests finish, so the knee is unsound; use a longer --step-s")
-        return StressResult(knee_rps=self.knee_rps, stopped_because=self.stopped_because, steps=list(self.rows),
-                            warning=warning)
+            warning = ("requests took longer than half a step (or none completed): a step cannot "
+                       "be judged before its requests finish, so the knee is unsound; use a "
+                       "longer --step-s")
+        return StressResult(knee_rps=self.knee_rps, stopped_because=self.stopped_because,
+                            steps=list(self.rows), warning=warning)
 
     def write_csv(self, run_dir: Path) -> None:
         with open(run_dir / STEPS, "w", newline="") as f:

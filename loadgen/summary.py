@@ -10,8 +10,8 @@ from records.load_settings import LoadSettings
 from records.summary import Summary
 
 
-def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float, window_s: float,
-              cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
+def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float,
+              window_s: float, cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
     has them); warnings: the caller's, after the recorder's own."""
     generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed")

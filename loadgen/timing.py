@@ -19,7 +19,8 @@ class StreamTiming:
     tpot_us: float | None  # (e2e - ttft) / (tokens - 1); None for one-token requests
     output_tokens: int
     send_lag_us: int  # scheduled -> actual send: the generator's own lateness
-    delivery_lag_us: list[int]  # per message: client-measured time minus the server's (transit + client lag)
+    # per message: client-measured time minus the server's (transit + client lag)
+    delivery_lag_us: list[int]
 
 
 def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: list[int],
@@ -42,6 +43,6 @@ def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: l
         tpot_us=(e2e - ttft) / (n - 1) if n > 1 else None,
         output_tokens=n,
         send_lag_us=(sent_ns - scheduled_ns) // 1000,
-        delivery_lag_us=[(r - sent_ns) // 1000 - e for r, e in zip(recv_ns, server_elapsed_us or [], strict=False)
-                         if e],
+        delivery_lag_us=[(r - sent_ns) // 1000 - e
+                         for r, e in zip(recv_ns, server_elapsed_us or [], strict=False) if e],
     )

@@ -40,9 +40,11 @@ def parse_classes(spec: str) -> list[RequestClass]:
         try:
             c = RequestClass(name, float(weight), int(prompt), int(out))
         except ValueError:
-            raise ValueError(f"class {item!r}: weight, prompt_tokens and max_tokens must be numbers") from None
+            raise ValueError(f"class {item!r}: weight, prompt_tokens and max_tokens must be "
+                             "numbers") from None
         if c.weight <= 0 or c.prompt_tokens < 1 or c.max_tokens < 1:
-            raise ValueError(f"class {item!r}: weight above 0, prompt_tokens and max_tokens at least 1")
+            raise ValueError(f"class {item!r}: weight above 0, prompt_tokens and max_tokens "
+                             "at least 1")
         classes.append(c)
     if len({c.name for c in classes}) != len(classes):
         raise ValueError(f"class names repeat in {spec!r}")
@@ -61,7 +63,8 @@ def load_dataset(path: str) -> list[tuple[str, str]]:
     for item in items if isinstance(items, list) else []:
         turns = item.get("conversations", []) if isinstance(item, dict) else []
         for ask, reply in zip(turns, turns[1:], strict=False):
-            if ask.get("from") == "human" and reply.get("from") == "gpt" and ask.get("value") and reply.get("value"):
+            if (ask.get("from") == "human" and reply.get("from") == "gpt"
+                    and ask.get("value") and reply.get("value")):
                 pairs.append((ask["value"], reply["value"]))
                 break
     if not pairs:
@@ -73,7 +76,8 @@ class Workload:
     def __init__(self, settings: LoadSettings):
         self.seed = settings.traffic.seed
         self.shape = c = settings.workload
-        self.classes = parse_classes(c.classes) if settings.traffic.mode == "mixed" and not c.dataset else []
+        uses_classes = settings.traffic.mode == "mixed" and not c.dataset
+        self.classes = parse_classes(c.classes) if uses_classes else []
         self.dataset = load_dataset(c.dataset) if c.dataset else []
 
     def request(self, index: int) -> tuple[moe_pb2.GenerateRequest, str]:
@@ -84,12 +88,17 @@ class Workload:
         if self.dataset:
             prompt, reply = rng.choice(self.dataset)
             out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped
-            return moe_pb2.GenerateRequest(request_id=rid, prompt=prompt, max_tokens=out, ignore_eos=True), "dataset"
+            request = moe_pb2.GenerateRequest(request_id=rid, prompt=prompt, max_tokens=out,
+                                              ignore_eos=True)
+            return request, "dataset"
         if self.classes:
             k = rng.choices(self.classes, weights=[k.weight for k in self.classes])[0]
             length, out, name = k.prompt_tokens, k.max_tokens, k.name
         else:
-            length = rng.randint(c.prompt_tokens, c.prompt_tokens_max) if c.prompt_tokens_max else c.prompt_tokens
+            length = (rng.randint(c.prompt_tokens, c.prompt_tokens_max) if c.prompt_tokens_max
+                      else c.prompt_tokens)
             out, name = c.max_tokens, ""
         ids = [rng.choice(PRINTABLE) for _ in range(length)]
-        return moe_pb2.GenerateRequest(request_id=rid, prompt_token_ids=ids, max_tokens=out, ignore_eos=True), name
+        request = moe_pb2.GenerateRequest(request_id=rid, prompt_token_ids=ids, max_tokens=out,
+                                          ignore_eos=True)
+        return request, name

@@ -43,14 +43,16 @@ class Names:
 class Spec:
     help: str
     flag: str  # without the leading dashes; "" = the field's name with dashes
-    option: bool  # False: the flag belongs to another program (Locust's --host) and is not added here
+    # False: the flag belongs to another program (Locust's --host) and is not added here
+    option: bool
     choices: tuple[str, ...] | Names | None
     check: Check | None
     compared: bool  # runs whose values differ measure different things (the comparison warns)
 
 
-def setting(default, help: str, *, flag: str = "", option: bool = True, choices: tuple[str, ...] | Names | None = None,
-            check: Check | None = None, compared: bool = True):
+def setting(default, help: str, *, flag: str = "", option: bool = True,
+            choices: tuple[str, ...] | Names | None = None, check: Check | None = None,
+            compared: bool = True):
     """A settings field: `default` as the dataclass default, the rest as its metadata."""
     spec = Spec(help, flag, option, choices, check, compared)
     return dataclasses.field(default=default, metadata={"spec": spec})
@@ -64,7 +66,8 @@ def group(kind: type):
 # --- checks ---
 
 def at_least(low: float, unit: str = "", note: str = "") -> Check:
-    return lambda v: None if v is None or v >= low else f"must be at least {low:g}{unit}{note}, got {v}"
+    return lambda v: (None if v is None or v >= low
+                      else f"must be at least {low:g}{unit}{note}, got {v}")
 
 
 def above(low: float, unit: str = "", note: str = "") -> Check:
@@ -72,7 +75,8 @@ def above(low: float, unit: str = "", note: str = "") -> Check:
 
 
 def within(low: float, high: float, note: str = "") -> Check:
-    return lambda v: None if v is None or low <= v <= high else f"must be {low:g}..{high:g}{note}, got {v}"
+    return lambda v: (None if v is None or low <= v <= high
+                      else f"must be {low:g}..{high:g}{note}, got {v}")
 
 
 def require(ok: bool, flag: str, message: str) -> None:
@@ -98,7 +102,8 @@ class Settings:
             except ValueError as e:
                 raise SettingsError(f"--{flag_of(f.name, spec)}: {e}") from None
             object.__setattr__(self, f.name, value)
-            problem = _choice_problem(spec.choices, value) if isinstance(spec.choices, tuple) else None
+            problem = (_choice_problem(spec.choices, value) if isinstance(spec.choices, tuple)
+                       else None)
             problem = problem or (spec.check(value) if spec.check else None)
             if problem:
                 raise SettingsError(f"--{flag_of(f.name, spec)}: {problem}")
@@ -293,7 +298,8 @@ def _title(cls: type) -> str:
 
 # --- docs ---
 
-def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None, *, grouped: bool = True) -> str:
+def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None, *,
+                    grouped: bool = True) -> str:
     """The README's option tables: one per group (or one for all), flag, default, meaning."""
     tables: dict[str, list[str]] = {}
     for leaf in leaves(cls):
@@ -306,6 +312,8 @@ def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None,
         elif isinstance(leaf.spec.choices, Names) and registries and not callable(
                 registries.get(leaf.spec.choices.registry)):
             meaning += ": " + ", ".join(f"`{c}`" for c in registries[leaf.spec.choices.registry])
-        flag = f"--[no-]{leaf.flag}" if bool in (leaf.kind, *typing.get_args(leaf.kind)) else f"--{leaf.flag}"
+        is_bool = bool in (leaf.kind, *typing.get_args(leaf.kind))
+        flag = f"--[no-]{leaf.flag}" if is_bool else f"--{leaf.flag}"
         rows.append(f"| `{flag}` | {default} | {meaning} |")
-    return "\n\n".join((f"{title}:\n\n" if title else "") + "\n".join(rows) for title, rows in tables.items())
+    return "\n\n".join((f"{title}:\n\n" if title else "") + "\n".join(rows)
+                       for title, rows in tables.items())

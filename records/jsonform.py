@@ -28,7 +28,8 @@ class RecordError(ValueError):
     """A file's content does not fit its record; the message says where and what."""
 
 
-def field(default=dataclasses.MISSING, *, key: str = "", omit: Any = _KEEP, default_factory=dataclasses.MISSING):
+def field(default=dataclasses.MISSING, *, key: str = "", omit: Any = _KEEP,
+          default_factory=dataclasses.MISSING):
     """A record field with its JSON key (default: its name) and the value written as nothing."""
     return dataclasses.field(default=default, default_factory=default_factory,
                              metadata={"key": key, "omit": omit})
@@ -80,7 +81,8 @@ def _plain(kind, data, where: str):
     if kind is Any:
         return data
     if kind is float:
-        _expect(isinstance(data, int | float) and not isinstance(data, bool), "a number", data, where)
+        _expect(isinstance(data, int | float) and not isinstance(data, bool), "a number",
+                data, where)
         return float(data)
     if kind is int:
         _expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, where)
@@ -93,10 +95,12 @@ def _plain(kind, data, where: str):
 def _record(kind, data, where: str):
     _expect(isinstance(data, dict), "an object", data, where)
     hints = _hints(kind)
-    known = {f.metadata.get("key") or f.name: f for f in dataclasses.fields(kind) if f.name != "extra"}
+    known = {f.metadata.get("key") or f.name: f for f in dataclasses.fields(kind)
+             if f.name != "extra"}
     unknown = {k: v for k, v in data.items() if k not in known}
     open_ = getattr(kind, "OPEN", False)
-    strays = "" if open_ or not unknown else f" (and unknown field(s) {', '.join(sorted(unknown))}: misnamed?)"
+    strays = ("" if open_ or not unknown
+              else f" (and unknown field(s) {', '.join(sorted(unknown))}: misnamed?)")
     values = {"extra": unknown} if open_ else {}
     for key, f in known.items():
         if key in data:

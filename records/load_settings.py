@@ -24,22 +24,26 @@ def _host_port(value: str) -> str | None:
 class Traffic(Settings):
     """Offered load"""
 
-    mode: str = setting("fixed", "fixed: constant offered rate, open loop. stress: the rate starts at --rate-start "
-                        "and rises by --rate-step (or times --rate-mult) every --step-s until a step saturates "
-                        "(achieved below --saturation-share of what was sent, an SLO broken at p99, or requests in "
-                        "flight growing steadily), then the run stops by itself and reports the knee, the highest "
-                        "rate that held; per-step results in steps.csv (one process only). mixed: request classes "
-                        "drawn by weight (--classes), each reported on its own and together, at a rate shaped by "
-                        "--rate-profile. closed: Locust's own model, -u users each sending the next request when "
-                        "the last ends (it under-states queueing, and the run says so)", choices=MODES)
-    rate: float = setting(1.0, "offered requests/s, total across users and workers", check=above(0, " requests/s"))
-    arrival: str = setting("poisson", "gaps between sends: poisson (exponential), constant, or gamma (see "
-                           "--burstiness)", choices=ARRIVALS)
-    burstiness: float = setting(1.0, "gamma arrivals: shape of the gap distribution (same mean); below 1 burstier "
-                                "than Poisson, 1 is Poisson", check=above(0))
-    profile: str = setting("", "mixed: sinusoid:PERIOD_S:AMPLITUDE, bursts:EVERY_S:LENGTH_S:FACTOR (a Poisson "
-                           "process shaped by it), or trace:FILE (replay send times in seconds, one per line); a "
-                           "constant rate when empty", flag="rate-profile", choices=Names("profiles"))
+    mode: str = setting("fixed", "fixed: constant offered rate, open loop. stress: the rate starts "
+                        "at --rate-start and rises by --rate-step (or times --rate-mult) every "
+                        "--step-s until a step saturates (achieved below --saturation-share of "
+                        "what was sent, an SLO broken at p99, or requests in flight growing "
+                        "steadily), then the run stops by itself and reports the knee, the highest "
+                        "rate that held; per-step results in steps.csv (one process only). mixed: "
+                        "request classes drawn by weight (--classes), each reported on its own and "
+                        "together, at a rate shaped by --rate-profile. closed: Locust's own model, "
+                        "-u users each sending the next request when the last ends (it "
+                        "under-states queueing, and the run says so)", choices=MODES)
+    rate: float = setting(1.0, "offered requests/s, total across users and workers",
+                          check=above(0, " requests/s"))
+    arrival: str = setting("poisson", "gaps between sends: poisson (exponential), constant, or "
+                           "gamma (see --burstiness)", choices=ARRIVALS)
+    burstiness: float = setting(1.0, "gamma arrivals: shape of the gap distribution (same mean); "
+                                "below 1 burstier than Poisson, 1 is Poisson", check=above(0))
+    profile: str = setting("", "mixed: sinusoid:PERIOD_S:AMPLITUDE, bursts:EVERY_S:LENGTH_S:FACTOR "
+                           "(a Poisson process shaped by it), or trace:FILE (replay send times in "
+                           "seconds, one per line); a constant rate when empty",
+                           flag="rate-profile", choices=Names("profiles"))
     seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat")
 
 
@@ -48,19 +52,22 @@ class Workload(Settings):
     """Requests"""
 
     prompt_tokens: int = setting(64, "prompt length of each request, in tokens", check=at_least(1))
-    prompt_tokens_max: int = setting(0, "above 0: prompt lengths uniform between --prompt-tokens and this",
-                                     check=at_least(0))
-    max_tokens: int = setting(32, "output tokens per request (sent with ignore_eos, so exact)", check=at_least(1))
-    classes: str = setting(DEFAULT_CLASSES, "mixed: request classes name:weight:prompt_tokens:max_tokens, "
-                           "comma-separated", choices=Names("classes"))
-    dataset: str = setting("", "a ShareGPT-style JSON file: each request is a conversation's first human turn, its "
-                           "output length the reply's (capped by --max-tokens)", choices=Names("datasets"))
+    prompt_tokens_max: int = setting(0, "above 0: prompt lengths uniform between --prompt-tokens "
+                                     "and this", check=at_least(0))
+    max_tokens: int = setting(32, "output tokens per request (sent with ignore_eos, so exact)",
+                              check=at_least(1))
+    classes: str = setting(DEFAULT_CLASSES, "mixed: request classes "
+                           "name:weight:prompt_tokens:max_tokens, comma-separated",
+                           choices=Names("classes"))
+    dataset: str = setting("", "a ShareGPT-style JSON file: each request is a conversation's first "
+                           "human turn, its output length the reply's (capped by --max-tokens)",
+                           choices=Names("datasets"))
 
     def __post_init__(self):
         super().__post_init__()
-        require(self.prompt_tokens_max == 0 or self.prompt_tokens_max >= self.prompt_tokens, "prompt-tokens-max",
-                f"must be 0 (fixed length) or at least --prompt-tokens ({self.prompt_tokens}), "
-                f"got {self.prompt_tokens_max}")
+        require(self.prompt_tokens_max == 0 or self.prompt_tokens_max >= self.prompt_tokens,
+                "prompt-tokens-max", f"must be 0 (fixed length) or at least --prompt-tokens "
+                f"({self.prompt_tokens}), got {self.prompt_tokens_max}")
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,16 @@ class Stress(Settings):
 
     rate_start: float = setting(0.0, "stress: the first step's requests/s; 0 = --rate",
                                 check=at_least(0, note=" (0 = --rate)"), compared=False)
-    rate_step: float = setting(0.0, "stress: requests/s added each step", check=at_least(0), compared=False)
-    rate_mult: float = setting(0.0, "stress: or multiply the rate by this each step", check=at_least(0),
+    rate_step: float = setting(0.0, "stress: requests/s added each step", check=at_least(0),
                                compared=False)
+    rate_mult: float = setting(0.0, "stress: or multiply the rate by this each step",
+                               check=at_least(0), compared=False)
     step_s: float = setting(10.0, "stress: seconds per step", check=above(0), compared=False)
-    max_steps: int = setting(20, "stress: most steps before giving up", check=at_least(1), compared=False)
-    saturation_share: float = setting(0.9, "stress: a step whose achieved rate is below this share of the "
-                                      "offered rate saturated", check=lambda v: None if 0 < v <= 1 else
+    max_steps: int = setting(20, "stress: most steps before giving up", check=at_least(1),
+                             compared=False)
+    saturation_share: float = setting(0.9, "stress: a step whose achieved rate is below this share "
+                                      "of the offered rate saturated",
+                                      check=lambda v: None if 0 < v <= 1 else
                                       f"must be in (0, 1], got {v}", compared=False)
 
 
@@ -83,42 +93,47 @@ class Stress(Settings):
 class Slo(Settings):
     """Service-level objectives"""
 
-    slo_ttft_ms: float | None = setting(None, "TTFT objective: goodput counts requests meeting every objective "
-                                        "given; the share meeting each is in summary.json (slo) and on the console",
-                                        check=above(0), compared=False)
-    slo_tpot_ms: float | None = setting(None, "TPOT objective for goodput", check=above(0), compared=False)
-    slo_e2e_ms: float | None = setting(None, "end-to-end latency objective for goodput", check=above(0),
-                                       compared=False)
+    slo_ttft_ms: float | None = setting(None, "TTFT objective: goodput counts requests meeting "
+                                        "every objective given; the share meeting each is in "
+                                        "summary.json (slo) and on the console", check=above(0),
+                                        compared=False)
+    slo_tpot_ms: float | None = setting(None, "TPOT objective for goodput", check=above(0),
+                                        compared=False)
+    slo_e2e_ms: float | None = setting(None, "end-to-end latency objective for goodput",
+                                       check=above(0), compared=False)
 
 
 @dataclass(frozen=True)
 class Sender(Settings):
     """Sending"""
 
-    host: str = setting("127.0.0.1:50051", "the server, HOST:PORT", option=False, check=_host_port, compared=False)
-    client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own greenlets, or aio, a "
-                          "plain grpc.aio process started beside each Locust process (open-loop modes), which keeps "
-                          "message timestamps exact to higher rates (see make bench-loadgen)", choices=CLIENTS,
-                          compared=False)
-    request_timeout_s: float = setting(120.0, "gRPC deadline of each request", check=above(0), compared=False)
-    max_in_flight: int = setting(1000, "open requests per process; arrivals beyond it are counted as not sent",
-                                 check=at_least(1), compared=False)
-    drain_s: float = setting(30.0, "after the run, seconds in-flight requests get to finish before being cut off",
-                             check=at_least(0), compared=False)
+    host: str = setting("127.0.0.1:50051", "the server, HOST:PORT", option=False, check=_host_port,
+                        compared=False)
+    client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own "
+                          "greenlets, or aio, a plain grpc.aio process started beside each Locust "
+                          "process (open-loop modes), which keeps message timestamps exact to "
+                          "higher rates (see make bench-loadgen)", choices=CLIENTS, compared=False)
+    request_timeout_s: float = setting(120.0, "gRPC deadline of each request", check=above(0),
+                                       compared=False)
+    max_in_flight: int = setting(1000, "open requests per process; arrivals beyond it are counted "
+                                 "as not sent", check=at_least(1), compared=False)
+    drain_s: float = setting(30.0, "after the run, seconds in-flight requests get to finish before "
+                             "being cut off", check=at_least(0), compared=False)
 
 
 @dataclass(frozen=True)
 class Recording(Settings):
     """Recording"""
 
-    warmup_s: float = setting(0.0, "requests scheduled in the first seconds are sent but not measured",
-                              check=at_least(0), compared=False)
-    run_dir: str = setting("", "where summary.json and histograms go (default runs/<UTC time>-<mode>)",
-                           compared=False)
-    interval_s: float = setting(1.0, "period of the .hlog interval histograms and of server_stats.jsonl samples",
-                                check=above(0), compared=False)
-    max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests (the count of the "
-                                    "rest is in summary.json)", check=at_least(0), compared=False)
+    warmup_s: float = setting(0.0, "requests scheduled in the first seconds are sent but not "
+                              "measured", check=at_least(0), compared=False)
+    run_dir: str = setting("", "where summary.json and histograms go (default "
+                           "runs/<UTC time>-<mode>)", compared=False)
+    interval_s: float = setting(1.0, "period of the .hlog interval histograms and of "
+                                "server_stats.jsonl samples", check=above(0), compared=False)
+    max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests "
+                                    "(the count of the rest is in summary.json)", check=at_least(0),
+                                    compared=False)
 
 
 @dataclass(frozen=True)
@@ -133,8 +148,9 @@ class LoadSettings(Settings):
     def __post_init__(self):
         super().__post_init__()
         mode = self.traffic.mode
-        require(mode != "stress" or self.stress.rate_step > 0 or self.stress.rate_mult > 1, "rate-step",
-                "stress mode needs --rate-step above 0 or --rate-mult above 1 (the rate starts at --rate)")
+        require(mode != "stress" or self.stress.rate_step > 0 or self.stress.rate_mult > 1,
+                "rate-step", "stress mode needs --rate-step above 0 or --rate-mult above 1 "
+                "(the rate starts at --rate)")
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
         require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
                 "aio sends open-loop schedules only: use it with --mode fixed or mixed")

@@ -37,5 +37,6 @@ class RequestRow:
 
     @property
     def finish_ms(self) -> float | None:
-        """When its last message came, ms from the run's start (E2E counts from the scheduled send)."""
+        """When its last message came, ms from the run's start (E2E counts from the scheduled
+        send)."""
         return None if self.e2e_ms is None else self.scheduled_ms + self.e2e_ms

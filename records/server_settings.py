@@ -28,78 +28,87 @@ class Serving(Settings):
     port_file: str | None = setting(None, "write the bound port here once serving", compared=False)
     max_queue: int = setting(1024, "waiting requests before RESOURCE_EXHAUSTED", check=at_least(1),
                              compared=False)
-    max_tokens_limit: int = setting(2048, "largest max_tokens a request may ask for", check=at_least(1),
-                                    compared=False)
-    grace_s: float = setting(10.0, "on SIGTERM, seconds open streams get to finish", check=at_least(0),
-                             compared=False)
-    metrics_port: int | None = setting(None, "serve Prometheus metrics at http://HOST:PORT/metrics (0 = any free "
-                                       "port); off when omitted", check=within(0, 65535, " (0 = any free port)"),
+    max_tokens_limit: int = setting(2048, "largest max_tokens a request may ask for",
+                                    check=at_least(1), compared=False)
+    grace_s: float = setting(10.0, "on SIGTERM, seconds open streams get to finish",
+                             check=at_least(0), compared=False)
+    metrics_port: int | None = setting(None, "serve Prometheus metrics at http://HOST:PORT/metrics "
+                                       "(0 = any free port); off when omitted",
+                                       check=within(0, 65535, " (0 = any free port)"),
                                        compared=False)
-    step_log: str | None = setting(None, "append one JSON line per engine step (batch, stage times, experts per "
-                                   "layer, wall and monotonic time) to this file", compared=False)
+    step_log: str | None = setting(None, "append one JSON line per engine step (batch, stage "
+                                   "times, experts per layer, wall and monotonic time) to this "
+                                   "file", compared=False)
 
 
 @dataclass(frozen=True)
 class Model(Settings):
     """Model"""
 
-    preset: str = setting("small", "model shape: tiny for tests, small for CPU load tests (20-50 tokens/s per "
-                          "stream), mixtral-8x7b and qwen1.5-moe-a2.7b are real shapes for GPUs",
-                          choices=Names("presets"))
+    preset: str = setting("small", "model shape: tiny for tests, small for CPU load tests (20-50 "
+                          "tokens/s per stream), mixtral-8x7b and qwen1.5-moe-a2.7b are real "
+                          "shapes for GPUs", choices=Names("presets"))
     device: str | None = setting(None, "cpu, cuda or cuda:N; cuda when present", check=_device)
-    dtype: str | None = setting(None, "float32, bfloat16 or float16; bfloat16 on cuda, float32 on cpu (where "
-                                "bfloat16 is 10-70x slower)", choices=Names("dtypes"))
+    dtype: str | None = setting(None, "float32, bfloat16 or float16; bfloat16 on cuda, float32 on "
+                                "cpu (where bfloat16 is 10-70x slower)", choices=Names("dtypes"))
     seed: int = setting(0, "seed of the random weights (nothing is downloaded)")
-    torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when server and load "
-                                 "generator share 2 cores)", check=at_least(0))
+    torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when "
+                                 "server and load generator share 2 cores)", check=at_least(0))
 
 
 @dataclass(frozen=True)
 class Batching(Settings):
     """Batching"""
 
-    policy: str = setting("fcfs", "batching policy (the policies are described below)", choices=Names("policies"),
-                          compared=False)
+    policy: str = setting("fcfs", "batching policy (the policies are described below)",
+                          choices=Names("policies"), compared=False)
     max_batch_size: int = setting(32, "most requests in one engine step", check=at_least(1))
-    kv_slots: int = setting(0, "sequences the preallocated KV cache pool holds; 0 = --max-batch-size",
-                            check=at_least(0, note=" (0 = --max-batch-size)"))
+    kv_slots: int = setting(0, "sequences the preallocated KV cache pool holds; 0 = "
+                            "--max-batch-size", check=at_least(0, note=" (0 = --max-batch-size)"))
     # The next two are policy knobs: they differ between policies by design.
-    max_wait_ms: float = setting(50.0, "static, dynamic: longest wait for a batch to fill; expert_aware: age bound",
-                                 check=at_least(0), compared=False)
-    max_step_tokens: int = setting(512, "latency_sensitive: tokens per step, decodes first, then prompt chunks",
-                                   check=at_least(1), compared=False)
+    max_wait_ms: float = setting(50.0, "static, dynamic: longest wait for a batch to fill; "
+                                 "expert_aware: age bound", check=at_least(0), compared=False)
+    max_step_tokens: int = setting(512, "latency_sensitive: tokens per step, decodes first, then "
+                                   "prompt chunks", check=at_least(1), compared=False)
 
 
 @dataclass(frozen=True)
 class MoE(Settings):
     """MoE layer"""
 
-    router: str = setting("topk", "topk (softmax in fp32, top-k, renormalised), noisy_topk (Shazeer 2017: Gaussian "
-                          "noise scaled by a learned softplus term, seeded), balanced (the least-loaded dispatcher of "
-                          "seed 3.2: each sequence's tokens in a step go to the k experts with the least load so far "
-                          "in that step, from a heap; load resets every step), or a custom module:Class",
-                          choices=Names("routers"))
+    router: str = setting("topk", "topk (softmax in fp32, top-k, renormalised), noisy_topk "
+                          "(Shazeer 2017: Gaussian noise scaled by a learned softplus term, "
+                          "seeded), balanced (the least-loaded dispatcher of seed 3.2: each "
+                          "sequence's tokens in a step go to the k experts with the least load so "
+                          "far in that step, from a heap; load resets every step), or a custom "
+                          "module:Class", choices=Names("routers"))
     noise_scale: float = setting(1.0, "noise multiplier of noisy_topk", check=at_least(0))
-    renormalize: bool | None = setting(None, "renormalise the top-k router weights to sum to 1 (Mixtral does, "
-                                       "Qwen1.5-MoE does not); as the preset's model does when omitted")
-    routing_skew: str = setting("uniform", "a logit bias on top of any router: uniform, zipf:S (popularity ~ rank^-S, "
-                                "a different order per layer), hot:F (one expert per layer gets fraction F of the "
-                                "routed slots, F <= 1/k), affinity:ALPHA (each request draws its own Dirichlet(ALPHA) "
-                                "preference from its id and seed: small ALPHA = strong, stable affinity)",
-                                choices=Names("skews"))
-    capacity_factor: float | None = setting(None, "each expert takes at most ceil(tokens x k / experts x CF) "
-                                            "(token, expert) pairs per step; the rest are dropped (the token keeps "
-                                            "its residual) and counted; dropless when omitted",
+    renormalize: bool | None = setting(None, "renormalise the top-k router weights to sum to 1 "
+                                       "(Mixtral does, Qwen1.5-MoE does not); as the preset's "
+                                       "model does when omitted")
+    routing_skew: str = setting("uniform", "a logit bias on top of any router: uniform, zipf:S "
+                                "(popularity ~ rank^-S, a different order per layer), hot:F (one "
+                                "expert per layer gets fraction F of the routed slots, F <= 1/k), "
+                                "affinity:ALPHA (each request draws its own Dirichlet(ALPHA) "
+                                "preference from its id and seed: small ALPHA = strong, stable "
+                                "affinity)", choices=Names("skews"))
+    capacity_factor: float | None = setting(None, "each expert takes at most "
+                                            "ceil(tokens x k / experts x CF) (token, expert) pairs "
+                                            "per step; the rest are dropped (the token keeps its "
+                                            "residual) and counted; dropless when omitted",
                                             check=lambda v: None if v is None or v > 0 else
                                             f"must be above 0 (omit it for dropless), got {v}")
-    moe_kernel: str = setting("sorted", "sorted (tokens sorted by expert, one matmul chain per expert slice, one "
-                              "host sync per layer), grouped_mm (torch._grouped_mm; falls back to sorted with a "
-                              "logged reason where the build, dtype or expert cache rule it out), or reference (per "
+    moe_kernel: str = setting("sorted", "sorted (tokens sorted by expert, one matmul chain per "
+                              "expert slice, one host sync per layer), grouped_mm "
+                              "(torch._grouped_mm; falls back to sorted with a logged reason where "
+                              "the build, dtype or expert cache rule it out), or reference (per "
                               "token, for tests)", choices=Names("kernels"))
-    expert_cache: int = setting(0, "keep at most N experts per layer resident (GPU memory on CUDA, a separate buffer "
-                                "on CPU), the rest in host memory; misses copy weights in for real; 0 = off",
+    expert_cache: int = setting(0, "keep at most N experts per layer resident (GPU memory on CUDA, "
+                                "a separate buffer on CPU), the rest in host memory; misses copy "
+                                "weights in for real; 0 = off",
                                 check=at_least(0, note=" (0 = off)"))
-    cache_policy: str = setting("lru", "expert-cache eviction: lru, lfu or random", choices=Names("cache_policies"))
+    cache_policy: str = setting("lru", "expert-cache eviction: lru, lfu or random",
+                                choices=Names("cache_policies"))
 
 
 @dataclass(frozen=True)

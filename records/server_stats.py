@@ -48,11 +48,13 @@ class CacheStats:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerStats:
-    expert_tokens: list[int] = field(default_factory=list)  # (token, expert) pairs routed, per expert
+    # (token, expert) pairs routed, per expert
+    expert_tokens: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # pairs over capacity, per expert
     imbalance_max_over_mean: float = 0.0
     imbalance_cv: float = 0.0
-    active_experts_steps: list[int] = field(default_factory=list)  # [a] = steps in which a experts computed
+    # [a] = steps in which a experts computed
+    active_experts_steps: list[int] = field(default_factory=list)
     cache: CacheStats | None = field(None, omit=None)
 
 
@@ -121,7 +123,8 @@ class ServerStats:
 
     def cache_total(self, counter: str) -> float:
         """One expert-cache counter summed over the layers; 0 without a cache."""
-        return sum(getattr(layer.cache, counter) for layer in self.layers if layer.cache is not None)
+        return sum(getattr(layer.cache, counter) for layer in self.layers
+                   if layer.cache is not None)
 
     def reported_settings(self) -> dict[str, str]:
         """Every setting the server reported, name -> text: its `settings` map, or for a server
@@ -129,16 +132,17 @@ class ServerStats:
         if self.settings:
             return dict(self.settings)
         kinds = {leaf.name: leaf.kind for leaf in leaves(ServerSettings)}
-        values = {name: getattr(self, key) for name, key in OLDER_FIELDS.items() if getattr(self, key) != ""}
+        values = {name: getattr(self, key) for name, key in OLDER_FIELDS.items()
+                  if getattr(self, key) != ""}
         values["capacity_factor"] = self.capacity_factor or None
         return {name: text(cast(kinds[name], value)) for name, value in values.items()}
 
 
 # The EngineStats fields that carried a setting before GetStats had its `settings` map.
 OLDER_FIELDS = {"policy": "policy", "preset": "preset", "device": "device", "dtype": "dtype",
-                "max_batch_size": "max_batch_size", "kv_slots": "kv_slots_total", "router": "router",
-                "routing_skew": "routing_skew", "moe_kernel": "moe_kernel", "expert_cache": "expert_cache",
-                "cache_policy": "cache_policy"}
+                "max_batch_size": "max_batch_size", "kv_slots": "kv_slots_total",
+                "router": "router", "routing_skew": "routing_skew", "moe_kernel": "moe_kernel",
+                "expert_cache": "expert_cache", "cache_policy": "cache_policy"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,7 +89,8 @@ class ServerSnapshots:
 
     @property
     def latest(self) -> ServerStats | None:
-        """The end snapshot, or the start one without it; None without either (or with errors only)."""
+        """The end snapshot, or the start one without it; None without either (or with errors
+        only)."""
         return next((s for s in (self.end, self.start) if s is not None and s.ok), None)
 
 
@@ -99,7 +100,8 @@ class StepRow:
 
     step: int
     offered_rps: float  # the step's nominal rate
-    sent_rps: float  # arrivals actually scheduled in the step, one median latency earlier (a Poisson sample)
+    # arrivals actually scheduled in the step, one median latency earlier (a Poisson sample)
+    sent_rps: float
     achieved_rps: float
     output_tokens_per_s: float
     goodput_rps: float

@@ -24,7 +24,8 @@ def parse_args(argv: list[str] | None = None) -> ServerSettings:
     add_arguments(p, ServerSettings, REGISTRIES)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     options = p.parse_args(argv)
-    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=options.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = from_options(ServerSettings, options)
         check(settings)

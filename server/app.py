@@ -52,19 +52,23 @@ async def start(settings: ServerSettings) -> App:
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
     log.info("building %s on %s (%s), seed %d", model.preset, model.device, model.dtype, model.seed)
-    engine = Engine(model.preset, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
-    settings = dataclasses.replace(settings, moe=dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name))
+    engine = Engine(model.preset, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed,
+                    settings.moe)
+    resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
+    settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
     scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
     service = MoEService(scheduler, limits, settings)
     server, port, health_servicer = await create_server(service, f"{serving.host}:{serving.port}")
-    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy, serving.host, port)
+    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
+             serving.host, port)
     app = App(server, port, service, health_servicer)
     loop = asyncio.get_running_loop()
     scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
     if serving.metrics_port is not None:
-        app.metrics_server, app.metrics_port = serve_metrics(scheduler, serving.host, serving.metrics_port)
+        app.metrics_server, app.metrics_port = serve_metrics(scheduler, serving.host,
+                                                             serving.metrics_port)
         log.info("Prometheus metrics on http://%s:%d/metrics", serving.host, app.metrics_port)
     return app

@@ -54,7 +54,8 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
-    sink: Callable[[TokenEvent | FailureEvent], None]  # called under the scheduler's lock: must not block
+    # called under the scheduler's lock: must not block
+    sink: Callable[[TokenEvent | FailureEvent], None]
     ignore_eos: bool = False
     temperature: float = 0.0
     seed: int = 0
@@ -94,7 +95,8 @@ class Batcher:
         self.telemetry = self.new_telemetry()  # the engine's warm-up excluded
 
     def new_telemetry(self) -> Telemetry:
-        return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts, cache_baseline=self.cache_counters())
+        return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
+                         cache_baseline=self.cache_counters())
 
     def cache_counters(self) -> list[CacheCounters]:
         return [dataclasses.replace(cache.counters) for cache in self.engine.caches]
@@ -136,9 +138,12 @@ class Batcher:
         """One engine step for the plan; returns the result and its start and end times."""
         seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled,
                          temperature=req.temperature, generator=req.generator,
-                         routing_key=request_key(req.request_id, req.seed)) for req, n in plan.prefill]
-        seqs += [SeqInput(req.slot, req.output_ids[-1:], len(req.prompt_ids) + len(req.output_ids) - 1,
-                          temperature=req.temperature, generator=req.generator) for req in plan.decode]
+                         routing_key=request_key(req.request_id, req.seed))
+                for req, n in plan.prefill]
+        seqs += [SeqInput(req.slot, req.output_ids[-1:],
+                          len(req.prompt_ids) + len(req.output_ids) - 1,
+                          temperature=req.temperature, generator=req.generator)
+                 for req in plan.decode]
         t0 = self.clock()
         result = self.engine.step(seqs)
         return result, t0, self.clock()
@@ -168,13 +173,16 @@ class Batcher:
                 req.done = True
                 finished += 1
                 self.engine.free_slot(req.slot)
-                usage = Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
-                              queue_us=(req.admitted_ns - req.received_ns) // 1000, prefill_us=req.prefill_us,
+                usage = Usage(prompt_tokens=len(req.prompt_ids),
+                              completion_tokens=len(req.output_ids),
+                              queue_us=(req.admitted_ns - req.received_ns) // 1000,
+                              prefill_us=req.prefill_us,
                               decode_us=(t1 - req.first_token_ns) // 1000)
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
         self.telemetry.requests_finished += finished
-        self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6, self.engine.expert_bytes)
+        self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6,
+                                   self.engine.expert_bytes)
         if self.step_log is not None:
             self.step_log.write(self.telemetry.steps, result, len(ran), len(plan.prefill))
         for sink, event in deliveries:

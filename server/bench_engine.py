@@ -3,7 +3,8 @@
 1. Our expert kernels against a HuggingFace-Mixtral-style masked per-expert loop, same output.
 2. Distinct experts a decode step activates under routing skew, against the uniform expectation.
 3. LRU expert-cache hit rates for a fixed set of running requests.
-4. A roofline: each variant's time as a multiple of max(weight bytes / copy rate, FLOPs / matmul rate).
+4. A roofline: each variant's time as a multiple of max(weight bytes / copy rate,
+   FLOPs / matmul rate).
 
 Prints tables, then one line of JSON with every number. Timings are information, never asserted.
 
@@ -56,7 +57,8 @@ def variant(moe: MoELayer, **parts) -> MoELayer:
 
 
 def hf_loop_forward(moe: MoELayer, x: Tensor) -> Tensor:
-    """The baseline: HuggingFace MixtralSparseMoeBlock's masked loop over every expert, on our weights."""
+    """The baseline: HuggingFace MixtralSparseMoeBlock's masked loop over every expert, on our
+    weights."""
     probs = F.softmax(moe.router.gate(x), dim=1, dtype=torch.float)  # [T, E]
     weights, selected = torch.topk(probs, moe.top_k, dim=-1)  # [T, k]
     weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
@@ -74,8 +76,8 @@ def hf_loop_forward(moe: MoELayer, x: Tensor) -> Tensor:
 def step_context(x: Tensor, token_bias: Tensor | None = None) -> StepContext:
     """A decode step: each of x's tokens is its own sequence."""
     n = x.shape[0]
-    return StepContext(groups=torch.arange(n, device=x.device), n_seqs=n, timer=StageTimer(x.device),
-                       token_bias=token_bias)
+    return StepContext(groups=torch.arange(n, device=x.device), n_seqs=n,
+                       timer=StageTimer(x.device), token_bias=token_bias)
 
 
 def layer_forward(moe: MoELayer, x: Tensor) -> tuple[Tensor, StepContext]:
@@ -92,7 +94,8 @@ def sync(device: torch.device) -> None:
 def side_by_side_ms(fns: dict[str, Callable], repeats: int, device: torch.device,
                     before: dict[str, Callable] | None = None) -> dict[str, float]:
     """Median ms of each fn. Every repeat runs all of them in a rotated order, so the machine's
-    noise and any order effect fall on each alike; before[name] runs untimed just before fns[name]."""
+    noise and any order effect fall on each alike; before[name] runs untimed just before
+    fns[name]."""
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
@@ -109,11 +112,13 @@ def side_by_side_ms(fns: dict[str, Callable], repeats: int, device: torch.device
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generator, kernels: list[str]) -> list[dict]:
+def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generator,
+                kernels: list[str]) -> list[dict]:
     """Per T: the loop and each kernel on cold weights, plus the roofline's two rates, all in the
     same rounds, so the bound is measured under the same noise as what it bounds."""
     device = moe.experts.w1.device
-    layers = {name: variant(moe, kernel=KERNELS[name], skew_bias=None) for name in kernels}  # HF routes without skew
+    # HF routes without skew
+    layers = {name: variant(moe, kernel=KERNELS[name], skew_bias=None) for name in kernels}
     flush = torch.empty(FLUSH_BYTES // 4, device=device)
     src = torch.ones(COPY_BYTES // 4, device=device)
     dst = torch.empty_like(src)
@@ -131,15 +136,19 @@ def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generato
         before = dict.fromkeys(fns, flush.zero_)
         a = step.active[0]
         h = torch.randn(math.ceil(t * moe.top_k / a), x.shape[1], generator=gen, device=device)
-        # Run once untimed first, so its weights are warm: the rate of the arithmetic, not of memory.
-        fns["matmul"] = before["matmul"] = lambda h=h: swiglu(h, *(w[0] for w in moe.experts.weights))
+        # Run once untimed first, so its weights are warm: the rate of the arithmetic, not of
+        # memory.
+        fns["matmul"] = lambda h=h: swiglu(h, *(w[0] for w in moe.experts.weights))
+        before["matmul"] = fns["matmul"]
         fns["copy"] = lambda: dst.copy_(src)
+        medians = side_by_side_ms(fns, repeats, device, before)
         rows.append({"tokens": t, "active_experts": a, "rows_per_expert": h.shape[0],
-                     **{f"{name}_ms": ms for name, ms in side_by_side_ms(fns, repeats, device, before).items()}})
+                     **{f"{name}_ms": ms for name, ms in medians.items()}})
     return rows
 
 
-def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int], seed: int) -> Tensor | None:
+def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int],
+               seed: int) -> Tensor | None:
     """[B, L, E] affinity bias of requests with these keys, or None for layer-wide skews."""
     if skew.kind != "affinity":
         return None
@@ -152,7 +161,8 @@ def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
     return torch.unique(moe.route(x, step_context(x, bias))[1]).tolist()
 
 
-def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator, seed: int) -> list[dict]:
+def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
+                    seed: int) -> list[dict]:
     e, k, d = moe.n_experts, moe.top_k, moe.experts.w1.shape[2]
     rows = []
     for spec in SKEWS:
@@ -163,7 +173,8 @@ def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Gen
             for s in range(ROUTING_SAMPLES):  # B fresh requests per batch
                 keys = [request_key(f"activated-{b}-{s}-{i}", seed) for i in range(b)]
                 x = norm(torch.randn(b, d, generator=gen, device=moe.experts.w1.device))
-                counts.append(len(routed_experts(skewed, x, token_bias(skew, moe, n_layers, keys, seed))))
+                bias = token_bias(skew, moe, n_layers, keys, seed)
+                counts.append(len(routed_experts(skewed, x, bias)))
             rows.append({"skew": spec, "batch": b, "mean_active": statistics.fmean(counts),
                          "uniform_expected": e * (1 - (1 - k / e) ** b)})
     return rows
@@ -174,32 +185,38 @@ def skew_bias(skew: Skew, moe: MoELayer, seed: int) -> Tensor | None:
     return None if bias is None else bias.to(moe.experts.w1.device)
 
 
-def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator, seed: int) -> list[dict]:
+def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
+                seed: int) -> list[dict]:
     device = moe.experts.w1.device
     weights = tuple(w.detach() for w in moe.experts.weights)
-    host = weights if device.type == "cpu" else tuple(w.cpu().pin_memory() for w in weights)  # as the engine does
-    keys = [request_key(f"cache-{i}", seed) for i in range(CACHE_REQUESTS)]  # the same requests every step
+    # as the engine does
+    host = weights if device.type == "cpu" else tuple(w.cpu().pin_memory() for w in weights)
+    # the same requests every step
+    keys = [request_key(f"cache-{i}", seed) for i in range(CACHE_REQUESTS)]
     rows = []
     for spec in SKEWS:
         skew = Skew.parse(spec)
         bias = token_bias(skew, moe, n_layers, keys, seed)
         for capacity in (moe.n_experts // 4, moe.n_experts // 2):
             cache = LayerCache(host, capacity, device, "lru")
-            cached = variant(moe, kernel=KERNELS["sorted"], skew_bias=skew_bias(skew, moe, seed), cache=cache)
-            for _ in range(CACHE_STEPS):  # the real layer, so the cache sees the engine's visiting order
-                x = norm(torch.randn(CACHE_REQUESTS, host[0].shape[2], generator=gen, device=device))
+            cached = variant(moe, kernel=KERNELS["sorted"], skew_bias=skew_bias(skew, moe, seed),
+                             cache=cache)
+            # the real layer, so the cache sees the engine's visiting order
+            for _ in range(CACHE_STEPS):
+                x = norm(torch.randn(CACHE_REQUESTS, host[0].shape[2], generator=gen,
+                                     device=device))
                 cached(x, step_context(x, bias))
             cache.settle()
             c = cache.counters
-            rows.append({"skew": spec, "resident_experts": capacity, "hits": c.hits, "misses": c.misses,
-                         "hit_rate": c.hits / (c.hits + c.misses)})
+            rows.append({"skew": spec, "resident_experts": capacity, "hits": c.hits,
+                         "misses": c.misses, "hit_rate": c.hits / (c.hits + c.misses)})
     return rows
 
 
 def roofline(rows: list[dict], moe: MoELayer, expert_bytes: int, variants: list[str]) -> list[dict]:
     """Per T: the bound = max(A experts' weights at the copy rate, the step's FLOPs at the rate of
-    one expert's SwiGLU on m = ceil(T k / A) rows with its weights warm), and each variant against it.
-    The copy rate counts the bytes copied, not read + written."""
+    one expert's SwiGLU on m = ceil(T k / A) rows with its weights warm), and each variant against
+    it. The copy rate counts the bytes copied, not read + written."""
     _, i, d = moe.experts.w1.shape
     out = []
     for r in rows:
@@ -209,19 +226,22 @@ def roofline(rows: list[dict], moe: MoELayer, expert_bytes: int, variants: list[
         compute_ms = 2 * 3 * d * i * r["tokens"] * moe.top_k / matmul_gflop_s / 1e6
         bound_ms = max(memory_ms, compute_ms)
         out.append({"tokens": r["tokens"], "copy_gb_s": copy_gb_s,
-                    "matmul_gflop_s": matmul_gflop_s, "memory_bound_ms": memory_ms, "compute_bound_ms": compute_ms,
-                    "bound_ms": bound_ms, **{f"{v}_x_bound": r[f"{v}_ms"] / bound_ms for v in variants}})
+                    "matmul_gflop_s": matmul_gflop_s, "memory_bound_ms": memory_ms,
+                    "compute_bound_ms": compute_ms, "bound_ms": bound_ms,
+                    **{f"{v}_x_bound": r[f"{v}_ms"] / bound_ms for v in variants}})
     return out
 
 
 def targets(layer_rows: list[dict], roof_rows: list[dict]) -> dict[str, bool]:
-    within = {r["tokens"]: r["sorted_x_bound"] <= BOUND_TARGET for r in roof_rows if r["tokens"] in (1, 256)}
+    within = {r["tokens"]: r["sorted_x_bound"] <= BOUND_TARGET for r in roof_rows
+              if r["tokens"] in (1, 256)}
     return {"sorted_not_slower_than_loop": all(r["sorted_ms"] <= r["loop_ms"] for r in layer_rows),
             **{f"sorted_within_{BOUND_TARGET}x_bound_T{t}": ok for t, ok in within.items()}}
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:
-    cells = [header] + [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in rows]
+    cells = [header] + [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row]
+                        for row in rows]
     widths = [max(len(row[c]) for row in cells) for c in range(len(header))]
     print(f"\n{title}")
     for row in cells:
@@ -229,10 +249,13 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m server.bench_engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m server.bench_engine",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="small", choices=list(PRESETS))
-    p.add_argument("--repeats", type=int, default=100, help="timed runs per variant; medians (default %(default)s)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=100,
+                   help="timed runs per variant; medians (default %(default)s)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch threads (default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -251,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     kernels = ["sorted"] if skipped else ["sorted", "grouped_mm"]
     variants = ["loop", *kernels]
     expert_bytes = 3 * margs.dim * margs.expert_dim * moe.experts.w1.element_size()
-    machine = {"torch": torch.__version__, "threads": args.threads, "device": str(device), "dtype": "float32",
-               "preset": args.preset, "dim": margs.dim, "experts": margs.n_experts, "top_k": margs.top_k,
-               "expert_dim": margs.expert_dim, "expert_bytes": expert_bytes, "repeats": args.repeats}
+    machine = {"torch": torch.__version__, "threads": args.threads, "device": str(device),
+               "dtype": "float32", "preset": args.preset, "dim": margs.dim,
+               "experts": margs.n_experts, "top_k": margs.top_k, "expert_dim": margs.expert_dim,
+               "expert_bytes": expert_bytes, "repeats": args.repeats}
     print("  ".join(f"{k} {v}" for k, v in machine.items()))
 
     with torch.inference_mode():
@@ -263,30 +287,36 @@ def main(argv: list[str] | None = None) -> None:
     roof = roofline(layer, moe, expert_bytes, variants)
     goals = targets(layer, roof)
 
-    print_table("MoE layer forward, cold weights, median ms (loop = HF Mixtral masked per-expert loop; "
-                "outputs equal to 1e-4)",
+    print_table("MoE layer forward, cold weights, median ms (loop = HF Mixtral masked "
+                "per-expert loop; outputs equal to 1e-4)",
                 ["T", "A", *(f"{v} ms" for v in variants), *(f"loop/{k}" for k in kernels)],
                 [[r["tokens"], r["active_experts"], *(r[f"{v}_ms"] for v in variants),
                   *(r["loop_ms"] / r[f"{k}_ms"] for k in kernels)] for r in layer])
     if skipped:
         print(f"grouped_mm skipped: {skipped}")
-    print_table("Roofline: bound = max(A x expert bytes / copy rate, T k expert FLOPs / matmul rate on m rows)",
-                ["T", "A", "m", "copy GB/s", "matmul GFLOP/s", "memory ms", "compute ms", "bound ms",
-                 *(f"{v} x bound" for v in variants)],
-                [[r["tokens"], r["active_experts"], r["rows_per_expert"], b["copy_gb_s"], b["matmul_gflop_s"],
-                  b["memory_bound_ms"], b["compute_bound_ms"], b["bound_ms"], *(b[f"{v}_x_bound"] for v in variants)]
+    print_table("Roofline: bound = max(A x expert bytes / copy rate, "
+                "T k expert FLOPs / matmul rate on m rows)",
+                ["T", "A", "m", "copy GB/s", "matmul GFLOP/s", "memory ms", "compute ms",
+                 "bound ms", *(f"{v} x bound" for v in variants)],
+                [[r["tokens"], r["active_experts"], r["rows_per_expert"], b["copy_gb_s"],
+                  b["matmul_gflop_s"], b["memory_bound_ms"], b["compute_bound_ms"], b["bound_ms"],
+                  *(b[f"{v}_x_bound"] for v in variants)]
                  for r, b in zip(layer, roof, strict=True)])
-    print_table(f"Distinct experts per decode step (mean of {ROUTING_SAMPLES} batches of B requests)",
+    print_table("Distinct experts per decode step "
+                f"(mean of {ROUTING_SAMPLES} batches of B requests)",
                 ["skew", "B", "mean A", "uniform E(1-(1-k/E)^B)"],
-                [[r["skew"], r["batch"], r["mean_active"], r["uniform_expected"]] for r in activated])
-    print_table(f"LRU expert-cache hit rate ({CACHE_REQUESTS} requests, {CACHE_STEPS} decode steps)",
+                [[r["skew"], r["batch"], r["mean_active"], r["uniform_expected"]]
+                 for r in activated])
+    print_table(f"LRU expert-cache hit rate ({CACHE_REQUESTS} requests, "
+                f"{CACHE_STEPS} decode steps)",
                 ["skew", "resident", "hits", "misses", "hit rate"],
-                [[r["skew"], r["resident_experts"], r["hits"], r["misses"], r["hit_rate"]] for r in cache])
+                [[r["skew"], r["resident_experts"], r["hits"], r["misses"], r["hit_rate"]]
+                 for r in cache])
     print("\nTargets (information, not asserted):")
     for name, ok in goals.items():
         print(f"  {name}: {'pass' if ok else 'FAIL'}")
-    print(json.dumps({"machine": machine, "grouped_mm_skipped": skipped, "layer": layer, "roofline": roof,
-                      "activated": activated, "cache": cache, "targets": goals}))
+    print(json.dumps({"machine": machine, "grouped_mm_skipped": skipped, "layer": layer,
+                      "roofline": roof, "activated": activated, "cache": cache, "targets": goals}))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int, moe: MoE = MoE()):
+    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
+                 moe: MoE = MoE()):
         self.args = args = PRESETS[preset]
         self.device = torch.device(device)
         self.dtype = dtype
@@ -56,7 +57,8 @@ class Engine:
         self.model.init_random(seed)
         self.model.eval()
         self.kernel_name = self.model.kernel_name
-        self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers if b.moe.cache is not None]
+        self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers
+                                         if b.moe.cache is not None]
         self.skew = Skew.parse(moe.routing_skew)
         self.slot_bias = torch.zeros(kv_slots, args.n_layers, args.n_experts, device=self.device) \
             if self.skew.kind == "affinity" else None
@@ -94,13 +96,16 @@ class Engine:
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """Runs one forward pass over all seqs and samples the next token of each."""
         self.timer.begin()
-        tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long, device=self.device)
-        layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs], self.device)
+        tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long,
+                              device=self.device)
+        layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
+                                  self.device)
         token_bias = None
         if self.slot_bias is not None:
             for s in seqs:
                 if s.start_pos == 0:
-                    bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts, s.routing_key, self.seed)
+                    bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts,
+                                                  s.routing_key, self.seed)
                     self.slot_bias[s.slot] = bias.to(self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
         ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)
@@ -116,7 +121,8 @@ class Engine:
         for cache in self.caches:
             cache.settle()
         return StepResult(next_ids=ids, routed=torch.stack(ctx.routed).cpu(),
-                          dropped=torch.stack(ctx.dropped).cpu() if ctx.dropped else None, active=ctx.active,
-                          seq_experts=torch.stack(ctx.seq_experts, dim=1).cpu(), stage_ms=self.timer.end(),
-                          tokens=len(tokens), kv_useful=layout.kv_useful, kv_computed=layout.kv_computed,
-                          prefill_tokens=layout.prefill_tokens, prefill_padded=layout.prefill_padded)
+                          dropped=torch.stack(ctx.dropped).cpu() if ctx.dropped else None,
+                          active=ctx.active, seq_experts=torch.stack(ctx.seq_experts, dim=1).cpu(),
+                          stage_ms=self.timer.end(), tokens=len(tokens), kv_useful=layout.kv_useful,
+                          kv_computed=layout.kv_computed, prefill_tokens=layout.prefill_tokens,
+                          prefill_padded=layout.prefill_padded)

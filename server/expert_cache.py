@@ -40,21 +40,24 @@ class LayerCache:
     """One MoE layer's resident experts. rng: the random policy's draws (the layers of a model
     share one, seeded)."""
 
-    def __init__(self, host: tuple[Tensor, Tensor, Tensor], capacity: int, device: torch.device, policy: str = "lru",
-                 rng: random.Random | None = None):
+    def __init__(self, host: tuple[Tensor, Tensor, Tensor], capacity: int, device: torch.device,
+                 policy: str = "lru", rng: random.Random | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown cache policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.host = host  # w1 [E, I, D], w3 [E, I, D], w2 [E, D, I] in host memory
-        self.resident = tuple(torch.empty((capacity, *w.shape[1:]), dtype=w.dtype, device=device) for w in host)
+        self.resident = tuple(torch.empty((capacity, *w.shape[1:]), dtype=w.dtype, device=device)
+                              for w in host)
         self.capacity = capacity
         self.policy = policy
         self.rng = rng or random.Random(0)
         self.clock = Clock(torch.device(device))
-        self.slot_of: OrderedDict[int, int] = OrderedDict()  # expert -> slot, least recently used first
+        # expert -> slot, least recently used first
+        self.slot_of: OrderedDict[int, int] = OrderedDict()
         self.uses: dict[int, int] = {}
         self.counters = CacheCounters()
         self.expert_bytes = sum(w[0].numel() * w.element_size() for w in host)
-        self._pending: list = []  # copy intervals not read yet (CUDA events complete after the step's sync)
+        # copy intervals not read yet (CUDA events complete after the step's sync)
+        self._pending: list = []
 
     def ensure(self, experts: list[int]) -> list[int]:
         """Makes experts resident together (at most capacity of them); returns their slots."""
@@ -67,7 +70,8 @@ class LayerCache:
                 slots.append(self.slot_of[e])
                 continue
             self.counters.misses += 1
-            slot = len(self.slot_of) if len(self.slot_of) < self.capacity else self._evict(set(experts))
+            slot = (len(self.slot_of) if len(self.slot_of) < self.capacity
+                    else self._evict(set(experts)))
             start = self.clock.now()
             for dst, src in zip(self.resident, self.host, strict=True):
                 dst[slot].copy_(src[e], non_blocking=True)

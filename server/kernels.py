@@ -37,8 +37,8 @@ def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: 
     return ys
 
 
-def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
-                       w2: Tensor) -> Tensor:
+def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor,
+                       w3: Tensor, w2: Tensor) -> Tensor:
     """All groups in three torch._grouped_mm calls; groups must cover w's rows in order."""
     if list(index) != list(range(w1.shape[0])):
         raise ValueError("grouped_mm needs one group per weight row, in row order")
@@ -48,8 +48,8 @@ def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], 
     return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
 
 
-def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
-                      w2: Tensor) -> Tensor:
+def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor,
+                      w3: Tensor, w2: Tensor) -> Tensor:
     """Row by row: slow, the reference for tests."""
     ys = torch.empty_like(xs)
     start = 0
@@ -60,10 +60,12 @@ def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w
     return ys
 
 
-KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts, "reference": per_token_experts}
+KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts,
+           "reference": per_token_experts}
 
 
-def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device, dtype: torch.dtype) -> str | None:
+def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device,
+                           dtype: torch.dtype) -> str | None:
     """Why torch._grouped_mm cannot run experts of this (expert hidden, model) shape here, or
     None. Probes one real call on zero weights of one expert, since support depends on the
     torch build, the device, the dtype and the alignment of the shape."""
@@ -79,7 +81,8 @@ def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device, dtype: 
     return None
 
 
-def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype, cached: bool) -> str:
+def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype,
+                   cached: bool) -> str:
     """The name of the kernel to run for `name`: grouped_mm falls back to sorted, logging why."""
     if name != "grouped_mm":
         return name

@@ -39,7 +39,8 @@ class ModelArgs:
     max_seq_len: int = 256
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
-    renormalize: bool = True  # router weights renormalised over the chosen k (Mixtral); Qwen1.5-MoE does not
+    # router weights renormalised over the chosen k (Mixtral); Qwen1.5-MoE does not
+    renormalize: bool = True
 
     def __post_init__(self):
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -85,7 +86,8 @@ class StepLayout:
     decode_slots: Tensor  # [Bd]
     decode_lens: Tensor  # [Bd] cached length after this step
     decode_max_len: int
-    prefill_index: Tensor  # [P, T] indices in N of each prefill chunk's tokens, padded with its first
+    # [P, T] indices in N of each prefill chunk's tokens, padded with its first
+    prefill_index: Tensor
     prefill_valid: Tensor  # [P, T] False where padded
     prefill_slots: Tensor  # [P]
     prefill_starts: Tensor  # [P] position of each chunk's first token
@@ -123,11 +125,13 @@ class StepLayout:
 
         longest = max(decode_lens, default=0)
         useful = sum(n for _, n, _, _ in chunks)
-        return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index), t(decode_slots),
-                   t(decode_lens), longest, t(prefill_index).reshape(len(chunks), width),
-                   t(prefill_valid, torch.bool).reshape(len(chunks), width), t([c[2] for c in chunks]),
-                   t([c[3] for c in chunks]), max((start + n for _, n, _, start in chunks), default=0),
-                   sum(decode_lens), longest * len(decode_lens), useful, len(chunks) * width - useful)
+        return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index),
+                   t(decode_slots), t(decode_lens), longest,
+                   t(prefill_index).reshape(len(chunks), width),
+                   t(prefill_valid, torch.bool).reshape(len(chunks), width),
+                   t([c[2] for c in chunks]), t([c[3] for c in chunks]),
+                   max((start + n for _, n, _, start in chunks), default=0), sum(decode_lens),
+                   longest * len(decode_lens), useful, len(chunks) * width - useful)
 
 
 class KVCache(nn.Module):
@@ -148,7 +152,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+                * self.weight)
 
 
 def rope_tables(args: ModelArgs, device) -> tuple[Tensor, Tensor]:
@@ -170,7 +175,8 @@ class Attention(nn.Module):
         super().__init__()
         self.args = args
         kv_dim = args.n_kv_heads * args.head_dim
-        self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=False, device=device, dtype=dtype)
+        self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=False, device=device,
+                              dtype=dtype)
         self.wo = nn.Linear(args.dim, args.dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, layout: StepLayout, cos: Tensor, sin: Tensor,
@@ -190,7 +196,8 @@ class Attention(nn.Module):
             s = layout.decode_max_len
             keys = k_cache[layout.decode_slots, :, :s]  # [Bd, G, S, K]
             values = v_cache[layout.decode_slots, :, :s]
-            mask = torch.arange(s, device=x.device)[None, :] < layout.decode_lens[:, None]  # [Bd, S]
+            mask = (torch.arange(s, device=x.device)[None, :]
+                    < layout.decode_lens[:, None])  # [Bd, S]
             qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
             o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=mask[:, None, None, :],
                                                enable_gqa=True)
@@ -200,10 +207,13 @@ class Attention(nn.Module):
             width = layout.prefill_index.shape[1]
             keys = k_cache[layout.prefill_slots, :, :s]  # [P, G, S, K]
             values = v_cache[layout.prefill_slots, :, :s]
-            rows = layout.prefill_starts[:, None] + torch.arange(width, device=x.device)[None, :]  # [P, T]
-            mask = torch.arange(s, device=x.device)[None, None, :] <= rows[:, :, None]  # [P, T, S] causal
+            rows = (layout.prefill_starts[:, None]
+                    + torch.arange(width, device=x.device)[None, :])  # [P, T]
+            mask = (torch.arange(s, device=x.device)[None, None, :]
+                    <= rows[:, :, None])  # [P, T, S] causal
             qp = q[layout.prefill_index].transpose(1, 2)  # [P, H, T, K]
-            o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+            o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask[:, None],
+                                               enable_gqa=True)
             valid = layout.prefill_valid
             out[layout.prefill_index[valid]] = o.transpose(1, 2)[valid]
         return self.wo(out.reshape(n, a.dim))
@@ -223,28 +233,33 @@ class Transformer(nn.Module):
     options it takes), kernel (grouped_mm falls back to sorted where it cannot run: see
     `kernel_name`), capacity factor, routing skew and expert cache."""
 
-    def __init__(self, args: ModelArgs, moe: MoE = MoE(), seed: int = 0, device="cpu", dtype=torch.float32):
+    def __init__(self, args: ModelArgs, moe: MoE = MoE(), seed: int = 0, device="cpu",
+                 dtype=torch.float32):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
         cached = moe.expert_cache > 0
-        self.kernel_name = resolve_kernel(moe.moe_kernel, (args.expert_dim, args.dim), torch.device(device), dtype,
-                                          cached)
+        self.kernel_name = resolve_kernel(moe.moe_kernel, (args.expert_dim, args.dim),
+                                          torch.device(device), dtype, cached)
         router = router_class(moe.router)
-        options = router_options(router, {"noise_scale": moe.noise_scale, "renormalize": moe.renormalize})
+        options = router_options(router, {"noise_scale": moe.noise_scale,
+                                          "renormalize": moe.renormalize})
         skew = Skew.parse(moe.routing_skew)
         rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
 
         def moe_layer(i: int) -> MoELayer:
             experts = Experts(args, device, dtype, on_host=cached)
             bias = skew.layer_bias(args.n_experts, args.top_k, i, seed)
-            cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device), moe.cache_policy, rng) \
-                if cached else None
-            return MoELayer(layer=i, top_k=args.top_k, router=router(args, i, seed, device, dtype, **options),
-                            experts=experts, kernel=KERNELS[self.kernel_name], capacity_factor=moe.capacity_factor,
+            cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device),
+                               moe.cache_policy, rng) if cached else None
+            return MoELayer(layer=i, top_k=args.top_k,
+                            router=router(args, i, seed, device, dtype, **options),
+                            experts=experts, kernel=KERNELS[self.kernel_name],
+                            capacity_factor=moe.capacity_factor,
                             skew_bias=None if bias is None else bias.to(device), cache=cache)
 
-        self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype) for i in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype)
+                                    for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
         cos, sin = rope_tables(args, device)
@@ -264,14 +279,16 @@ class Transformer(nn.Module):
                     .mul_(1 / math.sqrt(fan_in)))
 
     @torch.no_grad()
-    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache, step: StepContext) -> Tensor:
+    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache,
+                step: StepContext) -> Tensor:
         """Logits of each sequence's last token [B, V]; routing counts go into step."""
         cos = self.rope_cos[layout.positions]
         sin = self.rope_sin[layout.positions]
         x = self.tok_embeddings(tokens)  # [N, D]
         step.timer.mark("preprocess")
         for i, layer in enumerate(self.layers):
-            x = x + layer.attention(layer.attention_norm(x), layout, cos, sin, cache.k[i], cache.v[i])
+            x = x + layer.attention(layer.attention_norm(x), layout, cos, sin,
+                                    cache.k[i], cache.v[i])
             step.timer.mark("attention")
             x = x + layer.moe(layer.ffn_norm(x), step)  # marks routing, expert_compute, combine
         return self.output(self.norm(x[layout.last_index])).float()

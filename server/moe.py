@@ -34,8 +34,10 @@ class StepContext:
     n_seqs: int
     timer: StageTimer
     token_bias: Tensor | None = None  # [N, L, E] per-request routing bias (affinity skew)
-    seq_experts: list[Tensor] = field(default_factory=list)  # per layer [B, E]: experts each sequence used
-    routed: list[Tensor] = field(default_factory=list)  # per layer [E]: (token, expert) pairs routed
+    # per layer [B, E]: experts each sequence used
+    seq_experts: list[Tensor] = field(default_factory=list)
+    # per layer [E]: (token, expert) pairs routed
+    routed: list[Tensor] = field(default_factory=list)
     dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
     active: list[int] = field(default_factory=list)  # per layer: experts that computed
 
@@ -63,9 +65,9 @@ class MoELayer(nn.Module):
     """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
     layer-wide routing bias and expert cache never change afterwards."""
 
-    def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts, kernel: Kernel,
-                 capacity_factor: float | None = None, skew_bias: Tensor | None = None,
-                 cache: LayerCache | None = None):
+    def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
+                 kernel: Kernel, capacity_factor: float | None = None,
+                 skew_bias: Tensor | None = None, cache: LayerCache | None = None):
         super().__init__()
         self.layer = layer
         self.top_k = top_k
@@ -74,7 +76,8 @@ class MoELayer(nn.Module):
         self.experts = experts
         self.kernel = kernel
         self.capacity_factor = capacity_factor
-        self.register_buffer("skew_bias", skew_bias, persistent=False)  # [E] layer-wide routing bias
+        # [E] layer-wide routing bias
+        self.register_buffer("skew_bias", skew_bias, persistent=False)
         self.cache = cache
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:

@@ -34,7 +34,8 @@ class Pending(Protocol):
     prompt_len: int
     prompt_left: int  # prompt tokens not yet in the KV cache; 0 once decoding
     last_run_ns: int  # end of the last step that ran it (its arrival before the first)
-    signature: torch.Tensor | None  # [L, E] bool: the experts its last step used; None before its prefill
+    # [L, E] bool: the experts its last step used; None before its prefill
+    signature: torch.Tensor | None
 
 
 class Policy(Protocol):
@@ -45,7 +46,8 @@ class Policy(Protocol):
 
 @dataclass
 class StepPlan:
-    prefill: list[tuple[Pending, int]] = field(default_factory=list)  # (request, prompt tokens this step)
+    # (request, prompt tokens this step)
+    prefill: list[tuple[Pending, int]] = field(default_factory=list)
     decode: list[Pending] = field(default_factory=list)
     wake_in_s: float | None = None  # with an empty plan: ask again after this long, or on new work
 
@@ -83,7 +85,8 @@ class Fcfs:
         resuming = [r for r in v.resident if r.prompt_left][:room]
         plan.prefill = [(r, r.prompt_left) for r in resuming]
         room -= len(resuming)
-        plan.prefill += [(r, r.prompt_left) for r in list(v.waiting)[:max(0, min(room, v.free_slots))]]
+        plan.prefill += [(r, r.prompt_left)
+                         for r in list(v.waiting)[:max(0, min(room, v.free_slots))]]
         return plan
 
 
@@ -137,7 +140,8 @@ class Dynamic:
         # first), else any bucket full enough to fill the free places.
         oldest = buckets[length_bucket(v.waiting[0].prompt_len)]
         wait_left_ms = self.max_wait_ms - age_ms(oldest[0], v.now_ns)
-        ready = oldest if wait_left_ms <= 0 else next((b for b in buckets.values() if len(b) >= room), None)
+        ready = (oldest if wait_left_ms <= 0
+                 else next((b for b in buckets.values() if len(b) >= room), None))
         if ready is None:
             plan.wake_in_s = wait_left_ms / 1e3
             return plan
@@ -166,7 +170,8 @@ class ExpertAware:
     def plan(self, v: View) -> StepPlan:
         size = self.max_batch_size
         ready = decoding(v.resident)
-        prefilling = [r for r in v.resident if r.prompt_left] + list(v.waiting)[:max(0, v.free_slots)]
+        prefilling = ([r for r in v.resident if r.prompt_left]
+                      + list(v.waiting)[:max(0, v.free_slots)])
         n_prefill = 0
         if prefilling and len(ready) < size:
             n_prefill = min(len(prefilling), size - len(ready))
@@ -177,7 +182,8 @@ class ExpertAware:
         if len(ready) <= places:
             plan.decode = ready
             return plan
-        overdue = [r for r in ready if (v.now_ns - r.last_run_ns) / 1e6 >= self.max_wait_ms][:places]
+        overdue = [r for r in ready
+                   if (v.now_ns - r.last_run_ns) / 1e6 >= self.max_wait_ms][:places]
         rest = [r for r in ready if r not in overdue]
         plan.decode = overdue + self.fewest_experts(rest, places - len(overdue), overdue)
         return plan
@@ -188,7 +194,8 @@ class ExpertAware:
         (ties to the older request)."""
         if n <= 0 or not candidates:
             return []
-        signatures = torch.stack([r.signature for r in candidates]).flatten(1)  # [R, L*E], admission = age order
+        # [R, L*E], admission = age order
+        signatures = torch.stack([r.signature for r in candidates]).flatten(1)
         active = torch.stack([r.signature for r in chosen]).flatten(1).any(0) if chosen else None
         taken = torch.zeros(len(candidates), dtype=torch.bool, device=signatures.device)
         picked = []
@@ -218,15 +225,16 @@ class LatencySensitive:
 
     def __post_init__(self):
         require(self.max_step_tokens >= self.max_batch_size, "max-step-tokens",
-                f"must be at least --max-batch-size ({self.max_batch_size}) so every running decode fits, "
-                f"got {self.max_step_tokens}")
+                f"must be at least --max-batch-size ({self.max_batch_size}) so every running "
+                f"decode fits, got {self.max_step_tokens}")
 
     def plan(self, v: View) -> StepPlan:
         size, budget = self.max_batch_size, self.max_step_tokens
         plan = StepPlan(decode=decoding(v.resident)[:min(size, budget)])
         budget -= len(plan.decode)
         room = size - len(plan.decode)
-        waiting = sorted(v.waiting, key=lambda r: -r.priority)[:max(0, v.free_slots)]  # stable: arrival order
+        # stable: arrival order
+        waiting = sorted(v.waiting, key=lambda r: -r.priority)[:max(0, v.free_slots)]
         for r in [r for r in v.resident if r.prompt_left] + waiting:
             if budget <= 0 or room <= 0:
                 break
@@ -237,7 +245,8 @@ class LatencySensitive:
         return plan
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fcfs, Static, Dynamic, ExpertAware, LatencySensitive)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fcfs, Static, Dynamic, ExpertAware,
+                                                         LatencySensitive)}
 
 
 def build_policy(batching: Batching) -> Policy:

@@ -89,17 +89,21 @@ class BalancedRouter(TopKRouter):
             logits = logits + bias
         n_groups = int(groups.max()) + 1 if groups.numel() else 0
         sizes = torch.bincount(groups, minlength=n_groups)
-        mean_scores = torch.zeros(n_groups, logits.shape[1], device=logits.device).index_add_(0, groups, logits)
+        mean_scores = torch.zeros(n_groups, logits.shape[1],
+                                  device=logits.device).index_add_(0, groups, logits)
         mean_scores = (mean_scores / sizes.clamp(min=1)[:, None]).tolist()  # one host sync
         loads = [0] * logits.shape[1]
         chosen = []
-        for size, score in zip(sizes.tolist(), mean_scores, strict=True):  # per sequence, not per token
-            candidates = [(load, -s, e) for e, (load, s) in enumerate(zip(loads, score, strict=True))]
+        # per sequence, not per token
+        for size, score in zip(sizes.tolist(), mean_scores, strict=True):
+            candidates = [(load, -s, e)
+                          for e, (load, s) in enumerate(zip(loads, score, strict=True))]
             picks = [e for _, _, e in heapq.nsmallest(self.top_k, candidates)]
             for e in picks:
                 loads[e] += size
             chosen.append(picks)
-        experts = torch.tensor(chosen, dtype=torch.long, device=logits.device).reshape(-1, self.top_k)[groups]
+        experts = torch.tensor(chosen, dtype=torch.long,
+                               device=logits.device).reshape(-1, self.top_k)[groups]
         weights = torch.softmax(logits.gather(1, experts), dim=-1)
         return weights, experts
 
@@ -121,7 +125,8 @@ def router_class(name: str) -> type[nn.Module]:
         return ROUTERS[name]
     module_name, _, class_name = name.partition(":")
     if not class_name:
-        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)} or give module:Class")
+        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)} "
+                         "or give module:Class")
     try:
         return getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
@@ -163,8 +168,9 @@ class Skew:
             return torch.log(popularity / popularity.sum())[perm.argsort()].float()
         if self.kind == "hot":
             if self.value > 1 / top_k:
-                raise ValueError(f"skew hot:{self.value:g}: one expert can hold at most 1/k = {1 / top_k:.3g} "
-                                 "of the slots (it is chosen at most once per token)")
+                raise ValueError(f"skew hot:{self.value:g}: one expert can hold at most "
+                                 f"1/k = {1 / top_k:.3g} of the slots "
+                                 "(it is chosen at most once per token)")
             bias = torch.zeros(n_experts)
             bias[perm[0]] = hot_bias(self.value, n_experts, top_k)
             return bias
@@ -178,7 +184,8 @@ class Skew:
         as tokens of one domain do in trained MoE models."""
         if self.kind != "affinity":
             return None
-        preference = torch.from_numpy(np.random.default_rng(key).dirichlet([self.value] * n_experts))
+        rng = np.random.default_rng(key)
+        preference = torch.from_numpy(rng.dirichlet([self.value] * n_experts))
         bias = torch.log(preference.clamp(min=AFFINITY_FLOOR)).float()
         return bias[inverse_permutations(n_layers, n_experts, seed)]
 
@@ -187,7 +194,8 @@ class Skew:
 def inverse_permutations(n_layers: int, n_experts: int, seed: int) -> Tensor:
     """[L, E]: row l is the inverse of layer l's permutation; the same for every request, so
     it is built once rather than for each request's affinity bias."""
-    return torch.stack([layer_permutation(n_experts, layer, seed).argsort() for layer in range(n_layers)])
+    return torch.stack([layer_permutation(n_experts, layer, seed).argsort()
+                        for layer in range(n_layers)])
 
 
 def layer_permutation(n_experts: int, layer: int, seed: int) -> Tensor:

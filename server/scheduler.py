@@ -36,7 +36,8 @@ class Scheduler:
         self.policy = policy
         self.batcher = Batcher(engine, policy, max_queue, step_log=step_log)
         self.started_ns = time.monotonic_ns()
-        self.on_failure: Callable[[], None] | None = None  # called on the engine thread if a step raises
+        # called on the engine thread if a step raises
+        self.on_failure: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._stopping = False
         self._failure: Exception | None = None
@@ -52,7 +53,8 @@ class Scheduler:
             self._cond.notify()
         self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._thread.is_alive():
-            log.error("engine step still running after %d s; shutting down without it", STOP_TIMEOUT_S)
+            log.error("engine step still running after %d s; shutting down without it",
+                      STOP_TIMEOUT_S)
         with self._cond:
             self.batcher.fail_all(UnavailableError(reason))
         if self.batcher.step_log is not None:
@@ -81,7 +83,8 @@ class Scheduler:
             telemetry = b.telemetry.snapshot()
             running, waiting = len(b.resident), len(b.waiting)
         cache = telemetry.cache_counters(self.batcher.cache_counters())
-        return StatsSnapshot(telemetry, running, waiting, self.engine.kv_slots - self.engine.free_slots, cache)
+        return StatsSnapshot(telemetry, running, waiting,
+                             self.engine.kv_slots - self.engine.free_slots, cache)
 
     def reset_stats(self) -> None:
         with self._cond:

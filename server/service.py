@@ -67,7 +67,8 @@ def prompt_ids_of(request: moe_pb2.GenerateRequest, limits: Limits) -> list[int]
         bad = next((i for i in ids if i >= limits.vocab_size), None)
         if bad is not None:
             raise InvalidRequestError(
-                f"prompt_token_ids contains {bad}, outside the vocabulary 0..{limits.vocab_size - 1}")
+                f"prompt_token_ids contains {bad}, outside the vocabulary "
+                f"0..{limits.vocab_size - 1}")
         return ids
     if not request.prompt:
         raise InvalidRequestError("prompt is empty: set prompt (text) or prompt_token_ids")
@@ -81,7 +82,8 @@ def validate(request: moe_pb2.GenerateRequest, prompt_len: int, limits: Limits) 
     if request.max_tokens > limits.max_tokens_limit:
         raise InvalidRequestError(
             f"max_tokens {request.max_tokens} is above this server's limit of "
-            f"{limits.max_tokens_limit} (--max-tokens-limit); ask for at most {limits.max_tokens_limit}")
+            f"{limits.max_tokens_limit} (--max-tokens-limit); "
+            f"ask for at most {limits.max_tokens_limit}")
     if prompt_len >= ctx:
         raise InvalidRequestError(
             f"prompt is {prompt_len} tokens but the model context is {ctx} tokens; "
@@ -112,13 +114,14 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
 
         try:
             if self.draining:
-                raise UnavailableError("server is shutting down; send the request to another replica")
+                raise UnavailableError("server is shutting down; "
+                                       "send the request to another replica")
             prompt_ids = prompt_ids_of(request, self.limits)
             validate(request, len(prompt_ids), self.limits)
             req = Request(request_id=request.request_id or uuid.uuid4().hex, prompt_ids=prompt_ids,
                           max_tokens=request.max_tokens, sink=sink, ignore_eos=request.ignore_eos,
-                          temperature=request.temperature, seed=request.seed, priority=request.priority,
-                          received_ns=received_ns)
+                          temperature=request.temperature, seed=request.seed,
+                          priority=request.priority, received_ns=received_ns)
             self.scheduler.submit(req)
         except ServerError as exc:
             self.scheduler.count_rejected()
@@ -163,7 +166,8 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
 
     async def ResetStats(self, request, context):
         self.scheduler.reset_stats()
-        return moe_pb2.ResetStatsResponse(uptime_s=(time.monotonic_ns() - self.scheduler.started_ns) / 1e9)
+        uptime_s = (time.monotonic_ns() - self.scheduler.started_ns) / 1e9
+        return moe_pb2.ResetStatsResponse(uptime_s=uptime_s)
 
 
 async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Server, int,
@@ -230,17 +234,20 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
         requests_aborted=t.requests_aborted, requests_rejected=t.requests_rejected,
         steps=t.steps, tokens_generated=t.tokens_generated, prompt_tokens=t.prompt_tokens,
         running=snap.running, waiting=snap.waiting, kv_slots_in_use=snap.kv_slots_in_use,
-        kv_slots_total=engine.kv_slots, mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
+        kv_slots_total=engine.kv_slots,
+        mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
         num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
         expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
         max_seq_len=args.max_seq_len, policy_knobs=knobs(scheduler.policy),
         layers=layers,
-        stages=[moe_pb2.StageTime(stage=name, ms=histogram_message(h)) for name, h in t.stage_ms.items()],
+        stages=[moe_pb2.StageTime(stage=name, ms=histogram_message(h))
+                for name, h in t.stage_ms.items()],
         step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),
         tokens_per_step=histogram_message(t.tokens_per_step),
         kv_positions_useful=t.kv_positions_useful, kv_positions_computed=t.kv_positions_computed,
         prefill_tokens=t.prefill_tokens, prefill_padded_tokens=t.prefill_padded_tokens,
         expert_bytes_read=t.expert_bytes_read, expert_compute_ms=t.expert_compute_ms,
-        expert_bandwidth_gb_s=t.expert_bytes_read / t.expert_compute_ms / 1e6 if t.expert_compute_ms else 0.0,
+        expert_bandwidth_gb_s=(t.expert_bytes_read / t.expert_compute_ms / 1e6
+                               if t.expert_compute_ms else 0.0),
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
         gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem)

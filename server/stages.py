@@ -48,7 +48,8 @@ class StageTimer:
     def end(self) -> dict[str, float]:
         """Milliseconds per stage for the step; call after the step's host sync."""
         if self.clock.cuda:
-            self._marks[-1][1].synchronize()  # the last mark came after the sync: already (or nearly) done
+            # the last mark came after the sync: already (or nearly) done
+            self._marks[-1][1].synchronize()
         out = dict.fromkeys(STAGES, 0.0)
         for (_, start), (stage, stop) in zip(self._marks, self._marks[1:], strict=False):
             out[stage] += self.clock.elapsed_ms(start, stop)

@@ -74,7 +74,8 @@ class Telemetry:
     prefill_padded_tokens: int = 0  # padding the batched prefill attention added to them
     expert_bytes_read: int = 0  # expert weights the active experts read, summed over steps
     step_ms: Histogram = field(default_factory=lambda: Histogram(MS_BOUNDS))
-    stage_ms: dict[str, Histogram] = field(default_factory=lambda: {s: Histogram(MS_BOUNDS) for s in STAGES})
+    stage_ms: dict[str, Histogram] = field(default_factory=lambda: {s: Histogram(MS_BOUNDS)
+                                                                    for s in STAGES})
     batch_size: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
     tokens_per_step: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
     expert_tokens: torch.Tensor = None  # [L, E] (token, expert) pairs routed
@@ -95,7 +96,8 @@ class Telemetry:
         self.requests_admitted += len(prompt_lengths)
         self.prompt_tokens += sum(prompt_lengths)
 
-    def record_step(self, result, batch: int, generated: int, step_ms: float, expert_bytes: int) -> None:
+    def record_step(self, result, batch: int, generated: int, step_ms: float,
+                    expert_bytes: int) -> None:
         """batch: sequences in the step; generated: tokens it produced (a prompt chunk that
         does not end its prompt produces none)."""
         self.tokens_generated += generated
@@ -174,8 +176,8 @@ class StepLog:
         self.file = open(path, "a", buffering=1)
 
     def write(self, step: int, result, batch: int, admitted: int) -> None:
-        record = {"t_unix_s": time.time(), "t_monotonic_s": time.monotonic(), "step": step, "batch": batch,
-                  "admitted": admitted, "tokens": result.tokens,
+        record = {"t_unix_s": time.time(), "t_monotonic_s": time.monotonic(), "step": step,
+                  "batch": batch, "admitted": admitted, "tokens": result.tokens,
                   "stage_ms": {k: round(v, 4) for k, v in result.stage_ms.items()},
                   "active_experts": result.active, "expert_tokens": result.routed.tolist()}
         if result.dropped is not None:

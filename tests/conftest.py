@@ -56,7 +56,8 @@ def server():
 
 def server_process(tmp_path, *flags: str):
     """Yields (process, port) of `python -m server` as a subprocess on 127.0.0.1:0."""
-    return port_file_process(tmp_path, "server", "--preset", "tiny", "--port", "0", "--torch-threads", "1", *flags)
+    return port_file_process(tmp_path, "server", "--preset", "tiny", "--port", "0",
+                             "--torch-threads", "1", *flags)
 
 
 def delay_server_process(tmp_path, *flags: str):

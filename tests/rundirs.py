@@ -27,29 +27,35 @@ def summary_json(**sections) -> dict:
     base = to_json(Summary(
         run_dir="run", started_at="2026-11-30T14:00:00Z", duration_s=30.2, window_s=25.0,
         config=build(LoadSettings, {"host": "127.0.0.1:50051"}), metrics={}, server_time_ms={},
-        throughput=Throughput(window_s=25.0, output_tokens_per_s=0.0, requests_per_s=0.0, goodput_requests_per_s=0.0),
+        throughput=Throughput(window_s=25.0, output_tokens_per_s=0.0, requests_per_s=0.0,
+                              goodput_requests_per_s=0.0),
         slo=SloShares(objectives_ms={}, requests=0, met_share={"all": None}),
         requests=Accounting(sent=0, ok=0, failed=0, not_sent=0, failed_by_code={}, warmup=0),
-        generator=Generator(late_sends=0, late_threshold_ms=5.0, cpu_percent=3.0, warnings=[]), classes={}))
+        generator=Generator(late_sends=0, late_threshold_ms=5.0, cpu_percent=3.0, warnings=[]),
+        classes={}))
     return base | sections | {"config": base["config"] | sections.get("config", {})}
 
 
 def snapshots(start: dict | None, end: dict | None) -> ServerSnapshots:
-    """summary.json's server section from GetStats snapshots given as JSON (checked as it is read)."""
-    return from_json(ServerSnapshots, {k: v for k, v in (("start", start), ("end", end)) if v is not None}, "test:")
+    """summary.json's server section from GetStats snapshots given as JSON (checked as it is
+    read)."""
+    given = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    return from_json(ServerSnapshots, given, "test:")
 
 
 def samples(snapshots: list[dict], interval_s: float = 1.0) -> list[ServerSample]:
     """server_stats.jsonl's records of these GetStats snapshots (JSON, checked as read), snapshot i
     at (i + 1) x interval_s, as write_samples places them."""
-    return [from_json(ServerSample, {"t_unix_s": 1.8e9 + (i + 1) * interval_s, "t_run_s": (i + 1) * interval_s,
-                                     "stats": stats}, "test:") for i, stats in enumerate(snapshots)]
+    return [from_json(ServerSample, {"t_unix_s": 1.8e9 + (i + 1) * interval_s,
+                                     "t_run_s": (i + 1) * interval_s, "stats": stats}, "test:")
+            for i, stats in enumerate(snapshots)]
 
 
 def step_row(**fields) -> dict:
     """A stress step as summary.json holds it, the fields a test does not give at neutral values."""
-    return {"step": 0, "offered_rps": 1.0, "sent_rps": 1.0, "achieved_rps": 1.0, "output_tokens_per_s": 10.0,
-            "goodput_rps": 1.0, "ttft_p50_ms": 20.0, "ttft_p99_ms": 40.0, "tpot_p50_ms": 10.0, "tpot_p99_ms": 15.0,
+    return {"step": 0, "offered_rps": 1.0, "sent_rps": 1.0, "achieved_rps": 1.0,
+            "output_tokens_per_s": 10.0, "goodput_rps": 1.0, "ttft_p50_ms": 20.0,
+            "ttft_p99_ms": 40.0, "tpot_p50_ms": 10.0, "tpot_p99_ms": 15.0,
             "in_flight_slope_per_s": 0.0, "saturated": ""} | fields
 
 
@@ -69,7 +75,8 @@ def encoded(values_ms) -> str:
     return histogram(values_ms).encode().decode("ascii")
 
 
-def write_hlog(path: Path, intervals_ms: list, interval_s: float = 1.0, start_unix_s: float = 1.8e9) -> None:
+def write_hlog(path: Path, intervals_ms: list, interval_s: float = 1.0,
+               start_unix_s: float = 1.8e9) -> None:
     """One interval of `interval_s` per list of values (ms), as loadgen/intervals.py writes them."""
     with open(path, "w") as f:
         writer = HistogramLogWriter(f)
@@ -97,8 +104,9 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def request_row(i: int, ttft_ms: float, tpot_ms: float | None, e2e_ms: float, *, sent_ms: float | None = None,
-                status: str = "OK", warmup: bool = False, output_tokens: int = 32, **server_us) -> dict:
+def request_row(i: int, ttft_ms: float, tpot_ms: float | None, e2e_ms: float, *,
+                sent_ms: float | None = None, status: str = "OK", warmup: bool = False,
+                output_tokens: int = 32, **server_us) -> dict:
     """A requests.jsonl row; server_us sets server_queue_us, server_prefill_us, ..."""
     scheduled = 100.0 * i
     return {"request_id": f"0-{i}", "class": "", "status": status, "details": "", "warmup": warmup,

@@ -19,24 +19,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def stats(count: int) -> dict:
-    return {"count": count, "mean": 5.0, "p50": 4.0, "p90": 8.0, "p95": 9.0, "p99": 12.0, "p999": 15.0, "max": 20.0}
+    return {"count": count, "mean": 5.0, "p50": 4.0, "p90": 8.0, "p95": 9.0, "p99": 12.0,
+            "p999": 15.0, "max": 20.0}
 
 
-def snapshot(uptime_s: float, steps: int, expert_tokens: list[list[int]], mean_batch_size: float) -> dict:
-    return {"policy": "fcfs", "preset": "tiny", "device": "cpu", "uptime_s": uptime_s, "window_s": uptime_s,
-            "steps": steps, "tokens_generated": 4 * steps, "requests_finished": steps // 8,
-            "mean_batch_size": mean_batch_size, "step_time_mean_ms": 5.0, "expert_tokens": expert_tokens}
+def snapshot(uptime_s: float, steps: int, expert_tokens: list[list[int]],
+             mean_batch_size: float) -> dict:
+    return {"policy": "fcfs", "preset": "tiny", "device": "cpu", "uptime_s": uptime_s,
+            "window_s": uptime_s, "steps": steps, "tokens_generated": 4 * steps,
+            "requests_finished": steps // 8, "mean_batch_size": mean_batch_size,
+            "step_time_mean_ms": 5.0, "expert_tokens": expert_tokens}
 
 
 def write_run(run_dir: Path) -> None:
     summary = summary_json(
         run_dir=str(run_dir),
-        config={"mode": "fixed", "rate": 4.0, "arrival": "poisson", "prompt_tokens": 64, "max_tokens": 32,
-                "warmup_s": 5.0, "seed": 0, "host": "127.0.0.1:50051", "slo_ttft_ms": None, "slo_tpot_ms": None},
+        config={"mode": "fixed", "rate": 4.0, "arrival": "poisson", "prompt_tokens": 64,
+                "max_tokens": 32, "warmup_s": 5.0, "seed": 0, "host": "127.0.0.1:50051",
+                "slo_ttft_ms": None, "slo_tpot_ms": None},
         throughput={"window_s": 25.0, "output_tokens_per_s": 120.5, "requests_per_s": 3.9,
                     "goodput_requests_per_s": 3.9},
-        requests={"sent": 1002, "ok": 1000, "failed": 2, "not_sent": 0, "failed_by_code": {"RESOURCE_EXHAUSTED": 2},
-                  "warmup": 20},
+        requests={"sent": 1002, "ok": 1000, "failed": 2, "not_sent": 0,
+                  "failed_by_code": {"RESOURCE_EXHAUSTED": 2}, "warmup": 20},
         generator={"late_sends": 1, "late_threshold_ms": 5.0, "cpu_percent": 85.0,
                    "warnings": ["generator CPU above 80%"]},
         server_time_ms={"queue": stats(1000), "prefill": stats(1000)},
@@ -69,7 +73,8 @@ def test_report_prints_recorded_percentiles_and_writes_files(tmp_path):
     lines = result.stdout.splitlines()
 
     columns = next(line for line in lines if line.startswith("latency (ms)")).split()[2:]
-    ttft = dict(zip(columns, next(line for line in lines if line.startswith("ttft ")).split()[1:], strict=True))
+    ttft_line = next(line for line in lines if line.startswith("ttft "))
+    ttft = dict(zip(columns, ttft_line.split()[1:], strict=True))
     assert float(ttft["count"]) == 1000
     assert float(ttft["p50"]) == pytest.approx(500, rel=0.01)
     assert float(ttft["p99"]) == pytest.approx(990, rel=0.01)
@@ -114,14 +119,16 @@ def test_missing_or_broken_file_exits_2_naming_it(tmp_path, broken, named):
 
 
 def test_server_view_subtracts_start_snapshot():
-    view = server_view(snapshots(snapshot(100.0, 100, [[10, 10]], 2.0), snapshot(130.0, 300, [[50, 30]], 3.0)))
+    view = server_view(snapshots(snapshot(100.0, 100, [[10, 10]], 2.0),
+                                 snapshot(130.0, 300, [[50, 30]], 3.0)))
     assert view.steps == 200
     assert view.mean_batch_size == pytest.approx(3.5)  # (3.0 * 300 - 2.0 * 100) / 200
     assert view.expert_tokens.tolist() == [[40, 20]]
 
 
 def test_server_view_uses_end_snapshot_after_a_reset():
-    end = snapshot(130.0, 50, [[5, 15]], 3.0) | {"window_s": 10.0}  # reset at uptime 120 s, after the start
+    # reset at uptime 120 s, after the start
+    end = snapshot(130.0, 50, [[5, 15]], 3.0) | {"window_s": 10.0}
     view = server_view(snapshots(snapshot(100.0, 100, [[10, 10]], 2.0), end))
     assert "reset" in view.basis
     assert (view.steps, view.mean_batch_size, view.expert_tokens.tolist()) == (50, 3.0, [[5, 15]])
@@ -132,9 +139,11 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     for name in ("fcfs", "static"):
         write_run(tmp_path / name)
     end = snapshot(130.0, 300, [[70, 30, 10, 10]], 3.0) | {
-        "layers": [{"active_experts_steps": [0, 50, 150, 100, 0]}], "prefill_tokens": 900, "prefill_padded_tokens": 100}
+        "layers": [{"active_experts_steps": [0, 50, 150, 100, 0]}], "prefill_tokens": 900,
+        "prefill_padded_tokens": 100}
     start = snapshot(100.0, 100, [[10, 10, 10, 10]], 2.0) | {
-        "layers": [{"active_experts_steps": [0, 50, 50, 0, 0]}], "prefill_tokens": 0, "prefill_padded_tokens": 0}
+        "layers": [{"active_experts_steps": [0, 50, 50, 0, 0]}], "prefill_tokens": 0,
+        "prefill_padded_tokens": 0}
     summary = json.loads((tmp_path / "static" / "summary.json").read_text())
     summary["server"] = {"start": start | {"policy": "static"}, "end": end | {"policy": "static"}}
     (tmp_path / "static" / "summary.json").write_text(json.dumps(summary))
@@ -144,7 +153,8 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     rows = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
     assert [r["policy"] for r in rows] == ["fcfs", "static"]
     assert rows[0]["ttft_p50_ms"] == pytest.approx(500, rel=0.01)
-    assert rows[1]["distinct_experts_per_step"] == pytest.approx((100 * 2 + 100 * 3) / 200)  # window steps only
+    # window steps only
+    assert rows[1]["distinct_experts_per_step"] == pytest.approx((100 * 2 + 100 * 3) / 200)
     assert rows[1]["prefill_padded_share"] == pytest.approx(0.1)
     assert rows[0]["distinct_experts_per_step"] is None
     assert "no SLO was set" in done.stdout and (out / "compare.md").exists()
@@ -155,12 +165,14 @@ def test_report_shows_slo_shares_classes_stress_steps_and_delivery_lag(tmp_path)
     write_run(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["config"]["slo_ttft_ms"] = 500
-    summary["slo"] = {"objectives_ms": {"ttft": 500}, "requests": 1000, "met_share": {"ttft": 0.5, "all": 0.5}}
-    summary["classes"] = {"chat": {"sent": 750, "ok": 750, "ttft_ms": stats(750), "tpot_ms": stats(750),
-                                   "e2e_ms": stats(750)}}
-    summary["stress"] = {"knee_rps": 24, "stopped_because": "step 3 at 32 requests/s: achieved 25/s",
-                         "steps": [step_row(step=0, offered_rps=8, sent_rps=8, achieved_rps=8, goodput_rps=8,
-                                            ttft_p99_ms=25.0, tpot_p99_ms=11.0)]}
+    summary["slo"] = {"objectives_ms": {"ttft": 500}, "requests": 1000,
+                      "met_share": {"ttft": 0.5, "all": 0.5}}
+    summary["classes"] = {"chat": {"sent": 750, "ok": 750, "ttft_ms": stats(750),
+                                   "tpot_ms": stats(750), "e2e_ms": stats(750)}}
+    summary["stress"] = {"knee_rps": 24,
+                         "stopped_because": "step 3 at 32 requests/s: achieved 25/s",
+                         "steps": [step_row(step=0, offered_rps=8, sent_rps=8, achieved_rps=8,
+                                            goodput_rps=8, ttft_p99_ms=25.0, tpot_p99_ms=11.0)]}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     histograms = json.loads((run_dir / "histograms.json").read_text())
     histograms["delivery_lag"] = encoded([1.5] * 99 + [9])
@@ -170,4 +182,5 @@ def test_report_shows_slo_shares_classes_stress_steps_and_delivery_lag(tmp_path)
     assert "met: TTFT 50.0%, all 50.0%" in done.stdout and "knee: 24 requests/s" in done.stdout
     assert "delivery lag (server emit -> client timestamp) p50 1.50 ms" in done.stdout
     md = (run_dir / "report.md").read_text()
-    assert "## Request classes (ms)" in md and "| chat | 750 | 750 |" in md and "## Stress steps" in md
+    assert ("## Request classes (ms)" in md and "| chat | 750 | 750 |" in md
+            and "## Stress steps" in md)

@@ -49,10 +49,11 @@ def test_every_policy_is_described_in_the_readme():
 
 
 def test_nothing_points_outside_the_repository():
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for name in listed:
-        if (REPO / name).is_file() and name.endswith((".py", ".md", ".proto", "Makefile", ".toml")) \
+        if (REPO / name).is_file() \
+                and name.endswith((".py", ".md", ".proto", "Makefile", ".toml")) \
                 and name != "tests/test_docs.py":
             text = (REPO / name).read_text()
             for pointer in ("DESIGN.md", "NOTES.md", "../shared"):

@@ -25,16 +25,18 @@ from tests.conftest import REPO, server_process, stop_process
 
 pytestmark = pytest.mark.slow
 
-SUMMARY_KEYS = {"schema", "run_dir", "started_at", "duration_s", "window_s", "config", "metrics", "server_time_ms",
-                "throughput", "slo", "requests", "generator", "classes", "server"}
-CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag", "delivery_lag")
+SUMMARY_KEYS = {"schema", "run_dir", "started_at", "duration_s", "window_s", "config", "metrics",
+                "server_time_ms", "throughput", "slo", "requests", "generator", "classes", "server"}
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag",
+                  "delivery_lag")
 
 
 def locust(port: int, run_dir, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     cmd = [str(REPO / ".venv/bin/locust") if (REPO / ".venv/bin/locust").exists() else "locust",
            "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}", "--headless", "--only-summary",
            "--run-dir", str(run_dir), *flags]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -47,18 +49,21 @@ def locust(port: int, run_dir, *flags: str, timeout_s: float = 120) -> subproces
 def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     with server_process(tmp_path) as (_, port):
-        done = locust(port, run_dir, "-t", "6s", "--mode", "fixed", "--rate", "5", "--arrival", "constant",
-                      "--prompt-tokens", "16", "--max-tokens", "8", "--warmup-s", "1", "--slo-ttft-ms", "5000")
+        done = locust(port, run_dir, "-t", "6s", "--mode", "fixed", "--rate", "5",
+                      "--arrival", "constant", "--prompt-tokens", "16", "--max-tokens", "8",
+                      "--warmup-s", "1", "--slo-ttft-ms", "5000")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS  # the schema the README documents
     assert set(summary["metrics"]) == {f"{m}_ms" for m in CLIENT_METRICS}
-    assert set(summary["requests"]) == {"sent", "ok", "failed", "not_sent", "failed_by_code", "warmup",
-                                        "rows_omitted"}
+    assert set(summary["requests"]) == {"sent", "ok", "failed", "not_sent", "failed_by_code",
+                                        "warmup", "rows_omitted"}
     assert set(summary["throughput"]) == {"window_s", "output_tokens_per_s", "requests_per_s",
                                           "goodput_requests_per_s"}
-    assert set(summary["generator"]) == {"late_sends", "late_threshold_ms", "cpu_percent", "warnings"}
-    assert set(summary["config"]) >= {"mode", "rate", "arrival", "prompt_tokens", "max_tokens", "warmup_s", "seed"}
+    assert set(summary["generator"]) == {"late_sends", "late_threshold_ms", "cpu_percent",
+                                         "warnings"}
+    assert set(summary["config"]) >= {"mode", "rate", "arrival", "prompt_tokens", "max_tokens",
+                                      "warmup_s", "seed"}
     req = summary["requests"]
     assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0
     assert req["not_sent"] <= 1  # one due just as the run stopped may miss its send, and is counted
@@ -86,14 +91,16 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
 
     # Interval logs: HdrHistogram's own reader gets back every value, interval by interval.
     for name in ("ttft", "tpot", "itl", "e2e", "send_lag"):
-        reader = HistogramLogReader(str(run_dir / f"{name}.hlog"), HdrHistogram(1, 3_600_000_000, 3))
+        reader = HistogramLogReader(str(run_dir / f"{name}.hlog"),
+                                    HdrHistogram(1, 3_600_000_000, 3))
         total, intervals = 0, 0
         while (interval := reader.get_next_interval_histogram()) is not None:
             total += interval.get_total_count()
             intervals += 1
         assert total == HdrHistogram.decode(histograms[name]).get_total_count()
         assert 5 <= intervals <= 9  # 1 s intervals over a 6 s run, plus the last partial one
-    samples = [json.loads(line) for line in (run_dir / "server_stats.jsonl").read_text().splitlines()]
+    samples = [json.loads(line)
+               for line in (run_dir / "server_stats.jsonl").read_text().splitlines()]
     assert len(samples) >= 5 and all("steps" in s["stats"] and s["t_run_s"] > 0 for s in samples)
 
     report = subprocess.run([sys.executable, "-m", "analysis", "report", str(run_dir)], cwd=REPO,
@@ -105,21 +112,24 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
 def test_full_queue_is_counted_by_status_code(tmp_path):
     run_dir = tmp_path / "run"
     with server_process(tmp_path, "--max-batch-size", "1", "--max-queue", "1") as (_, port):
-        done = locust(port, run_dir, "-t", "3s", "--rate", "40", "--prompt-tokens", "8", "--max-tokens", "40")
+        done = locust(port, run_dir, "-t", "3s", "--rate", "40", "--prompt-tokens", "8",
+                      "--max-tokens", "40")
     summary = json.loads((run_dir / "summary.json").read_text())
     req = summary["requests"]
     assert done.returncode == 1  # Locust's exit code when requests failed
     assert req["sent"] >= 80  # ~120 due in 3 s: open loop keeps sending into a saturated server
     assert req["failed_by_code"].get("RESOURCE_EXHAUSTED", 0) > 0
     assert req["sent"] == req["ok"] + sum(req["failed_by_code"].values())
-    assert summary["server"]["end"]["requests_rejected"] == req["failed_by_code"]["RESOURCE_EXHAUSTED"]
+    assert (summary["server"]["end"]["requests_rejected"]
+            == req["failed_by_code"]["RESOURCE_EXHAUSTED"])
 
 
 def test_sigterm_finishes_open_streams_and_refuses_new_ones(tmp_path):
     with server_process(tmp_path, "--grace-s", "10") as (proc, port):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = moe_pb2_grpc.MoEInferenceStub(channel)
-            stream = stub.Generate(moe_pb2.GenerateRequest(prompt="drain", max_tokens=200, ignore_eos=True))
+            stream = stub.Generate(moe_pb2.GenerateRequest(prompt="drain", max_tokens=200,
+                                                           ignore_eos=True))
             first = next(stream)
             proc.send_signal(15)
             time.sleep(0.3)
@@ -141,8 +151,9 @@ def free_port() -> int:
 def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
     web = free_port()
     with server_process(tmp_path) as (_, port):
-        ui = subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}",
-                               "--web-host", "127.0.0.1", "--web-port", str(web)], cwd=REPO,
+        ui = subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py",
+                               "--host", f"127.0.0.1:{port}", "--web-host", "127.0.0.1",
+                               "--web-port", str(web)], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             base = f"http://127.0.0.1:{web}"
@@ -153,13 +164,14 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
                 return json.loads(urllib.request.urlopen(base + path, data=data, timeout=60).read())
 
             def state():
-                return json.loads(urllib.request.urlopen(base + "/stats/requests", timeout=5).read())["state"]
+                body = urllib.request.urlopen(base + "/stats/requests", timeout=5).read()
+                return json.loads(body)["state"]
 
             post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=0)
             assert wait_for(lambda: state() == "stopped")
             run_dir = tmp_path / "web"
-            post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=8, max_tokens=4,
-                 prompt_tokens=8, run_dir=str(run_dir))
+            post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=8,
+                 max_tokens=4, prompt_tokens=8, run_dir=str(run_dir))
             time.sleep(2)
             post("/stop")
             assert wait_for(lambda: (run_dir / "summary.json").exists())
@@ -187,14 +199,16 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
     run_dir, master_port = tmp_path / "run", free_port()
     locust_bin = str(REPO / ".venv/bin/locust")
     with server_process(tmp_path) as (_, port):
-        workers = [subprocess.Popen([locust_bin, "-f", "loadgen/moe.py", "--worker", "--master-host", "127.0.0.1",
-                                     "--master-port", str(master_port)], cwd=REPO, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.STDOUT) for _ in range(2)]
+        workers = [subprocess.Popen([locust_bin, "-f", "loadgen/moe.py", "--worker",
+                                     "--master-host", "127.0.0.1",
+                                     "--master-port", str(master_port)], cwd=REPO,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                   for _ in range(2)]
         try:
-            done = locust(port, run_dir, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
-                          str(master_port), "--web-host", "127.0.0.1", "--expect-workers", "2", "-u", "2", "-r", "2",
-                          "-t", "6s", "--rate", "8", "--arrival", "constant", "--prompt-tokens", "8",
-                          "--max-tokens", "4")
+            done = locust(port, run_dir, "--master", "--master-bind-host", "127.0.0.1",
+                          "--master-bind-port", str(master_port), "--web-host", "127.0.0.1",
+                          "--expect-workers", "2", "-u", "2", "-r", "2", "-t", "6s", "--rate", "8",
+                          "--arrival", "constant", "--prompt-tokens", "8", "--max-tokens", "4")
         finally:
             for w in workers:
                 stop_process(w)
@@ -225,5 +239,6 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
             [one.get_value_at_percentile(q) for q in (50, 99, 100)]
     # The analysis reads the workers' interval logs and GetStats samples from worker-<i>/.
     intervals = load_intervals(run_dir, "ttft")
-    assert sum(i.hist.get_total_count() for i in intervals) == HdrHistogram.decode(merged["ttft"]).get_total_count()
+    assert (sum(i.hist.get_total_count() for i in intervals)
+            == HdrHistogram.decode(merged["ttft"]).get_total_count())
     assert server_series(read_samples(run_dir)) is not None

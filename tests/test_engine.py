@@ -22,7 +22,8 @@ def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[in
 
 @pytest.mark.parametrize("moe", [
     MoE(), MoE(moe_kernel="reference"), MoE(expert_cache=2),
-    MoE(routing_skew="affinity:0.1"), MoE(routing_skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
+    MoE(routing_skew="affinity:0.1"),
+    MoE(routing_skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
 ], ids=str)
 def test_batched_decode_matches_one_request_at_a_time(moe):
     engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3, moe=moe)
@@ -41,7 +42,8 @@ def test_batched_decode_matches_one_request_at_a_time(moe):
             if not outs[i]:
                 seqs.append(SeqInput(i, prompts[i], 0, routing_key=i))
             else:
-                seqs.append(SeqInput(i, outs[i][-1:], len(prompts[i]) + len(outs[i]) - 1, routing_key=i))
+                position = len(prompts[i]) + len(outs[i]) - 1
+                seqs.append(SeqInput(i, outs[i][-1:], position, routing_key=i))
             who.append(i)
         result = engine.step(seqs)
         toks, counts = result.next_ids, result.routed
@@ -73,7 +75,8 @@ def test_chunked_prefill_beside_another_prefill_matches_whole_prefill():
     first = engine.step([SeqInput(0, a[:12], 0, routing_key=0), SeqInput(1, b, 0, routing_key=1)])
     assert first.tokens == 12 + len(b)
     outs = [[], [first.next_ids[1]]]  # a's first chunk yields no token yet
-    second = engine.step([SeqInput(0, a[12:], 12, routing_key=0), SeqInput(1, outs[1][-1:], len(b), routing_key=1)])
+    second = engine.step([SeqInput(0, a[12:], 12, routing_key=0),
+                          SeqInput(1, outs[1][-1:], len(b), routing_key=1)])
     outs[0].append(second.next_ids[0])
     outs[1].append(second.next_ids[1])
     while len(outs[0]) < n or len(outs[1]) < n:
@@ -88,5 +91,6 @@ def test_chunked_prefill_beside_another_prefill_matches_whole_prefill():
 def test_prefill_padding_is_counted():
     engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0)
     result = engine.step([SeqInput(0, [1] * 10, 0), SeqInput(1, [2] * 4, 0), SeqInput(2, [3], 7)])
-    assert (result.prefill_tokens, result.prefill_padded) == (14, 6)  # the 4-token prompt padded to 10
+    # the 4-token prompt padded to 10
+    assert (result.prefill_tokens, result.prefill_padded) == (14, 6)
     assert (result.kv_useful, result.kv_computed) == (8, 8)

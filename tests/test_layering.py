@@ -43,7 +43,8 @@ def test_analysis_reads_files_only(path):
 def test_loadgen_never_imports_the_server(path):
     assert "server" not in top(imports(path))
     if path.name not in {"moe.py", "listener.py"}:
-        assert "locust" not in top(imports(path)), "only the locustfile and its listener import locust"
+        assert "locust" not in top(imports(path)), \
+            "only the locustfile and its listener import locust"
 
 
 @pytest.mark.parametrize("path", modules("server"), ids=str)
@@ -51,6 +52,7 @@ def test_server_layers(path):
     names = imports(path)
     assert "loadgen" not in top(names) and "locust" not in top(names)
     if path.name not in {"service.py", "app.py", "__main__.py"}:
-        assert not top(names) & {"grpc", "grpc_health", "grpc_reflection", "proto"}, "gRPC stays in the service"
+        assert not top(names) & {"grpc", "grpc_health", "grpc_reflection", "proto"}, \
+            "gRPC stays in the service"
     if path.name in {"model.py", "engine.py", "scheduler.py", "policies.py", "tokenizer.py"}:
         assert not names & {"server.service", "server.app"}, "the engine side never imports upward"

@@ -34,7 +34,8 @@ def test_stream_timing_follows_the_definitions():
 
 
 def test_delivery_lag_is_client_time_minus_server_time():
-    # Sent at 3 ms; the server says it emitted the messages 40 and 55 ms after receiving the request.
+    # Sent at 3 ms; the server says it emitted the messages 40 and 55 ms after receiving the
+    # request.
     t = stream_timing(0, 3 * MS, [45 * MS, 61 * MS], [1, 1], server_elapsed_us=[40_000, 55_000])
     assert t.delivery_lag_us == [2_000, 3_000]
 
@@ -52,7 +53,8 @@ def test_poisson_schedule_has_the_rate_and_repeats():
 
 
 def test_constant_schedule_is_evenly_spaced():
-    assert list(itertools.islice(arrival_offsets_s(4.0, "constant", seed=0), 4)) == [0, 0.25, 0.5, 0.75]
+    offsets = arrival_offsets_s(4.0, "constant", seed=0)
+    assert list(itertools.islice(offsets, 4)) == [0, 0.25, 0.5, 0.75]
 
 
 def test_out_of_range_values_are_clamped_and_counted():
@@ -69,7 +71,8 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     def result(rid, scheduled_ms, status="OK", first_ms=50):
         r = StreamResult(rid, scheduled_ms * MS, sent_ns=scheduled_ms * MS, status=status)
         if status == "OK":
-            r.recv_ns, r.tokens = [(scheduled_ms + first_ms) * MS, (scheduled_ms + first_ms + 10) * MS], [1, 1]
+            r.recv_ns = [(scheduled_ms + first_ms) * MS, (scheduled_ms + first_ms + 10) * MS]
+            r.tokens = [1, 1]
         return r
 
     rec.add(result("warm", 500))  # completes before the window
@@ -80,7 +83,8 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     rec.not_sent = 2
     rec.stop_ns = 3000 * MS
     assert to_json(rec.accounting()) == {"sent": 5, "ok": 4, "failed": 1, "not_sent": 2,
-                                         "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2, "rows_omitted": 0}
+                                         "failed_by_code": {"RESOURCE_EXHAUSTED": 1}, "warmup": 2,
+                                         "rows_omitted": 0}
     assert rec.client["ttft"].count == 2  # warm-up kept out of the latency histograms
     tp = rec.throughput(rec.window_s)
     assert tp.window_s == 2.0
@@ -92,15 +96,17 @@ def test_every_request_is_accounted_for_and_warmup_is_not_measured():
     assert to_json(rec.slo_shares()) == {"objectives_ms": {"ttft": 100, "e2e": 400}, "requests": 2,
                                          "met_share": {"ttft": 0.5, "e2e": 1.0, "all": 0.5}}
     assert rec.rows[2].ttft_ms == 50 and rec.rows[4].ttft_ms is None
-    assert to_json(rec.rows[4]) == {"request_id": "refused", "class": "", "status": "RESOURCE_EXHAUSTED",
-                                    "details": "", "warmup": False, "scheduled_ms": 1700.0, "sent_ms": 1700.0,
-                                    "output_tokens": 0, "messages": 0, "ttft_ms": None, "tpot_ms": None,
+    assert to_json(rec.rows[4]) == {"request_id": "refused", "class": "",
+                                    "status": "RESOURCE_EXHAUSTED", "details": "", "warmup": False,
+                                    "scheduled_ms": 1700.0, "sent_ms": 1700.0, "output_tokens": 0,
+                                    "messages": 0, "ttft_ms": None, "tpot_ms": None,
                                     "e2e_ms": None}
 
 
 def test_tokens_after_the_stop_are_outside_the_window():
     rec = Recorder(start_ns=0, warmup_s=0, stop_ns=100 * MS)
-    r = StreamResult("straddles", 50 * MS, sent_ns=50 * MS, recv_ns=[80 * MS, 120 * MS], tokens=[1, 1])
+    r = StreamResult("straddles", 50 * MS, sent_ns=50 * MS, recv_ns=[80 * MS, 120 * MS],
+                     tokens=[1, 1])
     rec.add(r)
     assert rec.window_tokens == 1 and rec.window_ok == 0  # completed during the drain
 
@@ -111,7 +117,8 @@ def test_merging_exports_equals_recording_everything_in_one():
         for i in range(n):
             ttft_ms = rng.uniform(1, 100)
             yield StreamResult(f"{seed}-{i}", i * MS, sent_ns=i * MS,
-                               recv_ns=[int((i + ttft_ms) * MS), int((i + ttft_ms + 5) * MS)], tokens=[1, 1])
+                               recv_ns=[int((i + ttft_ms) * MS), int((i + ttft_ms + 5) * MS)],
+                               tokens=[1, 1])
 
     def recorder():
         return Recorder(start_ns=0, warmup_s=0, slo=Slo(slo_ttft_ms=50), stop_ns=10_000 * MS)
@@ -144,7 +151,8 @@ def test_request_rows_are_capped_and_the_rest_counted():
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
 def test_gamma_schedule_keeps_the_rate_and_sets_the_burstiness(burstiness):
-    offsets = list(itertools.islice(arrival_offsets_s(20.0, "gamma", seed=3, burstiness=burstiness), 8000))
+    schedule = arrival_offsets_s(20.0, "gamma", seed=3, burstiness=burstiness)
+    offsets = list(itertools.islice(schedule, 8000))
     gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
     assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
     cv = statistics.stdev(gaps) / statistics.mean(gaps)
@@ -153,11 +161,13 @@ def test_gamma_schedule_keeps_the_rate_and_sets_the_burstiness(burstiness):
 
 def test_workers_split_the_rate_and_never_share_an_index():
     for arrival in ("poisson", "constant"):
-        parts = [list(itertools.takewhile(lambda a: a[1] < 100, worker_arrivals(10.0, arrival, 0, 3, w)))
+        parts = [list(itertools.takewhile(lambda a: a[1] < 100,
+                                          worker_arrivals(10.0, arrival, 0, 3, w)))
                  for w in range(3)]
         indexes = [i for part in parts for i, _ in part]
         assert len(indexes) == len(set(indexes))
-        assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)  # 10/s for 100 s in total
+        # 10/s for 100 s in total
+        assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)
 
 
 def test_aio_client_is_for_open_loop_schedules():
@@ -173,5 +183,6 @@ def test_aio_client_is_for_open_loop_schedules():
     (60, 64.0, False),  # above 0.9 x 64 = 57.6
     (890, 1000.0, True),  # 110 short of 1000: beyond sqrt(1000) = 31.6, and below 0.9 x 1000
 ])
-def test_a_stress_step_falls_short_only_beyond_the_share_and_the_counts_noise(achieved, sent, saturated):
+def test_a_stress_step_falls_short_only_beyond_the_share_and_the_counts_noise(achieved, sent,
+                                                                              saturated):
     assert short_of_sent(achieved, sent, 0.9) is saturated

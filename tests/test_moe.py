@@ -16,7 +16,15 @@ from server.expert_cache import LayerCache
 from server.kernels import KERNELS, grouped_mm_unsupported
 from server.model import PRESETS, Transformer
 from server.moe import StepContext, expert_capacity
-from server.routing import BalancedRouter, NoisyTopKRouter, Skew, TopKRouter, hot_bias, request_key, router_class
+from server.routing import (
+    BalancedRouter,
+    NoisyTopKRouter,
+    Skew,
+    TopKRouter,
+    hot_bias,
+    request_key,
+    router_class,
+)
 from server.stages import STAGES, StageTimer
 
 TINY = PRESETS["tiny"]
@@ -25,7 +33,8 @@ E, K = TINY.n_experts, TINY.top_k
 
 def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(shape, generator=g) / shape[-1] ** 0.5 for shape in ((e, i, d), (e, i, d), (e, d, i)))
+    return tuple(torch.randn(shape, generator=g) / shape[-1] ** 0.5
+                 for shape in ((e, i, d), (e, i, d), (e, d, i)))
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 9, 0], [0, 1, 0, 0], [4, 4, 4, 4]],
@@ -33,15 +42,18 @@ def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
 @pytest.mark.parametrize("kernel", ["sorted", "grouped_mm"])
 def test_kernels_match_the_per_token_reference(kernel, counts):
     w = weights()
-    if kernel == "grouped_mm" and (why := grouped_mm_unsupported((TINY.expert_dim, TINY.dim), w[0].device, w[0].dtype)):
+    if kernel == "grouped_mm" and (why := grouped_mm_unsupported((TINY.expert_dim, TINY.dim),
+                                                                 w[0].device, w[0].dtype)):
         pytest.skip(why)
     xs = torch.randn(sum(counts), TINY.dim, generator=torch.Generator().manual_seed(1))
     expected = KERNELS["reference"](xs, counts, range(E), *w)
-    torch.testing.assert_close(KERNELS[kernel](xs, counts, range(E), *w), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(KERNELS[kernel](xs, counts, range(E), *w), expected,
+                               rtol=1e-5, atol=1e-5)
 
 
 def moe_layer(seed=0, dtype=torch.float32, **settings):
-    """Layer 0 of a tiny model built with these MoE settings (the same weights for the same seed)."""
+    """Layer 0 of a tiny model built with these MoE settings (the same weights for the same
+    seed)."""
     model = Transformer(TINY, MoE(**settings), seed, dtype=dtype)
     model.init_random(seed)
     return model.layers[0].moe
@@ -74,7 +86,8 @@ def test_noisy_topk_is_seeded_and_distinct():
         router = NoisyTopKRouter(TINY, 0, seed, "cpu", torch.float32, noise_scale=5.0)
         nn.init.normal_(router.gate.weight, generator=torch.Generator().manual_seed(1))
         nn.init.normal_(router.w_noise.weight, generator=torch.Generator().manual_seed(2))
-        return router(torch.randn(64, TINY.dim, generator=torch.Generator().manual_seed(3)), None, torch.arange(64))[1]
+        x = torch.randn(64, TINY.dim, generator=torch.Generator().manual_seed(3))
+        return router(x, None, torch.arange(64))[1]
 
     a, b, c = route(0), route(0), route(1)
     assert torch.equal(a, b) and not torch.equal(a, c)
@@ -141,7 +154,8 @@ def test_affinity_skew_is_per_request_and_stable():
     a1 = skew.request_bias(2, E, request_key("a", 0), seed=0)
     assert torch.equal(a1, skew.request_bias(2, E, request_key("a", 0), seed=0))
     assert not torch.equal(a1, skew.request_bias(2, E, request_key("b", 0), seed=0))
-    # One preference, laid out per layer by the model's permutations: the same values in every layer.
+    # One preference, laid out per layer by the model's permutations: the same values in every
+    # layer.
     assert torch.equal(a1[0].sort().values, a1[1].sort().values)
     layer = moe_layer()
     step = context(2)
@@ -165,7 +179,8 @@ def test_capacity_drops_over_capacity_pairs_and_counts_them():
     step = context(8)
     out = layer(x, step)
     assert step.dropped[0].tolist() == [4, 4, 0, 0] and step.active[0] == 2
-    torch.testing.assert_close(out[4:], torch.zeros_like(out[4:]))  # later tokens kept only their residual
+    # later tokens kept only their residual
+    torch.testing.assert_close(out[4:], torch.zeros_like(out[4:]))
     torch.testing.assert_close(out[:4], moe_layer(router=router)(x, context(8))[:4])
 
 
@@ -223,7 +238,8 @@ def test_stage_times_add_up_to_the_step():
 ], ids=str)
 def test_engine_runs_with_every_option(moe):
     engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0, moe=moe)
-    result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11), SeqInput(1, [7] * 3, 0, routing_key=12)])
+    result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11),
+                          SeqInput(1, [7] * 3, 0, routing_key=12)])
     assert len(result.next_ids) == 2 and result.routed.sum() == 9 * K * TINY.n_layers
     assert (result.dropped is not None) == (moe.capacity_factor is not None)
 
@@ -232,7 +248,8 @@ def test_renormalisation_follows_the_preset_unless_overridden():
     x = torch.randn(6, TINY.dim)
     plain = TopKRouter(TINY, 0, 0, "cpu", torch.float32)
     assert torch.allclose(plain(x, None, torch.arange(6))[0].sum(-1), torch.ones(6))
-    qwen_like = TopKRouter(TINY.__class__(**{**vars(TINY), "renormalize": False}), 0, 0, "cpu", torch.float32)
+    unnormalized = TINY.__class__(**{**vars(TINY), "renormalize": False})
+    qwen_like = TopKRouter(unnormalized, 0, 0, "cpu", torch.float32)
     qwen_like.gate.load_state_dict(plain.gate.state_dict())
     assert (qwen_like(x, None, torch.arange(6))[0].sum(-1) < 1).all()
     forced = TopKRouter(TINY, 0, 0, "cpu", torch.float32, renormalize=False)

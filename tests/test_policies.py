@@ -75,9 +75,9 @@ class FakeEngine:
         self.active_per_step.append(sum(active))
         self.clock.now_ns += 50_000 * tokens + MS * sum(active)
         routed = used.sum(dim=0).long()
-        return StepResult(next_ids=[7] * len(seqs), routed=routed, dropped=None, active=active, seq_experts=used,
-                          stage_ms=dict.fromkeys(STAGES, 0.0), tokens=tokens, kv_useful=0, kv_computed=0,
-                          prefill_tokens=0, prefill_padded=0)
+        return StepResult(next_ids=[7] * len(seqs), routed=routed, dropped=None, active=active,
+                          seq_experts=used, stage_ms=dict.fromkeys(STAGES, 0.0), tokens=tokens,
+                          kv_useful=0, kv_computed=0, prefill_tokens=0, prefill_padded=0)
 
 
 @dataclass
@@ -85,7 +85,8 @@ class Run:
     engine: FakeEngine
     requests: list[Request]
     events: dict[str, list] = field(default_factory=dict)
-    views: list = field(default_factory=list)  # (resident before the plan, ids decoding then, plan, time)
+    # (resident before the plan, ids decoding then, plan, time)
+    views: list = field(default_factory=list)
 
 
 class Recording:
@@ -96,7 +97,8 @@ class Recording:
 
     def plan(self, v):
         plan = self.policy.plan(v)
-        decoding = {r.request_id for r in v.resident if r.prompt_left == 0}  # state now, not at the end
+        # state now, not at the end
+        decoding = {r.request_id for r in v.resident if r.prompt_left == 0}
         self.run.views.append((list(v.resident), decoding, plan, v.now_ns))
         return plan
 
@@ -106,7 +108,8 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) 
     clock = FakeClock()
     engine = FakeEngine(clock, kv_slots)
     run = Run(engine, [])
-    policy = Recording(build_policy(Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)), run)
+    batching = Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)
+    policy = Recording(build_policy(batching), run)
     batcher = Batcher(engine, policy, max_queue=10_000, clock=clock)
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
@@ -114,8 +117,9 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) 
             i, (t_ms, prompt, max_tokens, priority) = pending.pop(0)
             rid = f"r{i}"
             run.events[rid] = []
-            req = Request(request_id=rid, prompt_ids=[1] * prompt, max_tokens=max_tokens, sink=run.events[rid].append,
-                          ignore_eos=True, priority=priority, received_ns=int(t_ms * MS))
+            req = Request(request_id=rid, prompt_ids=[1] * prompt, max_tokens=max_tokens,
+                          sink=run.events[rid].append, ignore_eos=True, priority=priority,
+                          received_ns=int(t_ms * MS))
             run.requests.append(req)
             batcher.submit(req)
         if batcher.idle and not pending:
@@ -124,7 +128,8 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) 
         if not plan:
             wake = clock.now_ns + int(plan.wake_in_s * 1e9) if plan.wake_in_s is not None else None
             nxt = int(pending[0][1][0] * MS) if pending else None
-            assert wake is not None or nxt is not None, "stuck: nothing planned, nothing to wait for"
+            assert wake is not None or nxt is not None, \
+                "stuck: nothing planned, nothing to wait for"
             clock.now_ns = max(clock.now_ns + 1, min(t for t in (wake, nxt) if t is not None))
             continue
         batcher.apply(plan, *batcher.run(plan))
@@ -221,8 +226,8 @@ def test_latency_sensitive_keeps_the_budget_and_never_skips_a_decode():
 
 
 def test_latency_sensitive_admits_higher_priority_first():
-    run = simulate("latency_sensitive", [(0, 100, 4, 0), (0, 100, 4, 0), (0, 100, 4, 9)], kv_slots=1,
-                   max_batch_size=1, max_step_tokens=64)
+    run = simulate("latency_sensitive", [(0, 100, 4, 0), (0, 100, 4, 0), (0, 100, 4, 9)],
+                   kv_slots=1, max_batch_size=1, max_step_tokens=64)
     first = next(plan for _, _, plan, _ in run.views if plan.prefill)
     assert first.prefill[0][0].request_id == "r2"
 
@@ -233,9 +238,11 @@ def test_routing_keys_give_distinct_signatures():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_real_server_streams_exact_token_counts(policy):
-    with running_server(policy=policy, max_batch_size=4, kv_slots=6, max_wait_ms=5, max_step_tokens=16) as served:
-        calls = [served.stub.Generate(moe_pb2.GenerateRequest(prompt="p" * (3 + 9 * i), max_tokens=5 + i,
-                                                              ignore_eos=True, priority=i % 2), timeout=60)
+    with running_server(policy=policy, max_batch_size=4, kv_slots=6, max_wait_ms=5,
+                        max_step_tokens=16) as served:
+        calls = [served.stub.Generate(moe_pb2.GenerateRequest(prompt="p" * (3 + 9 * i),
+                                                              max_tokens=5 + i, ignore_eos=True,
+                                                              priority=i % 2), timeout=60)
                  for i in range(8)]
         counts = [sum(len(m.token_ids) for m in call) for call in calls]
         stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
@@ -249,5 +256,6 @@ def test_dynamic_serves_the_oldest_bucket_within_its_wait_bound_against_full_buc
     arrivals = [(0, 200, 4, 0)] + [(1 + 10 * i, 8, 4, 0) for i in range(60)]
     run = simulate("dynamic", arrivals, kv_slots=2, max_batch_size=2, max_wait_ms=20)
     assert_each_finished_once(run, arrivals)
-    admitted_at = next(now for _, _, plan, now in run.views if any(r.request_id == "r0" for r, _ in plan.prefill))
+    admitted_at = next(now for _, _, plan, now in run.views
+                       if any(r.request_id == "r0" for r, _ in plan.prefill))
     assert admitted_at / MS <= 20 + 2 * (0.05 * 2 * 200 + 2 * N_EXPERTS)

@@ -33,13 +33,16 @@ def test_an_old_run_reads_into_the_records_and_writes_back_the_same(name):
     run = load_run(FIXTURES / name)
     assert to_json(run.summary) == json.loads((FIXTURES / name / "summary.json").read_text())
     assert [to_json(row) for row in run.rows] == lines(FIXTURES / name / "requests.jsonl")
-    assert [to_json(sample) for sample in run.samples] == lines(FIXTURES / name / "server_stats.jsonl")
-    assert (run.summary.stress is not None) == (name == "stress") and bool(run.summary.classes) == (name == "mixed")
+    assert ([to_json(sample) for sample in run.samples]
+            == lines(FIXTURES / name / "server_stats.jsonl"))
+    assert ((run.summary.stress is not None) == (name == "stress")
+            and bool(run.summary.classes) == (name == "mixed"))
 
 
 @pytest.mark.slow  # whole commands, figures and all, on real runs
-@pytest.mark.parametrize("command", ["report fixed", "report stress", "report mixed", "capacity fixed",
-                                     "soak fixed --window-s 1 --min-samples 1", "compare fixed stress mixed"])
+@pytest.mark.parametrize("command", ["report fixed", "report stress", "report mixed",
+                                     "capacity fixed", "soak fixed --window-s 1 --min-samples 1",
+                                     "compare fixed stress mixed"])
 def test_every_command_reads_old_runs(tmp_path, command):
     for name in RUNS:
         shutil.copytree(FIXTURES / name, tmp_path / name)
@@ -56,8 +59,10 @@ def test_every_command_reads_old_runs(tmp_path, command):
     (lambda s: s.pop("throughput"), "summary.json: throughput: missing"),
     (lambda s: s["metrics"]["ttft_ms"].update(p5O=s["metrics"]["ttft_ms"].pop("p50")),
      "summary.json: metrics.ttft_ms: unknown field(s) p5O"),
-    (lambda s: s["requests"].update(sent="many"), "summary.json: requests.sent: expected an integer, got 'many'"),
-    (lambda s: s["config"].update(rate=-1), "summary.json: config: --rate: must be above 0 requests/s, got -1"),
+    (lambda s: s["requests"].update(sent="many"),
+     "summary.json: requests.sent: expected an integer, got 'many'"),
+    (lambda s: s["config"].update(rate=-1),
+     "summary.json: config: --rate: must be above 0 requests/s, got -1"),
 ])
 def test_a_missing_or_misnamed_field_names_the_file_and_the_field(tmp_path, change, named):
     run_dir = shutil.copytree(FIXTURES / "fixed", tmp_path / "run")
@@ -65,7 +70,8 @@ def test_a_missing_or_misnamed_field_names_the_file_and_the_field(tmp_path, chan
     change(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary))
     done = analysis("report", run_dir)
-    assert done.returncode == 2 and f"{run_dir / named}" in done.stderr and "Traceback" not in done.stderr
+    assert (done.returncode == 2 and f"{run_dir / named}" in done.stderr
+            and "Traceback" not in done.stderr)
 
 
 def test_a_bad_request_row_names_its_line(tmp_path):
@@ -74,7 +80,8 @@ def test_a_bad_request_row_names_its_line(tmp_path):
     rows[2] = rows[2].replace('"ttft_ms"', '"ttft"')
     (run_dir / "requests.jsonl").write_text("\n".join(rows) + "\n")
     done = analysis("report", run_dir)
-    assert done.returncode == 2 and f"{run_dir / 'requests.jsonl'}:3: ttft_ms: missing" in done.stderr
+    assert (done.returncode == 2
+            and f"{run_dir / 'requests.jsonl'}:3: ttft_ms: missing" in done.stderr)
 
 
 D = FieldDescriptor
@@ -83,8 +90,8 @@ KINDS = {D.TYPE_DOUBLE: float, D.TYPE_FLOAT: float, D.TYPE_STRING: str, D.TYPE_B
 
 
 def test_the_getstats_record_follows_the_proto():
-    """Every EngineStats field is declared (none of our server's lands in `extra`), with the type the
-    load generator's JSON gives it."""
+    """Every EngineStats field is declared (none of our server's lands in `extra`), with the
+    type the load generator's JSON gives it."""
     proto = moe_pb2.EngineStats.DESCRIPTOR.fields_by_name
     hints = typing.get_type_hints(ServerStats)
     declared = {f.name for f in dataclasses.fields(ServerStats)} - {"error", "extra"}
@@ -92,7 +99,8 @@ def test_the_getstats_record_follows_the_proto():
     for name, f in proto.items():
         hint = hints[name]
         if f.message_type is not None or f.is_repeated:
-            assert typing.get_origin(hint) in (list, dict) or dataclasses.is_dataclass(typing.get_args(hint)[0]), name
+            assert (typing.get_origin(hint) in (list, dict)
+                    or dataclasses.is_dataclass(typing.get_args(hint)[0])), name
         else:
             assert hint is KINDS[f.type], name
 

@@ -15,7 +15,8 @@ from tests.conftest import REPO
     (["--policy", "lifo"], "--policy: unknown 'lifo'"),
     (["--port", "70000"], "--port: must be 0..65535"),
     (["--dtype", "int8"], "--dtype: unknown 'int8'; choose from float32"),
-    (["--routing-skew", "hot:0.9"], "--routing-skew: skew hot:0.9: one expert can hold at most 1/k"),
+    (["--routing-skew", "hot:0.9"],
+     "--routing-skew: skew hot:0.9: one expert can hold at most 1/k"),
     (["--router", "nope"], "--router: unknown router 'nope'"),
     (["--moe-kernel", "fast"], "--moe-kernel: unknown 'fast'"),
     (["--capacity-factor", "0"], "--capacity-factor: must be above 0"),
@@ -30,6 +31,6 @@ def test_bad_flag_exits_2_naming_it(flags, named, capsys):
 
 
 def test_the_entry_point_refuses_before_building_a_model():
-    done = subprocess.run([sys.executable, "-m", "server", "--max-batch-size", "0"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "server", "--max-batch-size", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--max-batch-size: must be at least 1" in done.stderr

@@ -47,8 +47,10 @@ def test_stream_gives_exactly_max_tokens(server):
 
 def test_greedy_is_deterministic_and_token_ids_match_text(server):
     stub = server.stub
-    a = [t for m in stub.Generate(Req(prompt="abc", max_tokens=6, ignore_eos=True)) for t in m.token_ids]
-    b = [t for m in stub.Generate(Req(prompt_token_ids=tokenizer.encode("abc"), max_tokens=6, ignore_eos=True))
+    a = [t for m in stub.Generate(Req(prompt="abc", max_tokens=6, ignore_eos=True))
+         for t in m.token_ids]
+    b = [t for m in stub.Generate(Req(prompt_token_ids=tokenizer.encode("abc"), max_tokens=6,
+                                      ignore_eos=True))
          for t in m.token_ids]
     assert a == b and len(a) == 6
 
@@ -62,7 +64,8 @@ def test_greedy_is_deterministic_and_token_ids_match_text(server):
     (Req(prompt="x" * 300, max_tokens=4), "shorten the prompt to at most 255 tokens"),
     (Req(prompt="x" * 200, max_tokens=100), "set max_tokens to at most 55"),
     (Req(prompt="x", max_tokens=4, temperature=-1), "temperature must be a finite number >= 0"),
-    (Req(prompt="x", max_tokens=4, temperature=math.nan), "temperature must be a finite number >= 0"),
+    (Req(prompt="x", max_tokens=4, temperature=math.nan),
+     "temperature must be a finite number >= 0"),
 ])
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(server, request_, details):
     stub = server.stub
@@ -124,10 +127,12 @@ def test_stats_count_work_and_reset(server):
 def test_health_and_reflection(server):
     port = server.port
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moe.v1.MoEInference"))
+        check = health_pb2.HealthCheckRequest(service="moe.v1.MoEInference")
+        reply = health_pb2_grpc.HealthStub(ch).Check(check)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(ch)
-        answer = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        listing = reflection_pb2.ServerReflectionRequest(list_services="")
+        answer = next(refl.ServerReflectionInfo(iter([listing])))
         names = {s.name for s in answer.list_services_response.service}
         assert {"moe.v1.MoEInference", "grpc.health.v1.Health"} <= names
 
@@ -155,8 +160,10 @@ def test_engine_failure_fails_requests_instead_of_hanging():
 @pytest.mark.parametrize("temperature", [1e-39, 1e-6, 1e30])
 def test_extreme_temperatures_sample_without_hurting_the_engine(server, temperature):
     stub = server.stub
-    msgs = list(stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True, temperature=temperature, seed=1)))
+    msgs = list(stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True,
+                                  temperature=temperature, seed=1)))
     assert sum(len(m.token_ids) for m in msgs) == 4
-    greedy = [t for m in stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True)) for t in m.token_ids]
+    greedy = [t for m in stub.Generate(Req(prompt="hot", max_tokens=4, ignore_eos=True))
+              for t in m.token_ids]
     if temperature < 1e-5:
         assert [t for m in msgs for t in m.token_ids] == greedy

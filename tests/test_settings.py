@@ -40,8 +40,8 @@ def test_names_are_unique_across_groups_and_defaults_round_trip_as_text(kind):
 
 
 def test_text_is_cast_to_the_declared_type():
-    settings = build(ServerSettings, {"max_batch_size": "4", "capacity_factor": "1.25", "renormalize": "false",
-                                      "metrics_port": ""})
+    settings = build(ServerSettings, {"max_batch_size": "4", "capacity_factor": "1.25",
+                                      "renormalize": "false", "metrics_port": ""})
     assert settings.batching.max_batch_size == 4 and settings.moe.capacity_factor == 1.25
     assert settings.moe.renormalize is False and settings.serving.metrics_port is None
     assert cast(float | None, "") is None and cast(bool, "true") is True
@@ -53,7 +53,8 @@ def test_text_is_cast_to_the_declared_type():
     ({"rate": -1}, "--rate: must be above 0 requests/s"),
     ({"mode": "soak"}, "--mode: unknown 'soak'; choose from fixed, stress, mixed, closed"),
     ({"profile": "sinusoid:10:0.5"}, "--rate-profile: is for --mode mixed"),
-    ({"prompt_tokens": 8, "prompt_tokens_max": 4}, "--prompt-tokens-max: must be 0 (fixed length) or at least"),
+    ({"prompt_tokens": 8, "prompt_tokens_max": 4},
+     "--prompt-tokens-max: must be 0 (fixed length) or at least"),
     ({"rate_profile": "x"}, "unknown setting(s) rate_profile"),
 ])
 def test_bad_values_name_the_flag(values, message):
@@ -63,31 +64,37 @@ def test_bad_values_name_the_flag(values, message):
 
 
 def test_locust_web_form_text_becomes_settings():
-    options = SimpleNamespace(rate="2.5", mode="mixed", rate_profile="bursts:10:2:3", slo_ttft_ms="", max_steps="7")
+    options = SimpleNamespace(rate="2.5", mode="mixed", rate_profile="bursts:10:2:3",
+                              slo_ttft_ms="", max_steps="7")
     settings = from_options(LoadSettings, options, host="127.0.0.1:50051")
-    assert (settings.traffic.rate, settings.traffic.profile, settings.stress.max_steps) == (2.5, "bursts:10:2:3", 7)
+    assert (settings.traffic.rate, settings.traffic.profile,
+            settings.stress.max_steps) == (2.5, "bursts:10:2:3", 7)
     assert settings.slo.slo_ttft_ms is None and settings.sender.host == "127.0.0.1:50051"
 
 
 def test_command_line_flags_and_the_server_registries():
-    settings = parse_args(["--preset", "tiny", "--no-renormalize", "--capacity-factor", "1.5", "--kv-slots", "6"])
+    settings = parse_args(["--preset", "tiny", "--no-renormalize", "--capacity-factor", "1.5",
+                           "--kv-slots", "6"])
     assert settings.moe.renormalize is False and settings.moe.capacity_factor == 1.5
     assert resolve(settings).model.device == "cpu" and resolve(settings).model.dtype == "float32"
-    assert resolve(build(ServerSettings, {"preset": "tiny"})).moe.renormalize is True  # the preset's
+    # the preset's
+    assert resolve(build(ServerSettings, {"preset": "tiny"})).moe.renormalize is True
     with pytest.raises(SettingsError, match="--policy: unknown 'lifo'; choose from fcfs, static"):
         check(build(ServerSettings, {"policy": "lifo"}))
     with pytest.raises(SettingsError, match="--max-step-tokens: must be at least --max-batch-size"):
-        check(build(ServerSettings, {"policy": "latency_sensitive", "max_batch_size": 64, "max_step_tokens": 32}))
+        check(build(ServerSettings, {"policy": "latency_sensitive", "max_batch_size": 64,
+                                     "max_step_tokens": 32}))
 
 
 def test_settings_reported_by_an_older_server_read_as_the_map_would():
-    older = {"policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": 8,
-             "kv_slots_total": 12, "router": "topk", "routing_skew": "uniform", "capacity_factor": 0.0,
-             "moe_kernel": "sorted", "expert_cache": 0, "cache_policy": "lru"}
+    older = {"policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32",
+             "max_batch_size": 8, "kv_slots_total": 12, "router": "topk", "routing_skew": "uniform",
+             "capacity_factor": 0.0, "moe_kernel": "sorted", "expert_cache": 0,
+             "cache_policy": "lru"}
     assert from_json(ServerStats, older, "test:").reported_settings() == {
-        "policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": "8",
-        "kv_slots": "12", "router": "topk", "routing_skew": "uniform", "capacity_factor": "", "moe_kernel": "sorted",
-        "expert_cache": "0", "cache_policy": "lru"}
+        "policy": "fcfs", "preset": "small", "device": "cpu", "dtype": "float32",
+        "max_batch_size": "8", "kv_slots": "12", "router": "topk", "routing_skew": "uniform",
+        "capacity_factor": "", "moe_kernel": "sorted", "expert_cache": "0", "cache_policy": "lru"}
     newer = {"settings": {"seed": "3"}, "preset": "small"}
     assert from_json(ServerStats, newer, "test:").reported_settings() == {"seed": "3"}
 
@@ -96,7 +103,8 @@ def test_settings_reported_by_an_older_server_read_as_the_map_would():
 class Knobs(Settings):
     """Made-up knobs"""
 
-    attention_window: int = setting(0, "attend to the last N positions only; 0 = all", check=at_least(0))
+    attention_window: int = setting(0, "attend to the last N positions only; 0 = all",
+                                    check=at_least(0))
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,8 @@ class WithAKnob(Settings):
 def test_a_new_setting_needs_nothing_but_its_declaration():
     parser = argparse.ArgumentParser()
     add_arguments(parser, WithAKnob)
-    assert from_options(WithAKnob, parser.parse_args(["--attention-window", "128"])).knobs.attention_window == 128
+    options = parser.parse_args(["--attention-window", "128"])
+    assert from_options(WithAKnob, options).knobs.attention_window == 128
     with pytest.raises(SettingsError, match="--attention-window: must be at least 0, got -1"):
         build(WithAKnob, {"attention_window": "-1"})
     assert flat(WithAKnob()) == {"attention_window": 0}

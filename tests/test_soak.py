@@ -19,14 +19,16 @@ from tests.rundirs import png_size, write_hlog, write_samples, write_summary
 MB = 2**20
 
 
-def write_soak_run(run_dir: Path, seconds: int, ttft_ms, tpot_ms, rss_mb, waiting=lambda t: 0) -> None:
+def write_soak_run(run_dir: Path, seconds: int, ttft_ms, tpot_ms, rss_mb,
+                   waiting=lambda t: 0) -> None:
     """`seconds` intervals of 1 s: ttft_ms(i) and tpot_ms(i) give interval i's values, rss_mb(t) and
     waiting(t) the GetStats sample taken t s into the run (t = 1 .. seconds)."""
     run_dir.mkdir()
     write_hlog(run_dir / "ttft.hlog", [ttft_ms(i) for i in range(seconds)])
     write_hlog(run_dir / "tpot.hlog", [tpot_ms(i) for i in range(seconds)])
     write_samples(run_dir / "server_stats.jsonl",
-                  [{"process_rss_bytes": int(rss_mb(t) * MB), "waiting": waiting(t)} for t in range(1, seconds + 1)])
+                  [{"process_rss_bytes": int(rss_mb(t) * MB), "waiting": waiting(t)}
+                   for t in range(1, seconds + 1)])
 
 
 def run_soak(run_dir: Path, *flags: str) -> Done:
@@ -42,23 +44,29 @@ def test_stable_run_has_no_drift(tmp_path):
     rng = np.random.default_rng(7)
     run_dir = tmp_path / "stable"
     write_soak_run(run_dir, 300, ttft_ms=lambda i: rng.normal(100, 5, 10).clip(1),
-                   tpot_ms=lambda i: rng.normal(30, 2, 10).clip(1), rss_mb=lambda t: 1000 + rng.normal(0, 2))
+                   tpot_ms=lambda i: rng.normal(30, 2, 10).clip(1),
+                   rss_mb=lambda t: 1000 + rng.normal(0, 2))
     result = figures(run_soak(run_dir, "--window-s", "30"))
     assert result["windows"] == 10 and result["drift"] == []
     assert {key: s["verdict"] for key, s in result["series"].items()} == {
-        "ttft_p99_ms": "no drift", "tpot_p99_ms": "no drift", "rss_mb": "no drift", "waiting": "no drift"}
-    assert result["series"]["ttft_p99_ms"]["windows"] == 10  # 300 requests per window, over --min-samples 50
-    assert result["series"]["waiting"]["slope_per_h"] == 0  # a constant series fits a slope of exactly 0
+        "ttft_p99_ms": "no drift", "tpot_p99_ms": "no drift", "rss_mb": "no drift",
+        "waiting": "no drift"}
+    # 300 requests per window, over --min-samples 50
+    assert result["series"]["ttft_p99_ms"]["windows"] == 10
+    # a constant series fits a slope of exactly 0
+    assert result["series"]["waiting"]["slope_per_h"] == 0
     assert (run_dir / "soak.md").read_text().count("no drift") >= 4
 
 
 def test_leaking_run_drifts_at_the_hand_computed_rate(tmp_path):
     run_dir = tmp_path / "leak"
-    # Interval i: ten requests of TTFT 100 + 0.5 i ms. A 30 s window k holds intervals 30k .. 30k + 29, and
-    # its p99 (rank 297 of 300) is the last one's: 100 + 0.5 (30k + 29) at the window centre 30k + 15, so
-    # 0.5 ms per s = 1800 ms/h. RSS 200 MB + 10 MB per minute = 600 MB/h (+22% over the run); queue depth t // 60.
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100 + 0.5 * i] * 10, tpot_ms=lambda i: [30] * 10,
-                   rss_mb=lambda t: 200 + 10 * t / 60, waiting=lambda t: t // 60)
+    # Interval i: ten requests of TTFT 100 + 0.5 i ms. A 30 s window k holds intervals
+    # 30k .. 30k + 29, and its p99 (rank 297 of 300) is the last one's: 100 + 0.5 (30k + 29) at
+    # the window centre 30k + 15, so 0.5 ms per s = 1800 ms/h. RSS 200 MB + 10 MB per minute =
+    # 600 MB/h (+22% over the run); queue depth t // 60.
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100 + 0.5 * i] * 10,
+                   tpot_ms=lambda i: [30] * 10, rss_mb=lambda t: 200 + 10 * t / 60,
+                   waiting=lambda t: t // 60)
     done = run_soak(run_dir, "--window-s", "30")
     result = figures(done)
     ttft, rss = result["series"]["ttft_p99_ms"], result["series"]["rss_mb"]
@@ -67,62 +75,72 @@ def test_leaking_run_drifts_at_the_hand_computed_rate(tmp_path):
     assert ttft["start"] == pytest.approx(100 + 0.5 * 29, rel=0.005)
     assert ttft["end"] == pytest.approx(100 + 0.5 * (270 + 29), rel=0.005)
     assert ttft["change_pct"] == pytest.approx(100 * 0.5 * 270 / 114.5, rel=0.01)
-    # Window means of a linear RSS sit on the line at their samples' mean times: 15 s (t = 1..29) to 285 s.
+    # Window means of a linear RSS sit on the line at their samples' mean times: 15 s (t = 1..29)
+    # to 285 s.
     assert rss["slope_per_h"] == pytest.approx(600)
-    assert rss["start"] == pytest.approx(200 + 10 * 15 / 60) and rss["end"] == pytest.approx(200 + 10 * 285 / 60)
+    assert (rss["start"] == pytest.approx(200 + 10 * 15 / 60)
+            and rss["end"] == pytest.approx(200 + 10 * 285 / 60))
     assert rss["change_pct"] == pytest.approx(100 * 45 / 202.5)
     assert rss["ci_per_h"] == pytest.approx([600, 600])  # no residuals: the interval is the point
     assert result["series"]["tpot_p99_ms"]["verdict"] == "no drift"
     assert set(result["drift"]) == {"ttft_p99_ms", "rss_mb", "waiting"}
     assert "server RSS: drift, rising +600.0 MB/h" in done.stdout
-    assert "TTFT p99: drift, rising +18" in done.stdout and "ms/h, +117.9% over the run" in done.stdout
+    assert ("TTFT p99: drift, rising +18" in done.stdout
+            and "ms/h, +117.9% over the run" in done.stdout)
 
 
 def test_a_significant_but_tiny_slope_is_no_drift(tmp_path):
     rng = np.random.default_rng(3)
     run_dir = tmp_path / "creep"
-    # RSS creeps up 0.01 MB per s (36 MB/h) under +-0.05 MB of noise: about 2.7 MB over the run, 0.27% of 1000 MB.
+    # RSS creeps up 0.01 MB per s (36 MB/h) under +-0.05 MB of noise: about 2.7 MB over the run,
+    # 0.27% of 1000 MB.
     write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
                    rss_mb=lambda t: 1000 + 0.01 * t + rng.uniform(-0.05, 0.05))
     rss = figures(run_soak(run_dir, "--window-s", "30"))["series"]["rss_mb"]
     assert rss["ci_per_h"][0] > 0  # the slope is real ...
     assert rss["slope_per_h"] == pytest.approx(36, rel=0.05)
     assert rss["verdict"] == "no drift"  # ... but under 10% of the starting level
-    strict = figures(run_soak(run_dir, "--window-s", "30", "--min-change", "0.001"))["series"]["rss_mb"]
+    strict = figures(run_soak(run_dir, "--window-s", "30",
+                              "--min-change", "0.001"))["series"]["rss_mb"]
     assert strict["verdict"] == "drift"  # the threshold, not the noise, decided
 
 
 def test_sparse_windows_are_skipped_and_counted(tmp_path):
     run_dir = tmp_path / "sparse"
     # TPOT: the first 30 intervals hold 1 request each (30 < --min-samples 50): window 0 is skipped.
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * (1 if i < 30 else 10),
-                   rss_mb=lambda t: 1000)
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10,
+                   tpot_ms=lambda i: [30] * (1 if i < 30 else 10), rss_mb=lambda t: 1000)
     done = run_soak(run_dir, "--window-s", "30")
     tpot = figures(done)["series"]["tpot_p99_ms"]
     assert (tpot["windows"], tpot["skipped"]) == (9, 1)
     assert "TPOT p99: 1 windows skipped (fewer than 50 requests)" in done.stdout
-    few = figures(run_soak(run_dir, "--window-s", "30", "--min-samples", "400"))["series"]["ttft_p99_ms"]
+    few = figures(run_soak(run_dir, "--window-s", "30",
+                           "--min-samples", "400"))["series"]["ttft_p99_ms"]
     assert few["verdict"] == "too short" and few["skipped"] == 10
 
 
 def test_a_missing_file_is_no_data_and_skip_s_drops_the_start(tmp_path):
     run_dir = tmp_path / "no_samples"
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10, rss_mb=lambda t: 1000)
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
+                   rss_mb=lambda t: 1000)
     (run_dir / "server_stats.jsonl").unlink()
     done = run_soak(run_dir, "--window-s", "30", "--skip-s", "60")
     result = figures(done)
     assert result["windows"] == 8  # 240 s after the first 60
-    assert result["series"]["rss_mb"]["verdict"] == "no data" and result["series"]["waiting"]["verdict"] == "no data"
+    assert (result["series"]["rss_mb"]["verdict"] == "no data"
+            and result["series"]["waiting"]["verdict"] == "no data")
     assert result["series"]["ttft_p99_ms"]["windows"] == 8
     assert "server RSS: no data (server_stats.jsonl missing or without it)" in done.stdout
 
 
 def test_too_short_a_run_exits_2_naming_the_flag(tmp_path):
     run_dir = tmp_path / "short"
-    write_soak_run(run_dir, 100, ttft_ms=lambda i: [100], tpot_ms=lambda i: [30], rss_mb=lambda t: 1000)
+    write_soak_run(run_dir, 100, ttft_ms=lambda i: [100], tpot_ms=lambda i: [30],
+                   rss_mb=lambda t: 1000)
     done = run_soak(run_dir)  # 100 s is under 3 windows of 60 s
     assert done.returncode == 2
-    assert "too short" in done.stderr and "--window-s" in done.stderr and "Traceback" not in done.stderr
+    assert ("too short" in done.stderr and "--window-s" in done.stderr
+            and "Traceback" not in done.stderr)
     bad = run_soak(run_dir, "--window-s", "0")
     assert bad.returncode == 2 and "--window-s" in bad.stderr
 
@@ -130,19 +148,24 @@ def test_too_short_a_run_exits_2_naming_the_flag(tmp_path):
 @pytest.mark.parametrize("window_s", ["0.5", "1e-9"])
 def test_a_window_under_the_logging_interval_exits_2_naming_the_flag(tmp_path, window_s):
     run_dir = tmp_path / "fine"
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100], tpot_ms=lambda i: [30], rss_mb=lambda t: 1000)
-    done = run_soak(run_dir, "--window-s", window_s)  # no summary.json: intervals of the default 1 s
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100], tpot_ms=lambda i: [30],
+                   rss_mb=lambda t: 1000)
+    # no summary.json: intervals of the default 1 s
+    done = run_soak(run_dir, "--window-s", window_s)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"--window-s {float(window_s):g} is shorter than the run's 1 s logging interval" in done.stderr
+    assert (f"--window-s {float(window_s):g} is shorter than the run's 1 s logging interval"
+            in done.stderr)
 
 
 def test_the_logging_interval_comes_from_the_summary(tmp_path):
     run_dir = tmp_path / "coarse"
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10, rss_mb=lambda t: 1000)
+    write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
+                   rss_mb=lambda t: 1000)
     write_summary(run_dir, config={"interval_s": 5.0, "warmup_s": 0})
     (run_dir / "histograms.json").write_text("{}")
     done = run_soak(run_dir, "--window-s", "3")
-    assert done.returncode == 2 and "--window-s 3 is shorter than the run's 5 s logging interval" in done.stderr
+    assert (done.returncode == 2
+            and "--window-s 3 is shorter than the run's 5 s logging interval" in done.stderr)
     assert figures(run_soak(run_dir, "--window-s", "30"))["windows"] == 10
 
 
@@ -155,9 +178,11 @@ def test_the_rss_axis_fits_its_level_and_the_queue_starts_at_0(tmp_path):
     axes = {s.key: ax for s, ax in zip(series, soak_figure(series, windows, 0.1).axes, strict=True)}
     rss = next(s for s in series if s.key == "rss_mb")
     low, high = axes["rss_mb"].get_ylim()
-    assert 900 < low <= rss.trend.start and rss.trend.end <= high < 1150  # the trend spans over half the axis
+    # the trend spans over half the axis
+    assert 900 < low <= rss.trend.start and rss.trend.end <= high < 1150
     assert (rss.trend.end - rss.trend.start) / (high - low) > 0.4
-    # TTFT is flat at 100 ms: its axis spans at least 10% (--min-change) of the level, near it, not from 0.
+    # TTFT is flat at 100 ms: its axis spans at least 10% (--min-change) of the level, near it, not
+    # from 0.
     low, high = axes["ttft_p99_ms"].get_ylim()
     assert 10 <= high - low < 12 and 90 < low < 100 < high
     assert axes["waiting"].get_ylim()[0] == 0
@@ -174,10 +199,12 @@ def test_soak_png_is_a_real_png_of_the_figure_size(tmp_path):
 
 
 def test_fit_trend_matches_the_hand_computed_ols():
-    # t = 0..3, y = 1, 3, 2, 4: Sxx = 5, Sxy = 4, slope 0.8; residuals -0.3, 0.9, -0.9, 0.3 give SSR 1.8,
-    # SE = sqrt(1.8 / 2 / 5) = 0.42426; t_0.975(2) = 4.30265, so the CI is 0.8 +- 1.8255 and holds 0.
+    # t = 0..3, y = 1, 3, 2, 4: Sxx = 5, Sxy = 4, slope 0.8; residuals -0.3, 0.9, -0.9, 0.3 give
+    # SSR 1.8, SE = sqrt(1.8 / 2 / 5) = 0.42426; t_0.975(2) = 4.30265, so the CI is 0.8 +- 1.8255
+    # and holds 0.
     trend = fit_trend(np.arange(4.0), np.asarray([1.0, 3.0, 2.0, 4.0]), min_change=0.1)
     assert trend.slope_per_s == pytest.approx(0.8)
-    assert trend.ci_per_s == pytest.approx((0.8 - 4.30265 * 0.424264, 0.8 + 4.30265 * 0.424264), rel=1e-5)
+    assert trend.ci_per_s == pytest.approx((0.8 - 4.30265 * 0.424264, 0.8 + 4.30265 * 0.424264),
+                                           rel=1e-5)
     assert (trend.start, trend.end) == pytest.approx((1.3, 3.7))
     assert not trend.significant and not trend.drift

@@ -19,7 +19,8 @@ def busy(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("steps") / "steps.jsonl"
     with running_server(capacity_factor=0.5, expert_cache=2, cache_policy="lru", metrics_port=0,
                         step_log=str(log_path), routing_skew="zipf:1.0") as served:
-        calls = [served.stub.Generate(Req(prompt=f"request {i}" * 3, max_tokens=6, ignore_eos=True)) for i in range(5)]
+        calls = [served.stub.Generate(Req(prompt=f"request {i}" * 3, max_tokens=6, ignore_eos=True))
+                 for i in range(5)]
         for call in calls:
             list(call)
         yield served, served.stub.GetStats(moe_pb2.GetStatsRequest()), log_path
@@ -29,16 +30,20 @@ def test_stats_describe_every_step(busy):
     _, s, _ = busy
     assert (s.router, s.routing_skew, s.capacity_factor, s.moe_kernel, s.expert_cache) == \
         ("topk", "zipf:1.0", 0.5, "sorted", 2)
-    # Every setting, as the server resolved it: the preset's renormalisation, the device, the KV slots.
+    # Every setting, as the server resolved it: the preset's renormalisation, the device, the KV
+    # slots.
     assert set(s.settings) == {leaf.name for leaf in leaves(ServerSettings)}
-    assert (s.settings["capacity_factor"], s.settings["renormalize"], s.settings["device"], s.settings["kv_slots"],
-            s.settings["torch_threads"], s.settings["metrics_port"]) == ("0.5", "true", "cpu", "32", "1", "0")
+    assert (s.settings["capacity_factor"], s.settings["renormalize"], s.settings["device"],
+            s.settings["kv_slots"], s.settings["torch_threads"],
+            s.settings["metrics_port"]) == ("0.5", "true", "cpu", "32", "1", "0")
     assert s.requests_finished == 5 and s.tokens_generated == 30
     assert s.step_ms.count == s.steps and s.batch_size.count == s.steps
     assert sum(s.batch_size.counts) == s.steps and s.batch_size.sum == s.tokens_generated
-    assert s.tokens_per_step.sum == s.prompt_tokens + s.tokens_generated - 5  # last tokens are never fed back
+    # last tokens are never fed back
+    assert s.tokens_per_step.sum == s.prompt_tokens + s.tokens_generated - 5
     stages = {st.stage: st.ms for st in s.stages}
-    assert set(stages) == {"preprocess", "attention", "routing", "expert_compute", "combine", "decode"}
+    assert set(stages) == {"preprocess", "attention", "routing", "expert_compute", "combine",
+                           "decode"}
     assert all(h.count == s.steps for h in stages.values())
     assert sum(h.sum for h in stages.values()) <= s.step_ms.sum  # stages partition the engine call
     assert 0 < s.kv_positions_useful <= s.kv_positions_computed
@@ -57,7 +62,8 @@ def test_layer_stats_count_routing_drops_and_cache(busy):
         assert sum(layer.active_experts_steps) == s.steps
         active_total += sum(n * steps for n, steps in enumerate(layer.active_experts_steps))
         c = layer.cache
-        assert c.hits + c.misses == sum(n * steps for n, steps in enumerate(layer.active_experts_steps))
+        assert (c.hits + c.misses
+                == sum(n * steps for n, steps in enumerate(layer.active_experts_steps)))
         assert c.misses > 0 and c.bytes_copied > 0 and c.copy_ms > 0
     expert_bytes = 3 * 64 * 128 * 4  # tiny preset, fp32
     assert s.expert_bytes_read == active_total * expert_bytes
@@ -77,18 +83,22 @@ def test_reset_zeroes_counters_including_the_cache(busy):
 def test_prometheus_endpoint_serves_the_same_counts(busy):
     served, _, _ = busy
     s = served.stub.GetStats(moe_pb2.GetStatsRequest())
-    text = urllib.request.urlopen(f"http://127.0.0.1:{served.app.metrics_port}/metrics", timeout=5).read().decode()
+    url = f"http://127.0.0.1:{served.app.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
     assert f'moe_requests_total{{outcome="finished"}} {float(s.requests_finished)}' in text
     assert f"moe_steps_total {float(s.steps)}" in text
     assert 'moe_stage_seconds_bucket{le="+Inf",stage="attention"}' in text
-    assert 'moe_cache_misses_total{layer="0"}' in text and 'moe_expert_tokens_total{expert="0",layer="0"}' in text
+    assert ('moe_cache_misses_total{layer="0"}' in text
+            and 'moe_expert_tokens_total{expert="0",layer="0"}' in text)
     assert "process_resident_memory_bytes" in text
 
 
 def test_step_log_has_one_line_per_step(busy):
     _, s, log_path = busy
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert len(lines) >= s.steps  # the engine's two warm-up steps are not logged; later steps may be
+    # the engine's two warm-up steps are not logged; later steps may be
+    assert len(lines) >= s.steps
     first = lines[0]
-    assert {"t_unix_s", "t_monotonic_s", "batch", "tokens", "stage_ms", "active_experts", "expert_tokens"} <= set(first)
+    assert {"t_unix_s", "t_monotonic_s", "batch", "tokens", "stage_ms", "active_experts",
+            "expert_tokens"} <= set(first)
     assert len(first["active_experts"]) == s.num_layers and "dropped" in first

@@ -20,13 +20,15 @@ TOLERANCE_MS = 8
 def test_fixed_rate_percentiles_match_the_known_delays(tmp_path):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as (_, port):
-        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--prompt-tokens", "4", "--max-tokens", "6")
+        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--prompt-tokens", "4",
+                      "--max-tokens", "6")
     assert done.returncode == 0, done.stdout
     m = json.loads((run_dir / "summary.json").read_text())["metrics"]
     assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
     assert 10 - 1 <= m["tpot_ms"]["p50"] <= 10 + TOLERANCE_MS / 2
     assert 70 <= m["e2e_ms"]["p50"] <= 70 + TOLERANCE_MS  # 20 + 5 x 10 ms
-    assert m["delivery_lag_ms"]["count"] == m["itl_ms"]["count"] + m["ttft_ms"]["count"]  # every message
+    # every message
+    assert m["delivery_lag_ms"]["count"] == m["itl_ms"]["count"] + m["ttft_ms"]["count"]
     assert m["delivery_lag_ms"]["p50"] <= TOLERANCE_MS
 
 
@@ -34,8 +36,8 @@ def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
                               "--stall-s", "2") as (_, port):
-        done = locust(port, run_dir, "-t", "7s", "--rate", "10", "--arrival", "constant", "--prompt-tokens", "4",
-                      "--max-tokens", "3")
+        done = locust(port, run_dir, "-t", "7s", "--rate", "10", "--arrival", "constant",
+                      "--prompt-tokens", "4", "--max-tokens", "3")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
@@ -52,13 +54,15 @@ def test_closed_loop_hides_the_same_stall_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
                               "--stall-s", "2") as (_, port):
-        done = locust(port, run_dir, "-t", "7s", "--mode", "closed", "-u", "2", "-r", "2", "--prompt-tokens", "4",
-                      "--max-tokens", "3")
+        done = locust(port, run_dir, "-t", "7s", "--mode", "closed", "-u", "2", "-r", "2",
+                      "--prompt-tokens", "4", "--max-tokens", "3")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    assert summary["requests"]["sent"] == summary["requests"]["ok"] > 50  # two users, ~40 ms a request
-    assert len([r for r in rows if r["ttft_ms"] > 500]) <= 2  # one stalled request per user, the rest never sent
+    # two users, ~40 ms a request
+    assert summary["requests"]["sent"] == summary["requests"]["ok"] > 50
+    # one stalled request per user, the rest never sent
+    assert len([r for r in rows if r["ttft_ms"] > 500]) <= 2
     assert summary["metrics"]["ttft_ms"]["p95"] < 1500  # the stall is out of sight
     assert any("closed loop" in w for w in summary["generator"]["warnings"])
 
@@ -66,15 +70,18 @@ def test_closed_loop_hides_the_same_stall_and_says_so(tmp_path):
 def test_stress_stops_by_itself_at_the_knee_of_a_known_capacity(tmp_path):
     # 3 streams at once, each 20 ms + 9 x 10 ms: about 25 requests/s at most (27 without overheads).
     run_dir = tmp_path / "run"
-    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--capacity", "3") as (_, port):
-        done = locust(port, run_dir, "--mode", "stress", "--rate-start", "8", "--rate-step", "8", "--step-s", "2",
-                      "--max-steps", "8", "--prompt-tokens", "4", "--max-tokens", "10", "--arrival", "constant")
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10",
+                              "--capacity", "3") as (_, port):
+        done = locust(port, run_dir, "--mode", "stress", "--rate-start", "8", "--rate-step", "8",
+                      "--step-s", "2", "--max-steps", "8", "--prompt-tokens", "4",
+                      "--max-tokens", "10", "--arrival", "constant")
     assert done.returncode == 0, done.stdout
     stress = json.loads((run_dir / "summary.json").read_text())["stress"]
     assert stress["knee_rps"] in (16, 24)  # within one step of the capacity
     assert len(stress["steps"]) < 8 and stress["steps"][-1]["saturated"]  # it stopped by itself
     rows = (run_dir / "steps.csv").read_text().splitlines()
-    assert rows[0].startswith("step,offered_rps,sent_rps,achieved_rps") and len(rows) == len(stress["steps"]) + 1
+    assert (rows[0].startswith("step,offered_rps,sent_rps,achieved_rps")
+            and len(rows) == len(stress["steps"]) + 1)
     assert "knee" in done.stdout
 
 
@@ -99,12 +106,13 @@ def test_mixed_mode_reports_each_class_and_follows_the_weights(tmp_path):
 def test_aio_client_sends_and_times_the_same_schedule(tmp_path):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10") as (_, port):
-        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--arrival", "constant", "--prompt-tokens", "4",
-                      "--max-tokens", "6", "--client", "aio")
+        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--arrival", "constant",
+                      "--prompt-tokens", "4", "--max-tokens", "6", "--client", "aio")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     req, m = summary["requests"], summary["metrics"]
-    assert req["sent"] == req["ok"] and 45 <= req["sent"] <= 52  # 10/s for 5 s, sent by the aio process
+    # 10/s for 5 s, sent by the aio process
+    assert req["sent"] == req["ok"] and 45 <= req["sent"] <= 52
     assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
     assert m["delivery_lag_ms"]["count"] == req["sent"] * 6
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]

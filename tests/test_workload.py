@@ -13,8 +13,8 @@ from records.load_settings import LoadSettings
 
 
 def config(**overrides) -> LoadSettings:
-    base = {"seed": 0, "mode": "mixed", "classes": "chat:3:8:4,long:1:64:2", "dataset": "", "prompt_tokens": 4,
-            "prompt_tokens_max": 0, "max_tokens": 16}
+    base = {"seed": 0, "mode": "mixed", "classes": "chat:3:8:4,long:1:64:2", "dataset": "",
+            "prompt_tokens": 4, "prompt_tokens_max": 0, "max_tokens": 16}
     return build(LoadSettings, base | overrides)
 
 
@@ -24,13 +24,17 @@ def test_classes_are_drawn_by_weight_with_their_shapes():
     names = [name for _, name in drawn]
     assert names.count("chat") / len(names) == pytest.approx(0.75, abs=0.03)
     for request, name in drawn[:50]:
-        assert (len(request.prompt_token_ids), request.max_tokens) == ((8, 4) if name == "chat" else (64, 2))
+        shape = (8, 4) if name == "chat" else (64, 2)
+        assert (len(request.prompt_token_ids), request.max_tokens) == shape
     assert [r.request_id for r, _ in drawn[:3]] == ["0-0", "0-1", "0-2"]
-    assert workload.request(7)[0] == Workload(config()).request(7)[0]  # any process builds the same request
+    # any process builds the same request
+    assert workload.request(7)[0] == Workload(config()).request(7)[0]
 
 
-@pytest.mark.parametrize("spec, error", [("chat:3:8", "name:weight"), ("a:0:8:4", "weight above 0"),
-                                         ("a:1:x:4", "must be numbers"), ("a:1:8:4,a:2:8:4", "repeat")])
+@pytest.mark.parametrize("spec, error", [("chat:3:8", "name:weight"),
+                                         ("a:0:8:4", "weight above 0"),
+                                         ("a:1:x:4", "must be numbers"),
+                                         ("a:1:8:4,a:2:8:4", "repeat")])
 def test_bad_classes_are_refused(spec, error):
     with pytest.raises(ValueError, match=error):
         parse_classes(spec)
@@ -39,9 +43,11 @@ def test_bad_classes_are_refused(spec, error):
 def test_dataset_gives_prompts_and_capped_output_lengths(tmp_path):
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps([
-        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there"}]},
+        {"conversations": [{"from": "human", "value": "hi"},
+                           {"from": "gpt", "value": "hello there"}]},
         {"conversations": [{"from": "gpt", "value": "no question first"}]},
-        {"conversations": [{"from": "human", "value": "tell me a story"}, {"from": "gpt", "value": "x" * 500}]},
+        {"conversations": [{"from": "human", "value": "tell me a story"},
+                           {"from": "gpt", "value": "x" * 500}]},
     ]))
     assert load_dataset(str(path)) == [("hi", "hello there"), ("tell me a story", "x" * 500)]
     workload = Workload(config(mode="fixed", dataset=str(path), max_tokens=100))
@@ -53,8 +59,10 @@ def test_dataset_gives_prompts_and_capped_output_lengths(tmp_path):
         load_dataset(str(tmp_path / "empty.json"))
 
 
-def window_counts(profile: Profile, rate: float, windows: list[tuple[float, float]], horizon_s: float = 200):
-    times = [t for _, t in itertools.takewhile(lambda a: a[1] < horizon_s, profile.arrivals(rate, seed=1))]
+def window_counts(profile: Profile, rate: float, windows: list[tuple[float, float]],
+                  horizon_s: float = 200):
+    arrivals = profile.arrivals(rate, seed=1)
+    times = [t for _, t in itertools.takewhile(lambda a: a[1] < horizon_s, arrivals)]
     return [sum(1 for t in times if a <= t % 20 < b) for a, b in windows]
 
 
@@ -77,7 +85,8 @@ def test_trace_profile_replays_times_split_over_workers(tmp_path):
     assert list(profile.arrivals(1.0, seed=0, workers=2, index=1)) == [(1, 0.5), (3, 2.0)]
 
 
-@pytest.mark.parametrize("spec", ["sinusoid:10", "sinusoid:10:2", "bursts:5:10:2", "wave:1:2", "trace:"])
+@pytest.mark.parametrize("spec", ["sinusoid:10", "sinusoid:10:2", "bursts:5:10:2", "wave:1:2",
+                                  "trace:"])
 def test_bad_profiles_are_refused(spec):
     with pytest.raises(ValueError):
         Profile.parse(spec)
