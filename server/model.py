@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from records.declare import flat
 from records.server_settings import MoE
 from server.expert_cache import LayerCache
 from server.kernels import KERNELS, resolve_kernel
@@ -242,8 +243,7 @@ class Transformer(nn.Module):
         self.kernel_name = resolve_kernel(moe.moe_kernel, (args.expert_dim, args.dim),
                                           torch.device(device), dtype, cached)
         router = router_class(moe.router)
-        options = router_options(router, {"noise_scale": moe.noise_scale,
-                                          "renormalize": moe.renormalize})
+        options = router_options(router, flat(moe))  # the MoE settings it takes by name
         skew = Skew.parse(moe.routing_skew)
         rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from records.declare import flat
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
 from server.expert_cache import LayerCache
@@ -24,6 +25,7 @@ from server.routing import (
     hot_bias,
     request_key,
     router_class,
+    router_options,
 )
 from server.stages import STAGES, StageTimer
 
@@ -114,6 +116,19 @@ class FirstExpertsRouter(nn.Module):
     def forward(self, x, bias, groups):
         experts = torch.arange(self.top_k).expand(x.shape[0], -1)
         return torch.full(experts.shape, 1 / self.top_k), experts
+
+
+def test_a_router_is_given_the_settings_it_names():
+    class Named(nn.Module):
+        def __init__(self, args, layer, seed, device, dtype, noise_scale, renormalize=None):
+            super().__init__()
+
+    settings = flat(MoE(noise_scale=2.0))
+    assert router_options(Named, settings) == {"noise_scale": 2.0}  # renormalize unset: not given
+    assert router_options(TopKRouter, flat(MoE(renormalize=False))) == {"renormalize": False}
+    unset = {name for name, value in settings.items() if value is None}
+    # With **kwargs, every setting that is set.
+    assert set(router_options(FirstExpertsRouter, settings)) == set(settings) - unset
 
 
 def test_custom_router_loads_by_dotted_path():
