@@ -7,7 +7,8 @@ unknown one, or a value of the wrong type is a RecordError naming where it is
 `OPEN = True` keeps the fields it does not declare in its `extra` mapping instead (GetStats
 snapshots: a newer server adds fields). A field's metadata may give its JSON `key` (when the
 name is a Python keyword) and an `omit` value written as nothing (`{"count": 0}` rather than
-every percentile as null).
+every percentile as null). A record whose class names a field `ALONE` is written as that field
+alone when it is set (a GetStats snapshot that failed: its error).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def to_json(value) -> Any:
     if isinstance(value, Settings):
         return flat(value)
     if dataclasses.is_dataclass(value):
+        if (alone := getattr(value, "ALONE", "")) and getattr(value, alone):
+            return {alone: to_json(getattr(value, alone))}
         out = {}
         for f in dataclasses.fields(value):
             v = getattr(value, f.name)

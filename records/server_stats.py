@@ -60,7 +60,9 @@ class LayerStats:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerStats:
-    OPEN: ClassVar[bool] = True
+    OPEN: ClassVar[bool] = True  # fields of a newer server are kept in `extra`
+    # A snapshot that could not be taken is written as its error alone.
+    ALONE: ClassVar[str] = "error"
 
     error: str = field("", omit="")  # why the snapshot could not be taken; nothing else is set then
     policy: str = ""

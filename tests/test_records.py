@@ -15,7 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from analysis.rundir import load_run
 from proto import moe_pb2
-from records.jsonform import to_json
+from records.jsonform import from_json, to_json
 from records.requests import RequestRow
 from records.server_stats import ServerStats
 from tests.cli import analysis
@@ -103,6 +103,12 @@ def test_the_getstats_record_follows_the_proto():
                     or dataclasses.is_dataclass(typing.get_args(hint)[0])), name
         else:
             assert hint is KINDS[f.type], name
+
+
+def test_a_snapshot_that_failed_is_written_as_its_error_alone():
+    failed = ServerStats(error="GetStats failed: UNAVAILABLE: connection refused")
+    assert to_json(failed) == {"error": "GetStats failed: UNAVAILABLE: connection refused"}
+    assert from_json(ServerStats, to_json(failed), "test:") == failed and not failed.ok
 
 
 def test_request_rows_hold_the_servers_whole_usage():
