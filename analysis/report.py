@@ -30,7 +30,7 @@ from analysis.timeseries import ClientSeries, client_series
 from records.declare import flat
 from records.summary import Stats
 
-LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service")
+LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service")
 REPORT_MD = "report.md"
 CDF_PNG = "latency_cdf.png"
 SPLIT_PNG = "ttft_split.png"

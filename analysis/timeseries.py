@@ -54,7 +54,10 @@ def client_series(run: Run, window_s: float | None = None) -> ClientSeries | Non
     ttft = run.intervals("ttft")
     if not ttft:
         return None
-    tpot, itl = _aligned(run.intervals("tpot"), ttft), _aligned(run.intervals("itl"), ttft)
+    # the per-token ITL view where the run has it (one value per token after the first
+    # message), else one value per message gap (older runs)
+    per_token = run.intervals("itl_token") or run.intervals("itl")
+    tpot, itl = _aligned(run.intervals("tpot"), ttft), _aligned(per_token, ttft)
     width = auto_window_s(ttft) if window_s is None else window_s
     groups = _groups(ttft, width)
     ttft, tpot, itl = ([_merge([intervals[i] for i in group]) for group in groups]
@@ -64,7 +67,8 @@ def client_series(run: Run, window_s: float | None = None) -> ClientSeries | Non
     safe_length = np.where(length > 0, length, np.nan)
     finished = np.asarray([i.hist.get_total_count() for i in ttft], dtype=float)
     # A request's first token is its TTFT sample and each later one an ITL sample, so the two
-    # counts add up to the output tokens of the requests that finished.
+    # counts add up to the output tokens of the requests that finished (less any tokens beyond
+    # the first in a first message).
     tokens = finished + np.asarray([i.hist.get_total_count() if i else 0 for i in itl], dtype=float)
     rows = run.rows
     if rows:

@@ -1,8 +1,9 @@
-"""The open-loop sender on plain asyncio + grpc.aio, in a process of its own (--client aio).
+"""The open-loop sender on plain asyncio (grpc.aio, aiohttp: the target's async client), in a
+process of its own (--client aio).
 
-Locust's process runs gRPC through gevent, whose integration costs timing accuracy at high
-message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it sends the
-schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
+Locust's process runs its clients through gevent, whose integration costs timing accuracy at
+high message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it
+sends the schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
 one JSON job line to its stdin ({"config": the settings, flat, "workers", "index",
 "start_ns"}), reads one JSON line per finished request from its stdout, and writes "stop"
 to end the schedule; the sender then drains for drain_s, cuts off what is left, reports
@@ -19,28 +20,13 @@ import json
 import sys
 import time
 
-import grpc
-
-from loadgen.client import StreamResult, close_stream, cut_off, fail
+from loadgen.client import StreamResult, astream_request, cut_off
 from loadgen.profiles import schedule_of
+from loadgen.target import target_of
+from loadgen.text_tokens import TextCounter
 from loadgen.workload import Workload
-from proto import moe_pb2, moe_pb2_grpc
 from records.declare import build
 from records.load_settings import LoadSettings
-
-
-async def send(stub, request: moe_pb2.GenerateRequest, r: StreamResult, timeout_s: float) -> None:
-    """stream_generate's twin on grpc.aio: fills r in place, never raises for RPC errors."""
-    r.sent_ns = time.monotonic_ns()
-    try:
-        last = None
-        async for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
-            r.received(msg, time.monotonic_ns())
-            last = msg
-        close_stream(r, last)
-    except Exception as exc:
-        # as stream_generate: an RPC error, a bad reply or a bug is counted, never lost
-        fail(r, exc)
 
 
 async def main() -> None:
@@ -71,14 +57,12 @@ async def main() -> None:
     settings = build(LoadSettings, job["config"])
     sender = settings.sender
     workload = Workload(settings)
+    target = target_of(settings.target)
+    count = TextCounter(settings.target.tokenizer)
     schedule = schedule_of(settings.traffic, job["workers"], job["index"])
     not_sent = 0
-    async with grpc.aio.insecure_channel(sender.host) as channel:
-        stub = moe_pb2_grpc.MoEInferenceStub(channel)
-        try:  # connect before the first send is due, so the first requests do not pay for it
-            await asyncio.wait_for(channel.channel_ready(), timeout=2)
-        except TimeoutError:
-            pass  # no server yet: requests wait for it (wait_for_ready) and count their lateness
+    conn = await target.aconnect(sender.host)
+    try:
         for index, offset_s in schedule:
             due_ns = job["start_ns"] + int(offset_s * 1e9)
             delay_s = (due_ns - time.monotonic_ns()) / 1e9
@@ -89,9 +73,10 @@ async def main() -> None:
             if len(tasks) >= sender.max_in_flight:
                 not_sent += 1
                 continue
-            request, klass = workload.request(index)
-            r = StreamResult(request.request_id, due_ns, klass)
-            task = asyncio.create_task(send(stub, request, r, sender.request_timeout_s))
+            spec = workload.request(index)
+            r = StreamResult(spec.request_id, due_ns, spec.klass)
+            task = asyncio.create_task(astream_request(target, conn, spec, r,
+                                                       sender.request_timeout_s, count))
             tasks[task] = r
             task.add_done_callback(done)
         await watcher
@@ -106,6 +91,8 @@ async def main() -> None:
         emit({"end": True, "not_sent": not_sent})
         while transport.get_write_buffer_size():
             await asyncio.sleep(0.01)
+    finally:
+        await target.aclose(conn)
 
 
 if __name__ == "__main__":

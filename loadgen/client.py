@@ -1,5 +1,12 @@
-"""One streaming Generate call, timed with a monotonic clock. Never raises for RPC errors:
-the result says what happened, so every request is accounted for."""
+"""One streaming request through a target, timed with a monotonic clock. Never raises: the
+result says what happened, so every request is accounted for.
+
+The counting rule, the same for every target (docs/metrics.md): a message counts once it
+carries at least one token; its receive time and token count are kept. Messages without
+tokens (a role or usage event) are read for the finish reason and usage only. Where the
+protocol sends text, each message's text is kept until the stream ends and then counted
+(loadgen/text_tokens.py); a message left with no token merges into the next.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import grpc
-
-from proto import moe_pb2, moe_pb2_grpc
-from records.jsonform import from_json
-from records.server_stats import ServerStats
+from loadgen.target import Chunk, RequestSpec, Target
 
 CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
+# (texts, usage) -> tokens of each text: loadgen/text_tokens.py's TextCounter
+Counter = Callable[[list[str], dict[str, int]], list[int]]
 
 
 @dataclass
@@ -22,87 +27,77 @@ class StreamResult:
     scheduled_ns: int
     klass: str = ""  # the request class (mixed mode, dataset), "" without classes
     sent_ns: int = 0
-    recv_ns: list[int] = field(default_factory=list)  # arrival of each message
-    tokens: list[int] = field(default_factory=list)  # tokens in each message
-    server_elapsed_us: list[int] = field(default_factory=list)  # the server's time of each message
-    status: str = "OK"  # "OK" or the gRPC status code name
+    recv_ns: list[int] = field(default_factory=list)  # arrival of each message with tokens
+    tokens: list[int] = field(default_factory=list)  # tokens in each of them
+    # the server's time of each; 0 unknown
+    server_elapsed_us: list[int] = field(default_factory=list)
+    status: str = "OK"  # "OK", or the failure's status (docs/metrics.md)
     details: str = ""
     finish_reason: str = ""
     usage: dict[str, int] = field(default_factory=dict)  # the server's own account
+    texts: list[str] = field(default_factory=list)  # a text protocol's messages, until counted
 
     @property
     def ok(self) -> bool:
         return self.status == "OK"
 
-    def received(self, msg: moe_pb2.GenerateResponse, now_ns: int) -> None:
-        """One stream message: when it arrived, its tokens, and the server's time for it."""
-        self.recv_ns.append(now_ns)
-        self.tokens.append(len(msg.token_ids))
-        self.server_elapsed_us.append(msg.server_elapsed_us)
+    def received(self, chunk: Chunk, now_ns: int) -> None:
+        """One streamed message: when it arrived, its tokens (one a text message, until it is
+        counted), the server's time for it, and on the stream's last messages its finish
+        reason and usage."""
+        if chunk.tokens or chunk.text:
+            self.recv_ns.append(now_ns)
+            self.tokens.append(chunk.tokens or 1)
+            self.server_elapsed_us.append(chunk.server_elapsed_us)
+            if chunk.text:
+                self.texts.append(chunk.text)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        self.usage |= chunk.usage
+
+    def close(self, count: Counter) -> None:
+        """After the stream's end, or its failure: a text stream's messages counted, and a
+        stream that did not end as a stream should is not ok."""
+        if self.texts:
+            counted = count(self.texts, self.usage)
+            kept = [i for i, n in enumerate(counted) if n]
+            # a message without a token merges into the next one with tokens
+            self.recv_ns = [self.recv_ns[i] for i in kept]
+            self.server_elapsed_us = [self.server_elapsed_us[i] for i in kept]
+            self.tokens = [counted[i] for i in kept]
+            self.texts = []
+        if self.ok and not self.finish_reason:
+            self.status, self.details = "INCOMPLETE", "stream ended without a finish reason"
+        elif self.ok and not self.tokens:
+            self.status, self.details = "NO_OUTPUT", "stream ended without a token"
 
 
-def stream_generate(stub, request: moe_pb2.GenerateRequest, result: StreamResult, timeout_s: float,
-                    clock: Callable[[], int] = time.monotonic_ns) -> None:
-    """Sends request and fills result in place, so a caller that has to abandon the call
-    still holds what arrived before."""
+def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
+                   timeout_s: float, count: Counter,
+                   clock: Callable[[], int] = time.monotonic_ns) -> None:
+    """Sends spec and fills result in place, so a caller that has to abandon the call still
+    holds what arrived before."""
     result.sent_ns = clock()
     try:
-        last = None
-        for msg in stub.Generate(request, timeout=timeout_s, wait_for_ready=True):
-            result.received(msg, clock())
-            last = msg
-        close_stream(result, last)
-    except Exception as exc:  # an RPC error, a bad reply or a client bug: counted, never lost
-        fail(result, exc)
+        for chunk in target.stream(conn, spec, timeout_s):
+            result.received(chunk, clock())
+    except Exception as exc:  # an error, a bad reply or a client bug: counted, never lost
+        result.status, result.details = target.failure(exc)
+    result.close(count)
 
 
-def fail(result: StreamResult, exc: Exception) -> None:
-    """The status of a stream that raised: the gRPC code, or CLIENT_ERROR for anything else."""
-    if isinstance(exc, grpc.RpcError):
-        result.status, result.details = exc.code().name, exc.details() or ""
-    else:
-        result.status, result.details = "CLIENT_ERROR", repr(exc)
+async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
+                          timeout_s: float, count: Counter) -> None:
+    """stream_request on asyncio (the aio sender)."""
+    result.sent_ns = time.monotonic_ns()
+    try:
+        async for chunk in target.astream(conn, spec, timeout_s):
+            result.received(chunk, time.monotonic_ns())
+    except Exception as exc:  # as stream_request
+        result.status, result.details = target.failure(exc)
+    result.close(count)
 
 
 def cut_off(result: StreamResult, drain_s: float) -> None:
     result.status = CUT_OFF
     result.details = f"still streaming {drain_s:g} s after the run ended (--drain-s)"
-
-
-def close_stream(result: StreamResult, last) -> None:
-    """Status, finish reason and the server's own account from a stream's last message."""
-    if last is None or not last.finish_reason:
-        result.status, result.details = "INCOMPLETE", "stream ended without a finish_reason"
-        return
-    result.finish_reason = moe_pb2.GenerateResponse.FinishReason.Name(last.finish_reason)
-    result.usage = message_dict(last.usage)
-
-
-def server_stats(host: str) -> ServerStats:
-    """GetStats (expert_tokens as [layer][expert]), or why it could not be had: the run goes on
-    without it."""
-    try:
-        with grpc.insecure_channel(host) as channel:
-            stub = moe_pb2_grpc.MoEInferenceStub(channel)
-            reply = stub.GetStats(moe_pb2.GetStatsRequest(), timeout=5)
-    except grpc.RpcError as exc:
-        return ServerStats(error=f"GetStats failed: {exc.code().name}: {exc.details()}")
-    stats = message_dict(reply)
-    stats["expert_tokens"] = [layer["tokens"] for layer in stats["expert_tokens"]]
-    return from_json(ServerStats, stats, "GetStats")
-
-
-def message_dict(msg) -> dict:
-    """A protobuf message as plain JSON types (64-bit ints stay numbers, unlike MessageToDict)."""
-    out = {}
-    for f in msg.DESCRIPTOR.fields:
-        value = getattr(msg, f.name)
-        if f.message_type is None:
-            out[f.name] = list(value) if f.is_repeated else value
-        elif f.message_type.GetOptions().map_entry:
-            out[f.name] = dict(value)
-        elif f.is_repeated:
-            out[f.name] = [message_dict(v) for v in value]
-        elif msg.HasField(f.name):
-            out[f.name] = message_dict(value)
-    return out
+    result.texts = []  # its messages count a token each

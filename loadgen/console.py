@@ -7,7 +7,7 @@ from pathlib import Path
 
 from records.summary import Stats, Summary
 
-ROWS = ("ttft", "ttft_service", "tpot", "itl", "e2e")
+ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e")
 
 
 def print_summary(summary: Summary, run_dir: Path) -> None:

@@ -23,7 +23,7 @@ PART_GRACE_S = 15.0  # beyond --drain-s, how long the master waits for a worker'
 def worker_message(index: int, run) -> dict:
     return {"worker": index, "export": run.recorder.export(), "started_at": run.started_at,
             "duration_s": run.duration_s, "window_s": run.recorder.window_s,
-            "cpu_percent": run.cpu_percent}
+            "cpu_percent": run.cpu_percent, "notes": list(run.notes)}
 
 
 def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
@@ -35,9 +35,10 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
     window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal
     missing = [f"only {len(parts)} of {expected} workers reported results: the run is incomplete"] \
         if len(parts) < expected else []
+    notes = dict.fromkeys(note for p in parts for note in p["notes"])  # once each, in order
     summary = summarize(settings, merged, min(p["started_at"] for p in parts),
                         max(p["duration_s"] for p in parts), window_s,
-                        max(p["cpu_percent"] for p in parts), tuple(missing))
+                        max(p["cpu_percent"] for p in parts), (*missing, *notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
     return dataclasses.replace(summary, server=server, workers=workers), merged

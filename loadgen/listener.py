@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen.client import StreamResult, server_stats
+from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.run import Run
 from loadgen.rundir import write_run_dir
 from loadgen.settings import check, with_run_dir
 from loadgen.summary import histogram_encodings
+from loadgen.target import Target, target_of
 from loadgen.timing import StreamTiming
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings
@@ -45,8 +46,9 @@ class MasterState:
     """A distributed master's run: the workers' parts as they arrive."""
 
     settings: LoadSettings
+    target: Target
     expected: int
-    server_start: ServerStats
+    server_start: ServerStats | None
     parts: dict[int, dict] = field(default_factory=dict)
     written: bool = False
 
@@ -57,7 +59,8 @@ class RunListener:
         self.run: Run | None = None  # this process's schedule, while a test runs
         self.master: MasterState | None = None
         self.rank = 0  # a worker's place among the workers
-        self.server_start = ServerStats()
+        self.server_start: ServerStats | None = None
+        self.request_type = ""  # Locust's statistics name requests by the target's protocol
         events = environment.events
         events.test_start.add_listener(self.start)
         events.test_stopping.add_listener(self.stop_schedule)
@@ -107,21 +110,19 @@ class RunListener:
         # its pauses (tens of ms in a busy process) do not land in the timestamps.
         gc.collect()
         gc.freeze()
-        host = settings.sender.host
-        self.server_start = server_stats(host)
-        if not self.server_start.ok:
-            log.warning("server at %s: %s", host, self.server_start.error)
+        target = target_of(settings.target)
+        self.request_type = target.name
+        self.server_start = first_look(target, settings.sender.host)
         if isinstance(runner, WorkerRunner):
             ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
             if runner.client_id not in ranks:
                 self.run = None  # refused by the master (its log says why), or joined mid-test
                 return
             self.rank = ranks[runner.client_id]
-            self.run = Run(settings, self.report, lambda: server_stats(host), len(ranks), self.rank,
+            self.run = Run(settings, target, self.report, len(ranks), self.rank,
                            f"{settings.recording.run_dir}/worker-{self.rank}")
         else:
-            self.run = Run(settings, self.report, lambda: server_stats(host),
-                           request_stop=self.end_test)
+            self.run = Run(settings, target, self.report, request_stop=self.end_test)
         log.info("%s", describe(settings))
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
@@ -140,25 +141,28 @@ class RunListener:
         clients = runner.clients.ready + runner.clients.running + runner.clients.spawning
         ranks = {c.id: i for i, c in enumerate(sorted(clients, key=lambda c: c.id))}
         self.environment.parsed_options.moe_ranks = ranks
-        self.master = MasterState(settings, len(ranks), server_stats(settings.sender.host))
+        target = target_of(settings.target)
+        self.master = MasterState(settings, target, len(ranks),
+                                  first_look(target, settings.sender.host))
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
         """Each request into Locust's own statistics too: failures by status, TTFT, TPOT, E2E."""
         fire = self.environment.events.request.fire
+        kind = self.request_type
         if not result.ok:
             elapsed_ms = (result.recv_ns[-1] - result.sent_ns) / 1e6 if result.recv_ns else 0
-            fire(request_type="grpc", name="Generate", response_time=elapsed_ms,
+            fire(request_type=kind, name="Generate", response_time=elapsed_ms,
                  response_length=sum(result.tokens),
                  exception=RuntimeError(f"{result.status}: {result.details}"), context={})
             return
         if timing is None:  # warm-up
             return
-        fire(request_type="grpc", name="TTFT", response_time=timing.ttft_us / 1000,
+        fire(request_type=kind, name="TTFT", response_time=timing.ttft_us / 1000,
              response_length=0, exception=None, context={})
         if timing.tpot_us is not None:
-            fire(request_type="grpc", name="TPOT", response_time=timing.tpot_us / 1000,
+            fire(request_type=kind, name="TPOT", response_time=timing.tpot_us / 1000,
                  response_length=0, exception=None, context={})
-        fire(request_type="grpc", name="E2E", response_time=timing.e2e_us / 1000,
+        fire(request_type=kind, name="E2E", response_time=timing.e2e_us / 1000,
              response_length=timing.output_tokens, exception=None, context={})
 
     def stop_schedule(self, **_) -> None:
@@ -179,13 +183,11 @@ class RunListener:
         if run is None:
             return
         run.drain()
-        for channel in run.channels:
-            channel.close()
         if isinstance(self.environment.runner, WorkerRunner):
             self.environment.runner.send_message(MESSAGE, worker_message(self.rank, run))
             return
         server = ServerSnapshots(start=self.server_start,
-                                 end=server_stats(run.settings.sender.host))
+                                 end=run.target.stats(run.settings.sender.host))
         summary = dataclasses.replace(run.summary(), server=server)
         path = write_run_dir(run.settings.recording.run_dir, summary,
                              histogram_encodings(run.recorder), run.recorder.rows)
@@ -213,10 +215,24 @@ class RunListener:
             log.error("no worker reported results: nothing to write")
             return
         server = ServerSnapshots(start=master.server_start,
-                                 end=server_stats(master.settings.sender.host))
+                                 end=master.target.stats(master.settings.sender.host))
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
                                      server)
         print_summary(summary, path)
+
+
+def first_look(target: Target, host: str) -> ServerStats | None:
+    """The server's telemetry at the start (where the protocol has it), after one readiness
+    probe: a server that is not ready gets one warning line naming host and protocol, and
+    the run goes on (its requests fail or wait, and are counted)."""
+    problem = target.probe(host)
+    if problem:
+        log.warning("%s", problem)
+        return None
+    stats = target.stats(host)
+    if stats is not None and not stats.ok:
+        log.warning("%s server at %s: %s", target.name, host, stats.error)
+    return stats
 
 
 def describe(settings: LoadSettings) -> str:

@@ -1,11 +1,12 @@
-"""Locust load generator for the moe.v1.MoEInference gRPC service.
+"""Locust load generator for this project's moe.v1 gRPC service and the servers people deploy
+(--target: OpenAI-compatible HTTP, the vLLM/SGLang/TensorRT-LLM gRPC services, Triton).
 
     locust -f loadgen/moe.py --host 127.0.0.1:50051                      # web UI
     locust -f loadgen/moe.py --host 127.0.0.1:50051 --headless -t 30s \\
            --mode fixed --rate 4 --prompt-tokens 64 --max-tokens 32 --run-dir runs/first
 
 --rate alone sets the offered load (open loop): users only dispatch the schedule, each over
-its own channel, so -u/-r are not needed. TTFT, TPOT and E2E also appear in Locust's own
+its own connection, so -u/-r are not needed. TTFT, TPOT and E2E also appear in Locust's own
 statistics; the truthful numbers (HDR, from the scheduled send) go to --run-dir. The options
 are the load settings of records/load_settings.py; loadgen/listener.py does the rest.
 """
@@ -14,12 +15,10 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # before any channel exists, or the process hangs (docs/measured.md)
 
-import grpc  # noqa: E402
 from locust import User, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
 from loadgen.listener import RunListener  # noqa: E402
-from proto import moe_pb2_grpc  # noqa: E402
 from records.declare import add_arguments  # noqa: E402
 from records.load_settings import LoadSettings  # noqa: E402
 
@@ -27,7 +26,7 @@ from records.load_settings import LoadSettings  # noqa: E402
 @events.init_command_line_parser.add_listener
 def add_options(parser):
     # Locust's web UI lists only the parser's own options
-    add_arguments(parser, LoadSettings, grouped=False)
+    add_arguments(parser, LoadSettings, locust=True)
 
 
 @events.init.add_listener
@@ -37,7 +36,7 @@ def listen(environment, **_):
 
 class MoEUser(User):
     """Dispatches the run's open-loop arrivals (or, closed loop, its own requests) over its own
-    channel."""
+    connection to the target."""
 
     wait_time = constant(0)
 
@@ -45,14 +44,13 @@ class MoEUser(User):
         self.run = self.environment.moe.run
         if self.run is None:  # the test was refused at start; send() stops this user
             return
-        channel = grpc.insecure_channel(self.environment.host)
-        self.run.channels.append(channel)  # closed after the drain, not when the user stops
-        self.stub = moe_pb2_grpc.MoEInferenceStub(channel)
+        self.conn = self.run.target.connect(self.run.settings.sender.host)
+        self.run.conns.append(self.conn)  # closed after the drain, not when the user stops
 
     @task
     def send(self):
         if self.run is not None and self.run.settings.traffic.mode == "closed":
-            self.run.closed_loop(self.stub)
+            self.run.closed_loop(self.conn)
         elif self.run is not None:
-            self.run.dispatch(self.stub)
+            self.run.dispatch(self.conn)
         raise StopUser()

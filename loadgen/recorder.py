@@ -20,8 +20,8 @@ from records.load_settings import LoadSettings, Slo
 from records.requests import RequestRow
 from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
 
-CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "e2e", "e2e_service", "send_lag",
-                  "delivery_lag")
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
+                  "send_lag", "delivery_lag")
 CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
@@ -111,6 +111,8 @@ class Recorder:
             self.record(name, getattr(timing, f"{name}_us"))
         for itl in timing.itl_us:
             self.record("itl", itl)
+        for itl in timing.itl_token_us:
+            self.record("itl_token", itl)
         for lag in timing.delivery_lag_us:
             # clamps the sub-microsecond rounding below zero
             self.record("delivery_lag", max(lag, 0))

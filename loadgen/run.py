@@ -18,33 +18,37 @@ import gevent
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
-from loadgen.client import StreamResult, cut_off, stream_generate
+from loadgen.client import StreamResult, cut_off, stream_request
 from loadgen.intervals import IntervalLog
 from loadgen.profiles import schedule_of
 from loadgen.recorder import Recorder
 from loadgen.stress import Stress
 from loadgen.summary import summarize
+from loadgen.target import Target
+from loadgen.text_tokens import TextCounter
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
 from records.rundir import SAMPLES
-from records.server_stats import ServerSample, ServerStats
+from records.server_stats import ServerSample
 from records.summary import Summary
 
 
 class Run:
-    def __init__(self, settings: LoadSettings,
+    def __init__(self, settings: LoadSettings, target: Target,
                  on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 server_stats: Callable[[], ServerStats], workers: int = 1, index: int = 0,
-                 run_dir: str | None = None, request_stop: Callable[[], None] = lambda: None):
-        """workers, index: this process's place among Locust worker processes; run_dir: where
-        its interval logs go (a worker's own directory; default the run's); request_stop: ends
-        the Locust test (stress mode calls it when it is done)."""
+                 workers: int = 1, index: int = 0, run_dir: str | None = None,
+                 request_stop: Callable[[], None] = lambda: None):
+        """target: the server's protocol; workers, index: this process's place among Locust
+        worker processes; run_dir: where its interval logs go (a worker's own directory;
+        default the run's); request_stop: ends the Locust test (stress mode calls it when it
+        is done)."""
         self.request_stop = request_stop
         self.settings = settings
         self.sender = settings.sender
-        self.server_stats = server_stats  # GetStats, sampled every interval
+        self.target = target
+        self.count = TextCounter(settings.target.tokenizer)
         self.on_result = on_result
         self.started_at = time.time()
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
@@ -54,7 +58,7 @@ class Run:
         self._closed_indexes = (k * workers + index for k in itertools.count())
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
-        self.channels: list = []  # the users' channels, closed after the drain
+        self.conns: list = []  # the users' connections, closed after the drain
         self._cpu_start_s = time.process_time()
         run_dir = Path(run_dir or settings.recording.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
@@ -85,8 +89,8 @@ class Run:
     def stopping(self) -> bool:
         return self.stop_ns is not None
 
-    def dispatch(self, stub) -> None:
-        """Sends this process's arrivals on stub until the run stops; several users may
+    def dispatch(self, conn) -> None:
+        """Sends this process's arrivals on conn until the run stops; several users may
         share the schedule, each taking the next arrival. With --client aio the sender
         process sends them, and users only wait."""
         self.begin()
@@ -109,28 +113,29 @@ class Run:
             if len(self.inflight) >= self.sender.max_in_flight:
                 self.recorder.not_sent += 1
                 continue
-            self._send(stub, index, due_ns)
+            self._send(conn, index, due_ns)
 
-    def closed_loop(self, stub) -> None:
+    def closed_loop(self, conn) -> None:
         """Locust's own model (--mode closed): this user sends its next request when the last
         one ends, and latency counts from the actual send. The request runs in the run's
         group, so a user stopped mid-stream still leaves it to the drain and the count."""
         self.begin()
         while not self.stopping:
             index = next(self._closed_indexes)
-            self._send(stub, index, time.monotonic_ns()).join()
+            self._send(conn, index, time.monotonic_ns()).join()
 
-    def _send(self, stub, index: int, due_ns: int) -> gevent.Greenlet:
-        request, klass = self.workload.request(index)
-        result = StreamResult(request.request_id, due_ns, klass)
-        greenlet = self._group.spawn(stream_generate, stub, request, result,
-                                     self.sender.request_timeout_s)
+    def _send(self, conn, index: int, due_ns: int) -> gevent.Greenlet:
+        spec = self.workload.request(index)
+        result = StreamResult(spec.request_id, due_ns, spec.klass)
+        greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
+                                     self.sender.request_timeout_s, self.count)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet
 
     def _tick_every_interval(self) -> None:
-        """Interval histograms and a GetStats sample on one clock, every --interval-s."""
+        """Interval histograms and a GetStats sample (where the target has one) on one clock,
+        every --interval-s."""
         next_s = time.monotonic()
         while True:
             next_s += self.settings.recording.interval_s
@@ -141,8 +146,10 @@ class Run:
         now_s = time.time()
         interval = self.recorder.take_interval()
         self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
-        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at,
-                              stats=self.server_stats())
+        stats = self.target.stats(self.sender.host)
+        if stats is None:
+            return
+        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=stats)
         self.server_log.write(json.dumps(to_json(sample)) + "\n")
         self.server_log.flush()
 
@@ -198,6 +205,8 @@ class Run:
         self.tick()
         self.intervals.close()
         self.server_log.close()
+        for conn in self.conns:
+            self.target.close(conn)
 
     @property
     def duration_s(self) -> float:
@@ -209,8 +218,13 @@ class Run:
         return (100 * (time.process_time() - self._cpu_start_s)
                 / ((time.monotonic_ns() - self.start_ns) / 1e9))
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the run's figures rest on that a reader must know (the summary's warnings)."""
+        return (self.count.how,) if self.target.streams_text else ()
+
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
-                            self.recorder.window_s, self.cpu_percent)
+                            self.recorder.window_s, self.cpu_percent, self.notes)
         return (summary if self.stress is None
                 else dataclasses.replace(summary, stress=self.stress.result()))

@@ -8,8 +8,9 @@ import dataclasses
 import time
 
 from loadgen.profiles import Profile, read_trace
+from loadgen.target import TARGETS, host_problem
 from loadgen.workload import load_dataset, parse_classes
-from records.declare import Registry, check_names
+from records.declare import Registry, SettingsError, check_names
 from records.load_settings import LoadSettings
 
 
@@ -21,6 +22,7 @@ def _profile(spec: str) -> None:
 
 
 REGISTRIES: dict[str, Registry] = {
+    "targets": TARGETS,
     "profiles": _profile,
     "classes": parse_classes,
     "datasets": lambda path: path and load_dataset(path),
@@ -30,6 +32,8 @@ REGISTRIES: dict[str, Registry] = {
 def check(settings: LoadSettings) -> None:
     """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
     check_names(settings, REGISTRIES)
+    if problem := host_problem(settings.target.target, settings.sender.host):
+        raise SettingsError(f"--host: {problem}")
 
 
 def with_run_dir(settings: LoadSettings) -> LoadSettings:

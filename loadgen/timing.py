@@ -16,6 +16,7 @@ class StreamTiming:
     e2e_us: int  # scheduled send -> last message
     e2e_service_us: int  # actual send -> last message
     itl_us: list[int]  # between consecutive messages
+    itl_token_us: list[float]  # per token: each gap spread over the tokens that arrived in it
     tpot_us: float | None  # (e2e - ttft) / (tokens - 1); None for one-token requests
     output_tokens: int
     send_lag_us: int  # scheduled -> actual send: the generator's own lateness
@@ -32,6 +33,7 @@ def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: l
         raise ValueError("need one token count per received message, and at least one message")
     first, last = recv_ns[0], recv_ns[-1]
     n = sum(tokens)
+    gaps = [(b - a) // 1000 for a, b in zip(recv_ns, recv_ns[1:], strict=False)]
     ttft = (first - scheduled_ns) // 1000
     e2e = (last - scheduled_ns) // 1000
     return StreamTiming(
@@ -39,7 +41,8 @@ def stream_timing(scheduled_ns: int, sent_ns: int, recv_ns: list[int], tokens: l
         ttft_service_us=(first - sent_ns) // 1000,
         e2e_us=e2e,
         e2e_service_us=(last - sent_ns) // 1000,
-        itl_us=[(b - a) // 1000 for a, b in zip(recv_ns, recv_ns[1:], strict=False)],
+        itl_us=gaps,
+        itl_token_us=[gap / k for gap, k in zip(gaps, tokens[1:], strict=True) for _ in range(k)],
         tpot_us=(e2e - ttft) / (n - 1) if n > 1 else None,
         output_tokens=n,
         send_lag_us=(sent_ns - scheduled_ns) // 1000,

@@ -2,10 +2,11 @@
 request: one shape (--prompt-tokens, --max-tokens), request classes drawn by weight
 (--classes, mixed mode), or conversations from a ShareGPT-style file (--dataset).
 
-Synthetic prompts are sent as token ids of printable ASCII bytes, valid for any server
-whose vocabulary starts with the 256 byte tokens, so their length is exact and the
-generator never needs the server's tokenizer. Dataset prompts are sent as text; their
-token counts are the server's (usage.prompt_tokens).
+Synthetic prompts are token ids of printable ASCII bytes: sent as ids where the protocol
+takes ids (valid for any server whose vocabulary starts with the 256 byte tokens, so their
+length is exact and the generator never needs the server's tokenizer), as that ASCII text
+where it takes text. Dataset prompts are text; their token counts are the server's
+(usage.prompt_tokens).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from proto import moe_pb2
+from loadgen.target import RequestSpec
 from records.load_settings import LoadSettings
 
 PRINTABLE = range(32, 127)
@@ -80,17 +81,15 @@ class Workload:
         self.classes = parse_classes(c.classes) if uses_classes else []
         self.dataset = load_dataset(c.dataset) if c.dataset else []
 
-    def request(self, index: int) -> tuple[moe_pb2.GenerateRequest, str]:
-        """The request with this run-wide index, and its class name ('' without classes)."""
+    def request(self, index: int) -> RequestSpec:
+        """The request with this run-wide index (its class '' without classes)."""
         c = self.shape
         rng = random.Random(f"{self.seed}:{index}")
         rid = f"{self.seed}-{index}"
         if self.dataset:
             prompt, reply = rng.choice(self.dataset)
             out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped
-            request = moe_pb2.GenerateRequest(request_id=rid, prompt=prompt, max_tokens=out,
-                                              ignore_eos=True)
-            return request, "dataset"
+            return RequestSpec(rid, out, prompt_text=prompt, klass="dataset")
         if self.classes:
             k = rng.choices(self.classes, weights=[k.weight for k in self.classes])[0]
             length, out, name = k.prompt_tokens, k.max_tokens, k.name
@@ -98,7 +97,5 @@ class Workload:
             length = (rng.randint(c.prompt_tokens, c.prompt_tokens_max) if c.prompt_tokens_max
                       else c.prompt_tokens)
             out, name = c.max_tokens, ""
-        ids = [rng.choice(PRINTABLE) for _ in range(length)]
-        request = moe_pb2.GenerateRequest(request_id=rid, prompt_token_ids=ids, max_tokens=out,
-                                          ignore_eos=True)
-        return request, name
+        ids = tuple(rng.choice(PRINTABLE) for _ in range(length))
+        return RequestSpec(rid, out, prompt_ids=ids, klass=name)

@@ -48,13 +48,15 @@ class Spec:
     choices: tuple[str, ...] | Names | None
     check: Check | None
     compared: bool  # runs whose values differ measure different things (the comparison warns)
+    secret: bool  # an API key or the like: masked wherever the settings are written down
 
 
 def setting(default, help: str, *, flag: str = "", option: bool = True,
             choices: tuple[str, ...] | Names | None = None, check: Check | None = None,
-            compared: bool = True):
-    """A settings field: `default` as the dataclass default, the rest as its metadata."""
-    spec = Spec(help, flag, option, choices, check, compared)
+            compared: bool = True, secret: bool = False):
+    """A settings field: `default` as the dataclass default, the rest as its metadata. A setting
+    of type tuple[str, ...] is a repeatable flag (`--header A --header B`)."""
+    spec = Spec(help, flag, option, choices, check, compared, secret)
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 
@@ -142,12 +144,20 @@ def leaves(cls: type) -> Iterator[Leaf]:
             yield from leaves(hints[f.name])
 
 
-def flat(settings) -> dict[str, Any]:
-    """name -> value of every setting."""
+MASK = "<set>"  # what a written-down secret reads
+
+
+def flat(settings, *, reveal: bool = True) -> dict[str, Any]:
+    """name -> value of every setting; reveal=False masks the secrets that are set."""
     out = {}
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
-        out |= flat(value) if "spec" not in f.metadata else {f.name: value}
+        if "spec" not in f.metadata:
+            out |= flat(value, reveal=reveal)
+        elif f.metadata["spec"].secret and value and not reveal:
+            out[f.name] = MASK
+        else:
+            out[f.name] = value
     return out
 
 
@@ -201,6 +211,8 @@ def text(value) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "\n".join(value)
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -233,6 +245,12 @@ def cast(kind, value):
         if not isinstance(value, str):
             raise ValueError(f"expected text, got {value!r}")
         return value
+    if kind == tuple[str, ...]:
+        # text: one value a line (a web form, a GetStats map); JSON: a list
+        items = value.splitlines() if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+            raise ValueError(f"expected a list of text, got {value!r}")
+        return tuple(v for v in items if v.strip())
     raise TypeError(f"settings of type {kind} are not supported")
 
 
@@ -243,27 +261,30 @@ def _choice_problem(choices: tuple[str, ...], value) -> str | None:
 # --- command lines ---
 
 def add_arguments(parser, cls: type, registries: Mapping[str, Registry] | None = None, *,
-                  grouped: bool = True) -> None:
-    """An option per setting. grouped: one help section per group (titled by its docstring's
-    first line); Locust's parser wants every option on the parser itself (its web UI lists
-    only those). Choices named by a registry are listed in the help, and checked by
-    `check_names` (so every bad value gets the same kind of message)."""
+                  locust: bool = False) -> None:
+    """An option per setting, in a help section per group (titled by its docstring's first
+    line). Locust's parser wants every option on the parser itself (its web UI lists only
+    those), and masks secrets in its web UI. Choices named by a registry are listed in the
+    help, and checked by `check_names` (so every bad value gets the same kind of message)."""
     sections: dict[type, Any] = {}
     for leaf in leaves(cls):
         if not leaf.spec.option:
             continue
-        if grouped and leaf.group not in sections:
+        if not locust and leaf.group not in sections:
             sections[leaf.group] = parser.add_argument_group(_title(leaf.group))
-        target = sections[leaf.group] if grouped else parser
-        target.add_argument(f"--{leaf.flag}", dest=leaf.dest, default=leaf.default,
-                            help=help_text(leaf, registries), **_argparse_type(leaf))
+        target = parser if locust else sections[leaf.group]
+        extra = {"is_secret": leaf.spec.secret} if locust else {}
+        # append's list starts empty
+        default = None if leaf.kind == tuple[str, ...] else leaf.default
+        target.add_argument(f"--{leaf.flag}", dest=leaf.dest, default=default,
+                            help=help_text(leaf, registries), **_argparse_type(leaf), **extra)
 
 
 def from_options(cls: type, options: argparse.Namespace | Any, **given):
     """cls from parsed options (values may be text, as a web form sends them), plus the
     settings given here by name (those whose flag belongs to another program)."""
     values = {leaf.name: getattr(options, leaf.dest) for leaf in leaves(cls)
-              if leaf.spec.option and hasattr(options, leaf.dest)}
+              if leaf.spec.option and getattr(options, leaf.dest, None) is not None}
     return build(cls, values | given)
 
 
@@ -286,6 +307,8 @@ def _argparse_type(leaf: Leaf) -> dict:
         (kind,) = args
     if kind is bool:
         return {"action": argparse.BooleanOptionalAction}
+    if kind == tuple[str, ...]:
+        return {"action": "append"}
     out = {"type": kind}
     if isinstance(leaf.spec.choices, tuple):
         out["choices"] = leaf.spec.choices
@@ -313,7 +336,9 @@ def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None,
                 registries.get(leaf.spec.choices.registry)):
             meaning += ": " + ", ".join(f"`{c}`" for c in registries[leaf.spec.choices.registry])
         is_bool = bool in (leaf.kind, *typing.get_args(leaf.kind))
-        flag = f"--[no-]{leaf.flag}" if is_bool else f"--{leaf.flag}"
-        rows.append(f"| `{flag}` | {default} | {meaning} |")
+        flag = f"`--[no-]{leaf.flag}`" if is_bool else f"`--{leaf.flag}`"
+        if leaf.kind == tuple[str, ...]:
+            flag += " (repeatable)"
+        rows.append(f"| {flag} | {default} | {meaning} |")
     return "\n\n".join((f"{title}:\n\n" if title else "") + "\n".join(rows)
                        for title, rows in tables.items())

@@ -39,7 +39,7 @@ def field(default=dataclasses.MISSING, *, key: str = "", omit: Any = _KEEP,
 def to_json(value) -> Any:
     """A record (or a list, dict or plain value holding records) as JSON types."""
     if isinstance(value, Settings):
-        return flat(value)
+        return to_json(flat(value, reveal=False))  # secrets are not written down
     if dataclasses.is_dataclass(value):
         if (alone := getattr(value, "ALONE", "")) and getattr(value, alone):
             return {alone: to_json(getattr(value, alone))}

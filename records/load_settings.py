@@ -17,7 +17,44 @@ DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 
 
 def _host_port(value: str) -> str | None:
-    return None if value.rpartition(":")[2].isdigit() else f"must be HOST:PORT, got {value!r}"
+    port = value.removeprefix("http://").removeprefix("https://").rstrip("/").rpartition(":")[2]
+    return None if port.isdigit() else f"must be HOST:PORT (or http://HOST:PORT), got {value!r}"
+
+
+def _path(value: str) -> str | None:
+    return None if value.startswith("/") else f"must be a path starting with /, got {value!r}"
+
+
+def _header(value: tuple[str, ...]) -> str | None:
+    bad = [h for h in value if ":" not in h or not h.partition(":")[0].strip()]
+    return f"must be NAME:VALUE, got {bad[0]!r}" if bad else None
+
+
+@dataclass(frozen=True)
+class TargetSettings(Settings):
+    """Target"""
+
+    target: str = setting("moe", "the server's protocol (docs/targets.md)",
+                          choices=Names("targets"))
+    endpoint: str = setting("/v1/completions", "openai: /v1/completions or /v1/chat/completions",
+                            check=_path, compared=False)
+    model: str = setting("", "openai: the model to ask for (default: the first /v1/models "
+                         "lists); triton: the model to call", compared=False)
+    api_key: str = setting("", "openai: sent as a bearer token (default: $OPENAI_API_KEY)",
+                           compared=False, secret=True)
+    headers: tuple[str, ...] = setting((), "openai: an extra HTTP header NAME:VALUE",
+                                       flag="header", check=_header, compared=False, secret=True)
+    tokenizer: str = setting("", "a Hugging Face tokenizer.json that counts the output tokens of "
+                             "targets that stream text (openai; triton's trtllm backend); "
+                             "without it they are estimated and the run says how",
+                             compared=False)
+    triton_backend: str = setting("vllm", "triton: the model's request shape, vllm (the vLLM "
+                                  "backend) or trtllm (TensorRT-LLM's ensemble or BLS model)",
+                                  choices=("vllm", "trtllm"), compared=False)
+    triton_input: str = setting("text_input", "triton: the prompt's input tensor",
+                                compared=False)
+    triton_output: str = setting("text_output", "triton: the generated text's output tensor",
+                                 compared=False)
 
 
 @dataclass(frozen=True)
@@ -107,13 +144,13 @@ class Slo(Settings):
 class Sender(Settings):
     """Sending"""
 
-    host: str = setting("127.0.0.1:50051", "the server, HOST:PORT", option=False, check=_host_port,
-                        compared=False)
+    host: str = setting("127.0.0.1:50051", "the server, HOST:PORT (http://HOST:PORT for openai)",
+                        option=False, check=_host_port, compared=False)
     client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own "
                           "greenlets, or aio, a plain grpc.aio process started beside each Locust "
                           "process (open-loop modes), which keeps message timestamps exact to "
                           "higher rates (see make bench-loadgen)", choices=CLIENTS, compared=False)
-    request_timeout_s: float = setting(120.0, "gRPC deadline of each request", check=above(0),
+    request_timeout_s: float = setting(120.0, "deadline of each request", check=above(0),
                                        compared=False)
     max_in_flight: int = setting(1000, "open requests per process; arrivals beyond it are counted "
                                  "as not sent", check=at_least(1), compared=False)
@@ -138,6 +175,7 @@ class Recording(Settings):
 
 @dataclass(frozen=True)
 class LoadSettings(Settings):
+    target: TargetSettings = group(TargetSettings)
     traffic: Traffic = group(Traffic)
     workload: Workload = group(Workload)
     stress: Stress = group(Stress)
