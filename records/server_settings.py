@@ -26,6 +26,13 @@ class Serving(Settings):
     port: int = setting(50051, "port to listen on; 0 takes any free port",
                         check=within(0, 65535, " (0 = any free port)"), compared=False)
     port_file: str | None = setting(None, "write the bound port here once serving", compared=False)
+    http_port: int | None = setting(None, "also serve the OpenAI-compatible HTTP API "
+                                    "(/v1/completions, /v1/chat/completions, /v1/models, /health) "
+                                    "on this port (0 = any free port); off when omitted",
+                                    check=within(0, 65535, " (0 = any free port)"),
+                                    compared=False)
+    http_port_file: str | None = setting(None, "write the bound HTTP port here once serving",
+                                         compared=False)
     max_queue: int = setting(1024, "waiting requests before RESOURCE_EXHAUSTED", check=at_least(1),
                              compared=False)
     max_tokens_limit: int = setting(2048, "largest max_tokens a request may ask for",

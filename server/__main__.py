@@ -1,4 +1,5 @@
-"""`python -m server`: serve a seeded random MoE model over gRPC until SIGTERM or Ctrl-C."""
+"""`python -m server`: serve a seeded random MoE model over gRPC (and, with --http-port, the
+OpenAI-compatible HTTP API) until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -40,16 +41,20 @@ async def serve(settings: ServerSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     app = await start(settings)
-    port_file = settings.serving.port_file
-    if port_file:
-        with open(f"{port_file}.tmp", "w") as f:
-            f.write(f"{app.port}\n")
-        os.replace(f"{port_file}.tmp", port_file)  # readers never see a half-written file
+    write_port(settings.serving.http_port_file, app.http_port)
+    write_port(settings.serving.port_file, app.port)  # last: once it exists, both serve
 
     await stop.wait()
     log.info("draining: up to %.1f s for in-flight streams", settings.serving.grace_s)
     await app.drain(settings.serving.grace_s)
     log.info("stopped")
+
+
+def write_port(path: str | None, port: int | None) -> None:
+    if path:
+        with open(f"{path}.tmp", "w") as f:
+            f.write(f"{port}\n")
+        os.replace(f"{path}.tmp", path)  # readers never see a half-written file
 
 
 def main(argv: list[str] | None = None) -> int:

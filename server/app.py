@@ -1,4 +1,5 @@
-"""Wiring: server settings become an engine, a scheduler and a started gRPC server."""
+"""Wiring: server settings become an engine, a scheduler, a started gRPC server and, with
+--http-port, the OpenAI-compatible HTTP API beside it."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from dataclasses import dataclass
 
 import grpc
 import torch
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2
 
 from records.server_settings import ServerSettings
 from server.engine import Engine
+from server.generation import Generations, Limits
+from server.http_api import start_http
 from server.metrics import serve_metrics
 from server.policies import build_policy
 from server.scheduler import Scheduler
-from server.service import SERVICE_NAME, Limits, MoEService, create_server, drain
+from server.service import SERVICE_NAME, MoEService, create_server, drain
 from server.settings import DTYPES, check, resolve
 from server.telemetry import StepLog
 
@@ -31,6 +35,8 @@ class App:
     health: health.aio.HealthServicer
     metrics_server: object | None = None  # the Prometheus HTTP server, when on
     metrics_port: int | None = None
+    http: web.AppRunner | None = None  # the OpenAI-compatible API, when on
+    http_port: int | None = None
 
     async def not_serving(self) -> None:
         """Tells health checks the engine is gone, so load balancers stop sending here."""
@@ -39,7 +45,15 @@ class App:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def drain(self, grace_s: float) -> None:
-        await drain(self.server, self.service, self.health, grace_s)
+        """Both front ends refuse new requests (UNAVAILABLE, HTTP 503) and give open streams
+        grace_s to finish; then the engine stops, failing whatever is left."""
+        generations = self.service.generations
+        generations.draining = True
+        await asyncio.gather(drain(self.server, self.health, grace_s),
+                             generations.idle(grace_s))
+        generations.scheduler.stop("server shut down before the request finished")
+        if self.http is not None:
+            await self.http.cleanup()  # the streams just failed get to say so, then it closes
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
 
@@ -60,7 +74,8 @@ async def start(settings: ServerSettings) -> App:
     scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
-    service = MoEService(scheduler, limits, settings)
+    generations = Generations(scheduler, limits)
+    service = MoEService(generations, settings)
     server, port, health_servicer = await create_server(service, f"{serving.host}:{serving.port}")
     log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
              serving.host, port)
@@ -71,4 +86,9 @@ async def start(settings: ServerSettings) -> App:
         app.metrics_server, app.metrics_port = serve_metrics(scheduler, serving.host,
                                                              serving.metrics_port)
         log.info("Prometheus metrics on http://%s:%d/metrics", serving.host, app.metrics_port)
+    if serving.http_port is not None:
+        app.http, app.http_port = await start_http(generations, model.preset, serving.host,
+                                                   serving.http_port, serving.grace_s)
+        log.info("OpenAI-compatible API on http://%s:%d/v1 (model %s)", serving.host,
+                 app.http_port, model.preset)
     return app

@@ -57,6 +57,7 @@ class Request:
     # called under the scheduler's lock: must not block
     sink: Callable[[TokenEvent | FailureEvent], None]
     ignore_eos: bool = False
+    min_tokens: int = 0  # end-of-sequence among the first min_tokens outputs is ignored
     temperature: float = 0.0
     seed: int = 0
     priority: int = 0
@@ -166,8 +167,9 @@ class Batcher:
                     continue  # a prompt chunk: its logits are not a token yet
                 req.first_token_ns = t1
             req.output_ids.append(token)
-            finish = (LENGTH if len(req.output_ids) >= req.max_tokens
-                      else STOP if token == EOS_ID and not req.ignore_eos else None)
+            stops = (token == EOS_ID and not req.ignore_eos
+                     and len(req.output_ids) > req.min_tokens)
+            finish = LENGTH if len(req.output_ids) >= req.max_tokens else STOP if stops else None
             usage = None
             if finish:
                 req.done = True

@@ -60,6 +60,11 @@ class Scheduler:
         if self.batcher.step_log is not None:
             self.batcher.step_log.close()
 
+    @property
+    def running(self) -> bool:
+        """Neither stopping nor failed."""
+        return not self._stopping and self._failure is None
+
     def submit(self, req: Request) -> None:
         with self._cond:
             if self._stopping or self._failure is not None:

@@ -1,19 +1,15 @@
 """The gRPC face of the server: validation, streaming, status codes, health, reflection.
 
-This is the only module of the server that knows gRPC. Domain errors become status codes
-in one place (`status_of`); a request's scheduler place is released in `finally`, so a
-cancelled call or an expired deadline frees its KV slot before the next engine step.
+This module and server/app.py are the server's only ones that know gRPC. Requests are
+checked and submitted by server/generation.py, shared with the HTTP front end; domain errors
+become status codes in one place (`status_of`); a cancelled call or an expired deadline
+leaves its stream, which frees its KV slot before the next engine step.
 """
 
 from __future__ import annotations
 
-import asyncio
-import codecs
 import logging
-import math
 import time
-import uuid
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,14 +18,13 @@ from grpc_reflection.v1alpha import reflection
 from proto import moe_pb2, moe_pb2_grpc
 from records.declare import flat, text
 from records.server_settings import ServerSettings
-from server import tokenizer
-from server.batcher import FailureEvent, Request, TokenEvent
 from server.errors import (
     InvalidRequestError,
     QueueFullError,
     ServerError,
     UnavailableError,
 )
+from server.generation import Ask, Generations
 from server.policies import knobs
 from server.scheduler import Scheduler
 from server.telemetry import gpu_stats, imbalance, process_rss_bytes
@@ -39,13 +34,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
 FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
                   "STOP": moe_pb2.GenerateResponse.STOP}
-
-
-@dataclass(frozen=True)
-class Limits:
-    vocab_size: int
-    max_seq_len: int
-    max_tokens_limit: int
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -58,108 +46,42 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"engine failed: {error!r}; the server needs a restart"
 
 
-def prompt_ids_of(request: moe_pb2.GenerateRequest, limits: Limits) -> list[int]:
-    """The request's prompt as token ids, or InvalidRequestError saying what to change."""
-    if request.prompt and request.prompt_token_ids:
-        raise InvalidRequestError("set either prompt or prompt_token_ids, not both")
-    if request.prompt_token_ids:
-        ids = list(request.prompt_token_ids)
-        bad = next((i for i in ids if i >= limits.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"prompt_token_ids contains {bad}, outside the vocabulary "
-                f"0..{limits.vocab_size - 1}")
-        return ids
-    if not request.prompt:
-        raise InvalidRequestError("prompt is empty: set prompt (text) or prompt_token_ids")
-    return tokenizer.encode(request.prompt)
-
-
-def validate(request: moe_pb2.GenerateRequest, prompt_len: int, limits: Limits) -> None:
-    ctx = limits.max_seq_len
-    if request.max_tokens == 0:
-        raise InvalidRequestError("max_tokens must be at least 1")
-    if request.max_tokens > limits.max_tokens_limit:
-        raise InvalidRequestError(
-            f"max_tokens {request.max_tokens} is above this server's limit of "
-            f"{limits.max_tokens_limit} (--max-tokens-limit); "
-            f"ask for at most {limits.max_tokens_limit}")
-    if prompt_len >= ctx:
-        raise InvalidRequestError(
-            f"prompt is {prompt_len} tokens but the model context is {ctx} tokens; "
-            f"shorten the prompt to at most {ctx - 1} tokens")
-    if prompt_len + request.max_tokens > ctx:
-        raise InvalidRequestError(
-            f"prompt ({prompt_len} tokens) + max_tokens ({request.max_tokens}) exceeds the model "
-            f"context of {ctx} tokens; set max_tokens to at most {ctx - prompt_len}")
-    if not math.isfinite(request.temperature) or request.temperature < 0:
-        raise InvalidRequestError(
-            f"temperature must be a finite number >= 0 (0 = greedy), got {request.temperature}")
+def ask_of(request: moe_pb2.GenerateRequest) -> Ask:
+    return Ask(request_id=request.request_id, prompt=request.prompt,
+               prompt_ids=tuple(request.prompt_token_ids), max_tokens=request.max_tokens,
+               ignore_eos=request.ignore_eos, temperature=request.temperature, seed=request.seed,
+               priority=request.priority)
 
 
 class MoEService(moe_pb2_grpc.MoEInferenceServicer):
-    def __init__(self, scheduler: Scheduler, limits: Limits, settings: ServerSettings):
-        self.scheduler = scheduler
-        self.limits = limits
+    def __init__(self, generations: Generations, settings: ServerSettings):
+        self.generations = generations
+        self.scheduler = generations.scheduler
         self.settings = settings  # as resolved at start-up
-        self.draining = False
 
     async def Generate(self, request, context):
         received_ns = time.monotonic_ns()
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def sink(event):  # called on the engine thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
         try:
-            if self.draining:
-                raise UnavailableError("server is shutting down; "
-                                       "send the request to another replica")
-            prompt_ids = prompt_ids_of(request, self.limits)
-            validate(request, len(prompt_ids), self.limits)
-            req = Request(request_id=request.request_id or uuid.uuid4().hex, prompt_ids=prompt_ids,
-                          max_tokens=request.max_tokens, sink=sink, ignore_eos=request.ignore_eos,
-                          temperature=request.temperature, seed=request.seed,
-                          priority=request.priority, received_ns=received_ns)
-            self.scheduler.submit(req)
+            stream = self.generations.submit(ask_of(request), received_ns)
         except ServerError as exc:
-            self.scheduler.count_rejected()
             await context.abort(*status_of(exc))
-
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         first_sent_ns = 0
-        finished = False
-        try:
-            while not finished:
-                batch = [await events.get()]
-                while not events.empty():  # a slow reader gets several tokens per message
-                    batch.append(events.get_nowait())
-                failure = next((e for e in batch if isinstance(e, FailureEvent)), None)
-                if failure is not None:
-                    finished = True
-                    await context.abort(*status_of(failure.error))
-                tokens: list[TokenEvent] = batch
-                ids = [e.token_id for e in tokens]
-                msg = moe_pb2.GenerateResponse(token_ids=ids,
-                                               text=decoder.decode(tokenizer.token_bytes(ids)))
-                last = tokens[-1]
+        async with stream:
+            async for batch in stream.batches():
+                if batch.error is not None:
+                    await context.abort(*status_of(batch.error))
+                msg = moe_pb2.GenerateResponse(token_ids=batch.ids, text=batch.text)
                 now_ns = time.monotonic_ns()
                 first_sent_ns = first_sent_ns or now_ns
-                if last.finish_reason:
-                    finished = True
-                    msg.text += decoder.decode(b"", final=True)
-                    msg.finish_reason = FINISH_REASONS[last.finish_reason]
-                    u = last.usage
+                if batch.finish_reason:
+                    u = batch.usage
+                    msg.finish_reason = FINISH_REASONS[batch.finish_reason]
                     msg.usage.CopyFrom(moe_pb2.Usage(
                         prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                         queue_us=u.queue_us, prefill_us=u.prefill_us, decode_us=u.decode_us,
                         ttft_us=(first_sent_ns - received_ns) // 1000))
                 msg.server_elapsed_us = (now_ns - received_ns) // 1000
                 yield msg
-        finally:
-            if not finished:
-                self.scheduler.cancel(req)
 
     async def GetStats(self, request, context):
         return stats_message(self.scheduler.snapshot(), self.scheduler, self.settings)
@@ -189,13 +111,12 @@ async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Ser
     return server, port, health_servicer
 
 
-async def drain(server: grpc.aio.Server, service: MoEService,
-                health_servicer: health.aio.HealthServicer, grace_s: float) -> None:
-    """Refuses new requests, gives in-flight streams grace_s to finish, then stops the engine."""
-    service.draining = True
+async def drain(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
+                grace_s: float) -> None:
+    """Health checks say NOT_SERVING, new calls are refused, and in-flight streams get grace_s
+    to finish (the engine still runs: the caller stops it after)."""
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)
-    service.scheduler.stop("server shut down before the request finished")
 
 
 def histogram_message(h) -> moe_pb2.Histogram:

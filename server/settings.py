@@ -31,6 +31,8 @@ def check(settings: ServerSettings) -> None:
     """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
     check_names(settings, REGISTRIES)
     model, moe = settings.model, settings.moe
+    require(settings.serving.http_port is not None or not settings.serving.http_port_file,
+            "http-port-file", "needs --http-port (the HTTP API is off without it)")
     require(not (model.device or "").startswith("cuda") or torch.cuda.is_available(), "device",
             "cuda requested but torch sees no CUDA device; use --device cpu")
     args = PRESETS[model.preset]

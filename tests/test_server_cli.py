@@ -14,6 +14,8 @@ from tests.conftest import REPO
     (["--preset", "huge"], "--preset: unknown 'huge'; choose from tiny, small"),
     (["--policy", "lifo"], "--policy: unknown 'lifo'"),
     (["--port", "70000"], "--port: must be 0..65535"),
+    (["--http-port", "-1"], "--http-port: must be 0..65535"),
+    (["--http-port-file", "p"], "--http-port-file: needs --http-port"),
     (["--dtype", "int8"], "--dtype: unknown 'int8'; choose from float32"),
     (["--routing-skew", "hot:0.9"],
      "--routing-skew: skew hot:0.9: one expert can hold at most 1/k"),

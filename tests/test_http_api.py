@@ -1,0 +1,143 @@
+"""The OpenAI-compatible HTTP API (`--http-port`) on a real loopback port: the same tokens as
+the gRPC service, streamed as server-sent events or whole, OpenAI-shaped errors for every bad
+input (400, 404, 405, 429, 503) with the server serving on, a client that leaves freeing its
+slot, and a drain that lets open streams finish."""
+
+import http.client
+import json
+import signal
+import threading
+
+import pytest
+
+from proto import moe_pb2
+from tests.conftest import running_server, server_process
+from tests.test_service import stats, wait_until
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running_server(max_batch_size=4, max_tokens_limit=512, http_port=0) as s:
+        yield s
+
+
+def call(port: int, method: str, path: str, body=None) -> tuple[int, str, str]:
+    """(status, content type, body text) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = body if isinstance(body, bytes | str) or body is None else json.dumps(body)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    return response.status, response.getheader("Content-Type", ""), text
+
+
+def events(text: str) -> list:
+    """The data of each server-sent event, JSON decoded but for [DONE]."""
+    data = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def test_models_and_health_name_the_served_model(served):
+    status, _, text = call(served.app.http_port, "GET", "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == ["tiny"]
+    assert call(served.app.http_port, "GET", "/health")[0] == 200
+
+
+def test_a_whole_completion_has_exactly_max_tokens_and_the_grpc_services_tokens(served):
+    body = {"model": "tiny", "prompt": "hello, experts", "max_tokens": 7, "ignore_eos": True,
+            "temperature": 0, "return_token_ids": True}
+    status, kind, text = call(served.app.http_port, "POST", "/v1/completions", body)
+    assert status == 200 and kind.startswith("application/json")
+    reply = json.loads(text)
+    assert reply["usage"] == {"prompt_tokens": 15, "completion_tokens": 7, "total_tokens": 22}
+    assert reply["choices"][0]["finish_reason"] == "length"
+    over_grpc = [t for m in served.stub.Generate(moe_pb2.GenerateRequest(
+        prompt="hello, experts", max_tokens=7, ignore_eos=True)) for t in m.token_ids]
+    assert reply["choices"][0]["token_ids"] == over_grpc
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_stream_is_server_sent_events_with_usage_then_done(served, path):
+    prompt = ({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path
+              else {"prompt": [72, 105]})  # token ids
+    body = {**prompt, "max_tokens": 9, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    status, kind, text = call(served.app.http_port, "POST", path, body)
+    assert status == 200 and kind.startswith("text/event-stream")
+    got = events(text)
+    assert got[-1] == "[DONE]" and got[-2]["choices"] == []
+    assert got[-2]["usage"]["completion_tokens"] == 9
+    chunks = got[:-2]
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == 9
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    elapsed = [c["server_elapsed_us"] for c in chunks]
+    assert elapsed == sorted(elapsed) and elapsed[0] > 0
+    if "chat" in path:
+        assert chunks[0]["object"] == "chat.completion.chunk"
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "says"), [
+    ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "at least 1"),
+    ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 10_000}, 400,
+     "--max-tokens-limit"),
+    ("POST", "/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens must be"),
+    ("POST", "/v1/completions", {"max_tokens": 4}, 400, "prompt is missing"),
+    ("POST", "/v1/completions", {"prompt": [1, 999_999]}, 400, "outside the vocabulary"),
+    ("POST", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("POST", "/v1/completions", {"prompt": "x", "n": 2}, 400, "one choice"),
+    ("POST", "/v1/completions", b"{not json", 400, "not JSON"),
+    ("POST", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("POST", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "does not exist"),
+    ("POST", "/v1/complete", {"prompt": "x"}, 404, "/v1/completions"),
+    ("GET", "/v1/completions", None, 405, "use POST"),
+])
+def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(served, method, path, body,
+                                                                     status, says):
+    got, kind, text = call(served.app.http_port, method, path, body)
+    error = json.loads(text)["error"]
+    assert (got, error["code"]) == (status, status) and says in error["message"], text
+    assert kind.startswith("application/json")
+    ok = call(served.app.http_port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert ok[0] == 200
+
+
+def test_a_full_queue_is_429_and_a_client_that_leaves_frees_its_slot():
+    with running_server(max_batch_size=1, max_queue=1, http_port=0) as s:
+        port = s.app.http_port
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "a", "max_tokens": 250, "ignore_eos": True, "stream": True}))
+        running = conn.getresponse()
+        running.readline()  # streaming: it holds the only slot
+        queued = threading.Thread(target=call, args=(port, "POST", "/v1/completions",
+                                                     {"prompt": "b", "max_tokens": 4}))
+        queued.start()
+        assert wait_until(lambda: stats(s.stub).waiting == 1)
+        status, _, text = call(port, "POST", "/v1/completions", {"prompt": "c", "max_tokens": 4})
+        assert status == 429 and "--max-queue" in json.loads(text)["error"]["message"]
+        conn.close()  # the client leaves mid-stream
+        queued.join(timeout=30)
+        assert not queued.is_alive()
+        assert wait_until(lambda: stats(s.stub).requests_aborted == 1)
+        assert stats(s.stub).requests_rejected == 1
+
+
+def test_sigterm_refuses_new_requests_with_503_and_lets_open_streams_finish(tmp_path):
+    http_port_file = tmp_path / "http.port"
+    with server_process(tmp_path, "--http-port", "0", "--http-port-file", str(http_port_file),
+                        "--grace-s", "10") as (proc, _):
+        port = int(http_port_file.read_text())
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "a", "max_tokens": 100, "ignore_eos": True, "stream": True}))
+        streaming = conn.getresponse()
+        streaming.readline()
+        proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: call(port, "GET", "/health")[0] == 503)
+        status, _, text = call(port, "POST", "/v1/completions", {"prompt": "x"})
+        assert status == 503 and "shutting down" in text
+        got = events(streaming.read().decode())
+        assert got[-1] == "[DONE]" and got[-2]["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=20) == 0
