@@ -1,31 +1,58 @@
-"""A reference server that speaks the moe.v1 contract with known delays, to check a load
-generator's numbers against the truth (the tests and `make bench-loadgen` use it): the
-first token after --ttft-ms, then one every --itl-ms; at most --capacity streams at once
-(the rest queue, so the capacity in requests/s is known); and, optionally, every stream
-stalls from --stall-at-s after start for --stall-s (a hiccup a closed loop would hide).
+"""Reference servers with known delays, one per protocol the load generator speaks (--protocol:
+every target's), to check its numbers against the truth (the tests and `make bench-loadgen`).
 
-    python -m loadgen.delay_server --port-file PATH [--ttft-ms 20 --itl-ms 10 ...]
+Every stream follows one schedule: its first token after --ttft-ms, then one every --itl-ms;
+tokens go out --tokens-per-chunk at a time (the first alone, as vLLM's stream interval does),
+so TTFT, TPOT and the per-token ITL are known and a message's ITL is the chunk's. At most
+--capacity streams run at once (the rest queue, so the capacity in requests/s is known);
+optionally every stream stalls from --stall-at-s after start for --stall-s (a hiccup a closed
+loop would hide). --faults KIND,... spoils streams in turn (every len+1-th is left whole) in
+one of the protocol's ways (delay_grpc.py, delay_http.py), for the tests of bad replies.
+
+    python -m loadgen.delay_server --port-file PATH [--protocol openai --ttft-ms 20 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-import grpc
-
-from proto import moe_pb2, moe_pb2_grpc
+PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")
 
 
-class DelayService(moe_pb2_grpc.MoEInferenceServicer):
+@dataclass(frozen=True)
+class Message:
+    """One message of a stream, when it is due."""
+
+    tokens: int  # tokens it carries
+    index: int  # of its first token in the stream
+    last: bool
+    elapsed_us: int  # since the stream's request arrived
+
+
+class Pacer:
+    """The known schedule, shared by every protocol's server."""
+
     def __init__(self, args):
         self.args = args
         self.started = time.monotonic()
         self.slots = asyncio.Semaphore(args.capacity)
+        self.faults = [f for f in args.faults.split(",") if f]
+        self.arrivals = itertools.count()
         self.finished = 0
+
+    def fault(self) -> str:
+        """The fault of the stream arriving now ("" for none): each in turn, then a whole one."""
+        if not self.faults:
+            return ""
+        turn = next(self.arrivals) % (len(self.faults) + 1)
+        return self.faults[turn] if turn < len(self.faults) else ""
 
     async def wait_until(self, due_s: float) -> float:
         """Sleeps until due_s (monotonic), plus whatever of the stall window the wake-up falls
@@ -38,51 +65,59 @@ class DelayService(moe_pb2_grpc.MoEInferenceServicer):
             return stall_from + self.args.stall_s - now
         return 0.0
 
-    async def Generate(self, request, context):
+    async def messages(self, max_tokens: int) -> AsyncIterator[Message]:
+        """A stream of max_tokens tokens, each message at its time."""
         received = time.monotonic_ns()
+        per_chunk = self.args.tokens_per_chunk
         async with self.slots:
             # Deadlines from the moment the stream got its slot, not from the previous wake-up:
             # a late wake-up (a busy machine) does not push back every later message.
-            due_s = time.monotonic()
-            for i in range(request.max_tokens):
-                due_s += (self.args.ttft_ms if i == 0 else self.args.itl_ms) / 1e3
-                due_s += await self.wait_until(due_s)
+            start_s, stalled_s = time.monotonic(), 0.0
+            sent = 0
+            while sent < max_tokens:
+                n = 1 if sent == 0 else min(per_chunk, max_tokens - sent)
+                last_token = sent + n - 1
+                due_s = start_s + stalled_s + (self.args.ttft_ms
+                                               + last_token * self.args.itl_ms) / 1e3
+                stalled_s += await self.wait_until(due_s)
                 elapsed_us = (time.monotonic_ns() - received) // 1000
-                msg = moe_pb2.GenerateResponse(token_ids=[65], text="A",
-                                               server_elapsed_us=elapsed_us)
-                if i == request.max_tokens - 1:
-                    msg.finish_reason = moe_pb2.GenerateResponse.LENGTH
-                    msg.usage.completion_tokens = request.max_tokens
-                yield msg
+                yield Message(n, sent, sent + n == max_tokens, elapsed_us)
+                sent += n
         self.finished += 1
 
-    async def GetStats(self, request, context):
-        return moe_pb2.EngineStats(policy="delay", requests_finished=self.finished,
-                                   uptime_s=time.monotonic() - self.started)
+
+def write_port(path: str, port: int) -> None:
+    with open(f"{path}.tmp", "w") as f:
+        f.write(f"{port}\n")
+    os.replace(f"{path}.tmp", path)  # readers never see a half-written file
 
 
 async def serve(args) -> None:
-    server = grpc.aio.server()
-    moe_pb2_grpc.add_MoEInferenceServicer_to_server(DelayService(args), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    with open(f"{args.port_file}.tmp", "w") as f:
-        f.write(f"{port}\n")
-    os.replace(f"{args.port_file}.tmp", args.port_file)
+    pacer = Pacer(args)
+    if args.protocol == "openai":
+        from loadgen.delay_http import start
+    else:
+        from loadgen.delay_grpc import start
+    port, stop_server = await start(args.protocol, pacer)
+    write_port(args.port_file, port)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
-    await server.stop(0)
+    await stop_server()
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port-file", required=True)
+    p.add_argument("--protocol", choices=PROTOCOLS, default="moe")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--capacity", type=int, default=10_000, help="streams served at once")
     p.add_argument("--stall-at-s", type=float, default=0.0)
     p.add_argument("--stall-s", type=float, default=0.0)
+    p.add_argument("--faults", default="", help="comma-separated faults, in turn")
     asyncio.run(serve(p.parse_args()))
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 from loadgen.profiles import Profile, read_trace
-from loadgen.target import TARGETS, host_problem
+from loadgen.target import TARGETS, settings_problem
 from loadgen.workload import load_dataset, parse_classes
 from records.declare import Registry, SettingsError, check_names
 from records.load_settings import LoadSettings
@@ -32,8 +32,8 @@ REGISTRIES: dict[str, Registry] = {
 def check(settings: LoadSettings) -> None:
     """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
     check_names(settings, REGISTRIES)
-    if problem := host_problem(settings.target.target, settings.sender.host):
-        raise SettingsError(f"--host: {problem}")
+    if problem := settings_problem(settings):
+        raise SettingsError("--{}: {}".format(*problem))
 
 
 def with_run_dir(settings: LoadSettings) -> LoadSettings:

@@ -16,12 +16,18 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from records.load_settings import TargetSettings
+from records.declare import leaves
+from records.load_settings import LoadSettings, TargetSettings
 from records.server_stats import ServerStats
 
 # name -> module:Class; adding a target is its class and a line here.
 TARGETS = {
     "moe": "loadgen.moe_target:MoeTarget",
+    "openai": "loadgen.openai_target:OpenAITarget",
+    "vllm-grpc": "loadgen.engine_targets:VllmTarget",
+    "sglang-grpc": "loadgen.engine_targets:SglangTarget",
+    "trtllm-grpc": "loadgen.engine_targets:TrtllmTarget",
+    "triton": "loadgen.triton_target:TritonTarget",
 }
 
 
@@ -64,6 +70,8 @@ class TargetError(Exception):
 class Target(Protocol):
     name: ClassVar[str]
     over_http: ClassVar[bool]  # --host is http://HOST:PORT (or HOST:PORT) rather than HOST:PORT
+    takes_text: ClassVar[bool]  # prompts may go as text; else as token ids only
+    required: ClassVar[tuple[str, ...]]  # Target settings it cannot run without
     streams_text: bool  # its messages carry text, counted by loadgen/text_tokens.py
 
     def connect(self, host: str) -> Any:
@@ -100,6 +108,21 @@ def target_class(name: str) -> type[Target]:
 def target_of(settings: TargetSettings) -> Target:
     """The target --target names, built with its settings."""
     return target_class(settings.target)(settings)
+
+
+def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
+    """(flag, what is wrong) where the settings do not suit the target, None when they do."""
+    name = settings.target.target
+    cls = target_class(name)
+    if problem := host_problem(name, settings.sender.host):
+        return "host", problem
+    for leaf in leaves(TargetSettings):
+        if leaf.name in cls.required and not getattr(settings.target, leaf.name):
+            return leaf.flag, f"the {name} target needs it"
+    if settings.workload.dataset and not cls.takes_text and not settings.target.tokenizer:
+        return "dataset", (f"the {name} target takes token ids only: give --tokenizer to turn "
+                           "the dataset's prompts into ids")
+    return None
 
 
 def host_problem(name: str, host: str) -> str | None:

@@ -17,8 +17,13 @@ DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 
 
 def _host_port(value: str) -> str | None:
-    port = value.removeprefix("http://").removeprefix("https://").rstrip("/").rpartition(":")[2]
-    return None if port.isdigit() else f"must be HOST:PORT (or http://HOST:PORT), got {value!r}"
+    address = value.partition("://")[2] if "://" in value else value
+    if "/" in address.rstrip("/"):
+        return f"must be HOST:PORT or http://HOST:PORT without a path (for openai the path " \
+               f"is --endpoint), got {value!r}"
+    if address.rstrip("/").rpartition(":")[2].isdigit():
+        return None
+    return f"must be HOST:PORT (or http://HOST:PORT), got {value!r}"
 
 
 def _path(value: str) -> str | None:
@@ -44,6 +49,13 @@ class TargetSettings(Settings):
                            compared=False, secret=True)
     headers: tuple[str, ...] = setting((), "openai: an extra HTTP header NAME:VALUE",
                                        flag="header", check=_header, compared=False, secret=True)
+    exact_length: bool = setting(True, "openai: ask for exactly --max-tokens output tokens with "
+                                 "ignore_eos and min_tokens (vLLM, SGLang and this project's "
+                                 "server take them); --no-exact-length for servers that refuse "
+                                 "fields they do not know")
+    token_ids: bool = setting(False, "openai: ask for each chunk's token ids (return_token_ids: "
+                              "vLLM 0.10.2+ and this project's server), so output tokens are "
+                              "counted exactly without --tokenizer", compared=False)
     tokenizer: str = setting("", "a Hugging Face tokenizer.json that counts the output tokens of "
                              "targets that stream text (openai; triton's trtllm backend); "
                              "without it they are estimated and the run says how",

@@ -31,9 +31,12 @@ CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2
                   "send_lag", "delivery_lag")
 
 
-def locust(port: int, run_dir, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def locust(port: int | str, run_dir, *flags: str,
+           timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """A headless run against 127.0.0.1:port (or port as the whole --host)."""
+    host = port if isinstance(port, str) else f"127.0.0.1:{port}"
     cmd = [str(REPO / ".venv/bin/locust") if (REPO / ".venv/bin/locust").exists() else "locust",
-           "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}", "--headless", "--only-summary",
+           "-f", "loadgen/moe.py", "--host", host, "--headless", "--only-summary",
            "--run-dir", str(run_dir), *flags]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)

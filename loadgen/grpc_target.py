@@ -1,0 +1,100 @@
+"""What the gRPC targets share (moe, vllm-grpc, sglang-grpc, trtllm-grpc, triton): a channel per
+Locust user (grpc's gevent integration) or per aio sender (grpc.aio), one server-streaming call
+per request with the deadline --request-timeout-s and wait_for_ready (a server not up yet
+delays the requests, and their lateness counts), and gRPC status codes as the statuses.
+
+A subclass names its stub (`stub_class`) and turns the workload's request into its protocol's
+(`request(spec)`) and each message into a Chunk (`chunk_of(msg, seen)`, seen: the output tokens
+of the request's earlier messages); `call` is Generate unless the protocol differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import grpc
+
+from loadgen.target import Chunk, RequestSpec, failure_of
+from records.load_settings import TargetSettings
+from records.server_stats import ServerStats
+
+CONNECT_S = 2.0  # the aio sender waits this long for a channel before its first send
+PROBE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Conn:
+    """A channel and the stub of the service on it."""
+
+    channel: grpc.Channel | grpc.aio.Channel
+    stub: Any
+
+
+class GrpcTarget:
+    over_http = False
+    takes_text = True
+    required: tuple[str, ...] = ()
+    streams_text = False
+    stub_class: ClassVar[type]
+
+    def __init__(self, settings: TargetSettings):
+        self.settings = settings
+
+    def call(self, stub, request, timeout_s: float):
+        """The server's messages for one request (a response iterator, sync or aio)."""
+        return stub.Generate(request, timeout=timeout_s, wait_for_ready=True)
+
+    def connect(self, host: str) -> Conn:
+        channel = grpc.insecure_channel(host)
+        return Conn(channel, self.stub_class(channel))
+
+    def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
+        seen = 0
+        for msg in self.call(conn.stub, self.request(spec), timeout_s):
+            chunk = self.chunk_of(msg, seen)
+            seen += chunk.tokens
+            yield chunk
+
+    async def aconnect(self, host: str) -> Conn:
+        """Connected before the first send is due, so the first requests do not pay for it;
+        with no server yet, requests wait for it (wait_for_ready) and count their lateness."""
+        channel = grpc.aio.insecure_channel(host)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_S)
+        except TimeoutError:
+            pass
+        return Conn(channel, self.stub_class(channel))
+
+    async def astream(self, conn: Conn, spec: RequestSpec,
+                      timeout_s: float) -> AsyncIterator[Chunk]:
+        seen = 0
+        async for msg in self.call(conn.stub, self.request(spec), timeout_s):
+            chunk = self.chunk_of(msg, seen)
+            seen += chunk.tokens
+            yield chunk
+
+    def close(self, conn: Conn) -> None:
+        conn.channel.close()
+
+    async def aclose(self, conn: Conn) -> None:
+        await conn.channel.close()
+
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """A gRPC error's code name and details, else what every target shares."""
+        if isinstance(exc, grpc.RpcError):
+            return exc.code().name, exc.details() or ""
+        return failure_of(exc)
+
+    def ask(self, host: str, rpc: str, request) -> Any:
+        """One unary call on a channel of its own (a probe, a telemetry sample)."""
+        with grpc.insecure_channel(host) as channel:
+            return getattr(self.stub_class(channel), rpc)(request, timeout=PROBE_S)
+
+    def not_answering(self, host: str, exc: grpc.RpcError) -> str:
+        return f"{self.name} server at {host} is not answering: {exc.code().name}: {exc.details()}"
+
+    def stats(self, host: str) -> ServerStats | None:
+        return None

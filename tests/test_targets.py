@@ -1,0 +1,163 @@
+"""Every target (--target) against its known-delay reference server (loadgen/delay_server.py
+--protocol), with both clients: TTFT, TPOT and the per-token ITL within a stated error of the
+truth, a stall of every stream seen in TTFT p99, streams of two-token chunks counted right;
+bad replies each counted with their own status and nothing lost; the `openai` target against
+this project's own server over its HTTP port; settings a target cannot run with refused
+before any request."""
+
+import json
+
+import pytest
+
+from loadgen.settings import check
+from loadgen.target import TARGETS
+from records.declare import SettingsError, build
+from records.jsonform import to_json
+from records.load_settings import LoadSettings
+from tests.conftest import delay_server_process, server_process
+from tests.test_end_to_end import locust
+from tests.tokenizer_files import write_word_tokenizer
+
+# Locust's gevent clients add delivery lag at this light load (docs/measured.md), and the
+# reference server's own wake-ups a few ms more.
+TOLERANCE_MS = 8
+TTFT_MS, ITL_MS, TOKENS = 20, 10, 7
+STALL_S = 0.6
+
+
+def host_of(target: str, port: int) -> str:
+    return f"http://127.0.0.1:{port}" if target == "openai" else f"127.0.0.1:{port}"
+
+
+def run(tmp_path, target: str, *flags: str, server: tuple[str, ...] = (), seconds: int = 3):
+    """One run against the target's reference server: (summary, requests.jsonl rows, stdout)."""
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--protocol", target, "--ttft-ms", str(TTFT_MS),
+                              "--itl-ms", str(ITL_MS), *server) as (_, port):
+        done = locust(host_of(target, port), run_dir, "--target", target, "-t", f"{seconds}s",
+                      "--prompt-tokens", "4", "--max-tokens", str(TOKENS), *flags)
+    assert done.returncode in (0, 1), done.stdout  # 1: Locust's own exit for failed requests
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    return summary, rows, done.stdout
+
+
+# Per target, what it needs beyond --host and how a run with it is told apart: the openai
+# target counts text by a tokenizer with greenlets and asks for token ids on the chat endpoint
+# with aio; Triton runs as its vLLM backend with greenlets and as TensorRT-LLM's with aio.
+EXTRA = {("openai", "gevent"): ("--tokenizer", "{tokenizer}"),
+         ("openai", "aio"): ("--endpoint", "/v1/chat/completions", "--token-ids"),
+         ("triton", "gevent"): ("--model", "llm"),
+         ("triton", "aio"): ("--model", "llm", "--triton-backend", "trtllm")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_a_target_measures_its_reference_server_truthfully(tmp_path, target, client):
+    tokenizer = write_word_tokenizer(tmp_path / "tokenizer.json", ["tok"])
+    extra = [f.format(tokenizer=tokenizer) for f in EXTRA.get((target, client), ())]
+    summary, rows, out = run(tmp_path, target, "--rate", "10", "--arrival", "constant",
+                             "--client", client, *extra,
+                             server=("--tokens-per-chunk", "2", "--stall-at-s", "1.5",
+                                     "--stall-s", str(STALL_S)))
+    m, req = summary["metrics"], summary["requests"]
+    assert req["sent"] == req["ok"] >= 20, out
+    # chunks of two tokens (the first alone): every token counted, whatever the protocol says
+    assert all(r["output_tokens"] == TOKENS and r["messages"] == 4 for r in rows)
+    assert TTFT_MS <= m["ttft_ms"]["p50"] <= TTFT_MS + TOLERANCE_MS
+    assert m["ttft_ms"]["p99"] >= STALL_S * 1000 / 2  # requests arriving in the stall wait it
+    assert ITL_MS - 1 <= m["tpot_ms"]["p50"] <= ITL_MS + TOLERANCE_MS / 2
+    assert ITL_MS - 1 <= m["itl_token_ms"]["p50"] <= ITL_MS + TOLERANCE_MS / 2
+    assert 2 * ITL_MS - 1 <= m["itl_ms"]["p50"] <= 2 * ITL_MS + TOLERANCE_MS / 2
+    estimated = any("estimated" in w for w in summary["generator"]["warnings"])
+    assert estimated == (target == "triton" and client == "aio")  # text, no tokenizer
+    if target in ("moe", "openai"):  # their servers say when each message left
+        assert m["delivery_lag_ms"]["count"] == sum(r["messages"] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+def test_bad_openai_replies_are_each_counted_with_their_own_status(tmp_path, client):
+    faults = "http-500,not-sse,no-done,bad-json,error-event,drop"
+    summary, rows, out = run(tmp_path, "openai", "--rate", "14", "--client", client,
+                             server=("--faults", faults))
+    req = summary["requests"]
+    assert req["sent"] == req["ok"] + req["failed"] and req["ok"] >= 2, out
+    assert set(req["failed_by_code"]) == {"HTTP_500", "BAD_STREAM", "INCOMPLETE",
+                                          "SERVER_ERROR", "UNAVAILABLE"}, out
+    details = {r["status"]: r["details"] for r in rows}
+    assert "injected fault" in details["HTTP_500"] and "[DONE]" in details["INCOMPLETE"]
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_a_grpc_stream_that_breaks_or_ends_early_is_counted_failed(tmp_path):
+    summary, _, out = run(tmp_path, "vllm-grpc", "--rate", "10",
+                          server=("--faults", "abort,no-final"))
+    req = summary["requests"]
+    assert req["sent"] == req["ok"] + req["failed"] and req["ok"] >= 2, out
+    assert set(req["failed_by_code"]) == {"INTERNAL", "INCOMPLETE"}
+
+
+@pytest.mark.slow
+def test_a_wrong_endpoint_and_a_dead_host_fail_every_request_without_a_traceback(tmp_path):
+    summary, rows, out = run(tmp_path, "openai", "--rate", "5", "--endpoint", "/v1/nowhere",
+                             seconds=2)
+    assert set(summary["requests"]["failed_by_code"]) == {"HTTP_404"} and rows, out
+    done = locust("http://127.0.0.1:9", tmp_path / "dead", "--target", "openai", "-t", "2s",
+                  "--rate", "5")
+    summary = json.loads((tmp_path / "dead" / "summary.json").read_text())
+    assert set(summary["requests"]["failed_by_code"]) == {"UNAVAILABLE"}
+    warnings = [line for line in done.stdout.splitlines() if "WARNING/loadgen" in line]
+    assert len(warnings) == 1 and "openai server at http://127.0.0.1:9" in warnings[0]
+    assert "Traceback" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+def test_the_openai_target_runs_against_this_projects_server(tmp_path, client):
+    http_port_file = tmp_path / "http.port"
+    run_dir = tmp_path / "run"
+    with server_process(tmp_path, "--http-port", "0", "--http-port-file",
+                        str(http_port_file)) as (_, _port):
+        done = locust(f"http://127.0.0.1:{http_port_file.read_text().strip()}", run_dir,
+                      "--target", "openai", "--token-ids", "-t", "3s", "--rate", "4",
+                      "--prompt-tokens", "16", "--max-tokens", "8", "--client", client)
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert summary["requests"]["sent"] == summary["requests"]["ok"] >= 8
+    assert all(r["output_tokens"] == 8 and r["server_completion_tokens"] == 8 for r in rows)
+    assert all(r["server_prompt_tokens"] == 16 for r in rows)  # sent as ids: exact
+    assert summary["metrics"]["delivery_lag_ms"]["count"] > 0
+    assert summary["config"]["target"] == "openai"
+
+
+@pytest.mark.parametrize(("target", "values", "says"), [
+    ("vllm-grpc", {"host": "http://127.0.0.1:1"}, "--host: the vllm-grpc target speaks gRPC"),
+    ("openai", {"host": "http://127.0.0.1:1/v1"}, "--host: must be HOST:PORT or http://HOST:PORT"),
+    ("openai", {"host": "ftp://127.0.0.1:1"}, "--host: must be http://HOST:PORT"),
+    ("triton", {}, "--model: the triton target needs it"),
+    ("sglang-grpc", {"dataset": "{dataset}"}, "--dataset: the sglang-grpc target takes token"),
+    ("openai", {"endpoint": "v1/completions"}, "--endpoint: must be a path"),
+    ("openai", {"headers": ("X-Token",)}, "--header: must be NAME:VALUE"),
+    ("grpc", {}, "--target: unknown 'grpc'"),
+])
+def test_settings_a_target_cannot_run_with_are_refused_naming_the_flag(tmp_path, target,
+                                                                       values, says):
+    dataset = tmp_path / "chats.json"
+    dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"},
+                                                      {"from": "gpt", "value": "hello"}]}]))
+    values = {k: str(dataset) if v == "{dataset}" else v for k, v in values.items()}
+    with pytest.raises(SettingsError) as err:
+        check(build(LoadSettings, {"target": target} | values))
+    assert str(err.value).startswith(says), err.value
+
+
+def test_secrets_are_not_written_down():
+    settings = build(LoadSettings, {"target": "openai", "api_key": "sk-1",
+                                    "headers": ("X-Key: 2",)})
+    config = to_json(settings)
+    assert config["api_key"] == "<set>" and config["headers"] == "<set>"
+    assert "sk-1" not in json.dumps(config)
