@@ -18,29 +18,40 @@ from records.load_settings import LoadSettings
 
 
 class AioSender:
-    def __init__(self, on_result: Callable[[StreamResult], None]):
-        """Starts the sender process now, so its imports are done before the schedule begins."""
+    def __init__(self, on_result: Callable[[StreamResult], None], settings: LoadSettings,
+                 workers: int, index: int):
+        """Starts the sender process now and hands it the job, so its imports and its connection
+        are done before the schedule begins."""
         self.on_result = on_result
         self.not_sent = 0
+        self.ready = Event()  # set once the sender is connected (or gone)
         self.ended = Event()
         self.started = False
         self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-
-    def start(self, settings: LoadSettings, workers: int, index: int, start_ns: int) -> None:
-        self.started = True
-        job = {"config": flat(settings), "workers": workers, "index": index, "start_ns": start_ns}
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
+        self._send({"config": flat(settings), "workers": workers, "index": index})
         gevent.spawn(self._read)
+
+    def _send(self, message: dict) -> None:
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def start(self, start_ns: int) -> None:
+        """The schedule's time zero."""
+        self.started = True
+        self._send({"start_ns": start_ns})
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             data = json.loads(line)
-            if data.get("end"):
+            if data.get("ready"):
+                self.ready.set()
+            elif data.get("end"):
                 self.not_sent = data["not_sent"]
                 break
-            self.on_result(StreamResult(**data))
+            else:
+                self.on_result(StreamResult(**data))
+        self.ready.set()
         self.ended.set()
 
     def stop(self) -> None:

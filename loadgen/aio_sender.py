@@ -3,11 +3,13 @@ process of its own (--client aio).
 
 Locust's process runs its clients through gevent, whose integration costs timing accuracy at
 high message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it
-sends the schedule and timestamps every message itself. Its parent (loadgen/aio_client.py) writes
-one JSON job line to its stdin ({"config": the settings, flat, "workers", "index",
-"start_ns"}), reads one JSON line per finished request from its stdout, and writes "stop"
-to end the schedule; the sender then drains for drain_s, cuts off what is left, reports
-it, writes {"end": true, "not_sent": n} and exits. It builds the same schedule and
+sends the schedule and timestamps every message itself. Its parent (loadgen/aio_client.py)
+writes one JSON job line to its stdin ({"config": the settings, flat, "workers", "index"}) as
+the run is set up; once the target's client is imported and connected the sender answers
+{"ready": true}, and the parent starts the schedule with a line of its time zero
+({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
+"stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
+reports it, writes {"end": true, "not_sent": n} and exits. It builds the same schedule and
 requests as the gevent path (loadgen/arrivals.py, profiles.py, workload.py). Times are
 CLOCK_MONOTONIC nanoseconds, one clock for both processes. Output goes through a
 non-blocking pipe writer, so a slow reader never stalls the sends.
@@ -38,6 +40,27 @@ async def main() -> None:
     if not line:  # the parent closed the pipe without a job
         return
     job = json.loads(line)
+    settings = build(LoadSettings, job["config"])
+    sender = settings.sender
+    workload = Workload(settings)
+    target = target_of(settings.target)
+    count = TextCounter(settings.target.tokenizer)
+    schedule = schedule_of(settings.traffic, job["workers"], job["index"])
+    conn = await target.aconnect(sender.host)
+    transport.write(b'{"ready": true}\n')
+    try:
+        line = await reader.readline()
+        if line.strip():  # else the run ended before it began
+            await send(json.loads(line)["start_ns"], reader, transport, settings, workload,
+                       target, conn, count, schedule)
+    finally:
+        await target.aclose(conn)
+
+
+async def send(start_ns: int, reader, transport, settings: LoadSettings, workload: Workload,
+               target, conn, count: TextCounter, schedule) -> None:
+    """The schedule from start_ns until "stop" (or its end), then the drain."""
+    sender = settings.sender
     stopped = asyncio.Event()
 
     async def watch_stdin():
@@ -54,45 +77,35 @@ async def main() -> None:
         # plain fields only: vars is asdict's result, without its deep copy
         emit(vars(tasks.pop(task)))
 
-    settings = build(LoadSettings, job["config"])
-    sender = settings.sender
-    workload = Workload(settings)
-    target = target_of(settings.target)
-    count = TextCounter(settings.target.tokenizer)
-    schedule = schedule_of(settings.traffic, job["workers"], job["index"])
     not_sent = 0
-    conn = await target.aconnect(sender.host)
-    try:
-        for index, offset_s in schedule:
-            due_ns = job["start_ns"] + int(offset_s * 1e9)
-            delay_s = (due_ns - time.monotonic_ns()) / 1e9
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
-            if stopped.is_set():
-                break
-            if len(tasks) >= sender.max_in_flight:
-                not_sent += 1
-                continue
-            spec = workload.request(index)
-            r = StreamResult(spec.request_id, due_ns, spec.klass)
-            task = asyncio.create_task(astream_request(target, conn, spec, r,
-                                                       sender.request_timeout_s, count))
-            tasks[task] = r
-            task.add_done_callback(done)
-        await watcher
-        if tasks:
-            await asyncio.wait(list(tasks), timeout=sender.drain_s)
-        for task in list(tasks):
-            task.remove_done_callback(done)
-            task.cancel()
-            r = tasks.pop(task)
-            cut_off(r, sender.drain_s)
-            emit(vars(r))
-        emit({"end": True, "not_sent": not_sent})
-        while transport.get_write_buffer_size():
-            await asyncio.sleep(0.01)
-    finally:
-        await target.aclose(conn)
+    for index, offset_s in schedule:
+        due_ns = start_ns + int(offset_s * 1e9)
+        delay_s = (due_ns - time.monotonic_ns()) / 1e9
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        if stopped.is_set():
+            break
+        if len(tasks) >= sender.max_in_flight:
+            not_sent += 1
+            continue
+        spec = workload.request(index)
+        r = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
+        task = asyncio.create_task(astream_request(target, conn, spec, r,
+                                                   sender.request_timeout_s, count))
+        tasks[task] = r
+        task.add_done_callback(done)
+    await watcher
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=sender.drain_s)
+    for task in list(tasks):
+        task.remove_done_callback(done)
+        task.cancel()
+        r = tasks.pop(task)
+        cut_off(r, sender.drain_s)
+        emit(vars(r))
+    emit({"end": True, "not_sent": not_sent})
+    while transport.get_write_buffer_size():
+        await asyncio.sleep(0.01)
 
 
 if __name__ == "__main__":

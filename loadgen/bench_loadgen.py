@@ -1,12 +1,14 @@
 """`python -m loadgen.bench_loadgen`: how much load one generator process can time well.
 
-Against the known-delay reference server (loadgen/delay_server.py: first token after 20 ms,
-then one every 10 ms), side by side in one run at rising streamed-message rates: our
-Locust generator (one process, as users run it) and a plain `grpc.aio` asyncio client
-doing the same open-loop schedule. For each: the messages/s it achieved, its send lateness
-(scheduled -> actual send) and its delivery lag (server emit, from `server_elapsed_us`, ->
-client timestamp) at p50/p99, the TTFT error against the known 20 ms, and its CPU.
-Prints a table, then one line of JSON. Nothing here is asserted.
+Against the known-delay reference servers (loadgen/delay_server.py: first token after 20 ms,
+then one every 10 ms; the moe and openai protocols), side by side in one run at rising
+streamed-message rates: our Locust generator (one process, as users run it) with both clients
+on the moe target (gRPC) and the openai target (HTTP server-sent events), and a plain
+`grpc.aio` asyncio client doing the same open-loop schedule. For each: the messages/s it
+achieved, its send lateness (scheduled -> actual send) and its delivery lag (server emit, from
+`server_elapsed_us`, -> client timestamp) at p50/p99, the TTFT error against the known 20 ms,
+and its CPU; then the highest rate each run held, and the openai target's TTFT error beside
+the moe target's. Prints a table, then one line of JSON. Nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -75,10 +79,10 @@ async def aio_run(port: int, rate: float, duration_s: float, seed: int) -> dict:
             "cpu_percent": cpu}
 
 
-def locust_run(port: int, rate: float, duration_s: float, seed: int, run_dir: Path,
-               client: str) -> dict:
+def locust_run(host: str, target: str, rate: float, duration_s: float, seed: int,
+               run_dir: Path, client: str) -> dict:
     locust = str(Path(sys.executable).parent / "locust")
-    done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}",
+    done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", host, "--target", target,
                            "--headless", "--only-summary", "-t", f"{round(duration_s)}s",
                            "--rate", str(rate), "--prompt-tokens", "4", "--max-tokens", str(TOKENS),
                            "--seed", str(seed), "--run-dir", str(run_dir), "--client", client],
@@ -97,55 +101,73 @@ def locust_run(port: int, rate: float, duration_s: float, seed: int, run_dir: Pa
             "cpu_percent": s["generator"]["cpu_percent"]}
 
 
+@contextmanager
+def delay_server(tmp: Path, protocol: str) -> Iterator[int]:
+    """The known-delay reference server of one protocol; yields its port."""
+    port_file = tmp / f"{protocol}.port"
+    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server", "--protocol",
+                               protocol, "--port-file", str(port_file), "--ttft-ms", str(TTFT_MS),
+                               "--itl-ms", str(ITL_MS)], cwd=REPO)
+    try:
+        for _ in range(300):
+            if port_file.exists():
+                break
+            time.sleep(0.05)
+        yield int(port_file.read_text())
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+# (row name, target, client): Locust's two clients on the moe and openai targets
+LOCUST_RUNS = (("moe", "moe", "gevent"), ("moe_aio", "moe", "aio"),
+               ("openai", "openai", "gevent"), ("openai_aio", "openai", "aio"))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m loadgen.bench_loadgen", description=__doc__)
-    p.add_argument("--messages-per-s", type=float, nargs="+", default=[500, 1500, 3000])
+    p.add_argument("--messages-per-s", type=float, nargs="+", default=[500, 1000, 1500, 3000])
     p.add_argument("--duration-s", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
-    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server",
-                               "--port-file", str(tmp / "port"),
-                               "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)], cwd=REPO)
-    try:
-        for _ in range(300):
-            if (tmp / "port").exists():
-                break
-            time.sleep(0.05)
-        port = int((tmp / "port").read_text())
-        rows = []
-        for target in args.messages_per_s:
-            rate = target / TOKENS
-            ours = locust_run(port, rate, args.duration_s, args.seed,
-                              tmp / f"locust-{target:g}", "gevent")
-            ours_aio = locust_run(port, rate, args.duration_s, args.seed,
-                                  tmp / f"locust-aio-{target:g}", "aio")
-            aio = asyncio.run(aio_run(port, rate, args.duration_s, args.seed))
-            rows.append({"target_messages_per_s": target, "requests_per_s": rate, "locust": ours,
-                         "locust_aio": ours_aio, "grpc_aio": aio})
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    rows = []
+    with delay_server(tmp, "moe") as moe_port, delay_server(tmp, "openai") as openai_port:
+        hosts = {"moe": f"127.0.0.1:{moe_port}", "openai": f"http://127.0.0.1:{openai_port}"}
+        for target_rate in args.messages_per_s:
+            rate = target_rate / TOKENS
+            row = {"target_messages_per_s": target_rate, "requests_per_s": rate}
+            for name, target, client in LOCUST_RUNS:
+                row[name] = locust_run(hosts[target], target, rate, args.duration_s, args.seed,
+                                       tmp / f"{name}-{target_rate:g}", client)
+            row["grpc_aio"] = asyncio.run(aio_run(moe_port, rate, args.duration_s, args.seed))
+            rows.append(row)
     print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
           f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
-    header = f"{'msgs/s':>7} {'client':>10} {'achieved':>9} {'send p99':>9} " \
+    header = f"{'msgs/s':>7} {'run':>10} {'achieved':>9} {'send p99':>9} " \
              f"{'deliv p50':>10} {'deliv p99':>10} " \
              f"{'TTFT err p50':>13} {'p99':>7} {'CPU %':>6}"
     print(header)
     for row in rows:
-        for name in ("locust", "locust_aio", "grpc_aio"):
+        for name in (*(name for name, *_ in LOCUST_RUNS), "grpc_aio"):
             r = row[name]
             print(f"{row['target_messages_per_s']:>7g} {name:>10} {r['messages_per_s']:>9.0f} "
                   f"{r['send_lag_p99_ms']:>9.2f} {r['delivery_lag_p50_ms']:>10.2f} "
                   f"{r['delivery_lag_p99_ms']:>10.2f} "
                   f"{r['ttft_error_p50_ms']:>13.2f} {r['ttft_error_p99_ms']:>7.2f} "
                   f"{r['cpu_percent']:>6.0f}")
-    held = {client: max((row["target_messages_per_s"] for row in rows
-                         if row[client]["delivery_lag_p99_ms"] <= 5
-                         and row[client]["send_lag_p99_ms"] <= 5),
-                        default=None) for client in ("locust", "locust_aio")}
-    print(f"\nsend and delivery lag p99 <= 5 ms up to (messages/s, target 3000): --client gevent "
-          f"{held['locust']}, --client aio {held['locust_aio']}")
+    held = {name: max((row["target_messages_per_s"] for row in rows
+                       if row[name]["delivery_lag_p99_ms"] <= 5
+                       and row[name]["send_lag_p99_ms"] <= 5),
+                      default=None) for name, *_ in LOCUST_RUNS}
+    print("\nsend and delivery lag p99 <= 5 ms up to (messages/s): "
+          + ", ".join(f"{name} {rate}" for name, rate in held.items()))
+    for row in rows:
+        gap = {client: row[f"openai{suffix}"]["ttft_error_p50_ms"]
+               - row[f"moe{suffix}"]["ttft_error_p50_ms"]
+               for client, suffix in (("gevent", ""), ("aio", "_aio"))}
+        print(f"at {row['target_messages_per_s']:g} messages/s, openai TTFT p50 error minus "
+              f"moe's: {gap['gevent']:+.2f} ms (gevent), {gap['aio']:+.2f} ms (aio)")
     aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
     print(json.dumps({"rows": rows, "held_messages_per_s": held,
                       "median_aio_delivery_p99_ms": aio_delivery_p99_ms}))

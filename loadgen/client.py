@@ -26,6 +26,7 @@ class StreamResult:
     request_id: str
     scheduled_ns: int
     klass: str = ""  # the request class (mixed mode, dataset), "" without classes
+    max_tokens: int = 0  # the output tokens asked for
     sent_ns: int = 0
     recv_ns: list[int] = field(default_factory=list)  # arrival of each message with tokens
     tokens: list[int] = field(default_factory=list)  # tokens in each of them

@@ -26,7 +26,7 @@ CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
-                 "slo_judged", "rows_omitted")
+                 "slo_judged", "rows_omitted", "off_length")
 LATE_DELIVERY_MS = 5.0  # client delivery lag p99 above this: timestamps are that late
 # past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
 BUSY_CPU_PERCENT = 50.0
@@ -62,6 +62,7 @@ class Recorder:
     # measured ok requests meeting each objective, and all
     slo_met: Counter = field(default_factory=Counter)
     slo_judged: int = 0  # measured ok requests
+    off_length: int = 0  # ok requests whose server counted another output length than asked
 
     @classmethod
     def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
@@ -79,6 +80,9 @@ class Recorder:
     def add(self, result: StreamResult) -> StreamTiming | None:
         """Accounts for a finished request; returns its timing when it is measured and ok."""
         self.statuses[result.status] += 1
+        done = result.usage.get("completion_tokens")
+        self.off_length += bool(result.ok and result.max_tokens and done is not None
+                                and done != result.max_tokens)
         if result.klass:
             self.class_statuses.setdefault(result.klass, Counter())[result.status] += 1
         lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
@@ -253,6 +257,12 @@ class Recorder:
             warnings.append(f"{self.not_sent} scheduled requests were not sent: over "
                             "--max-in-flight (the server is not keeping up with the offered "
                             "rate), or due just as the run stopped")
+        if self.off_length:
+            warnings.append(f"{self.off_length} of {self.statuses['OK']} ok requests got another "
+                            "output length than --max-tokens asked (the server's usage says so): "
+                            "it ended them at end-of-sequence, so the workload is not the one "
+                            "asked for (TPOT still holds); use a server that takes ignore_eos "
+                            "or min_tokens (--exact-length)")
         clamped = sum(h.clamped for h in self.client.values())
         if clamped:
             warnings.append(f"{clamped} latency values fell outside the histogram range "

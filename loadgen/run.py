@@ -34,6 +34,8 @@ from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
 
+AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
+
 
 class Run:
     def __init__(self, settings: LoadSettings, target: Target,
@@ -69,8 +71,8 @@ class Run:
             self._schedule = self.stress.arrivals(settings.traffic.seed)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
-        self._placement = (workers, index)
-        self.aio = AioSender(self._record) if self.sender.client == "aio" else None
+        self.aio = (AioSender(self._record, settings, workers, index)
+                    if self.sender.client == "aio" else None)
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -79,11 +81,13 @@ class Run:
         if self._begun:
             return
         self._begun = True
+        if self.aio is not None:  # its imports and connection do not eat into the schedule
+            self.aio.ready.wait(AIO_READY_S)
         self.recorder.start_ns = time.monotonic_ns()
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
         if self.aio is not None:
-            self.aio.start(self.settings, *self._placement, self.start_ns)
+            self.aio.start(self.start_ns)
 
     @property
     def stopping(self) -> bool:
@@ -126,7 +130,7 @@ class Run:
 
     def _send(self, conn, index: int, due_ns: int) -> gevent.Greenlet:
         spec = self.workload.request(index)
-        result = StreamResult(spec.request_id, due_ns, spec.klass)
+        result = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
                                      self.sender.request_timeout_s, self.count)
         self.inflight[greenlet] = result

@@ -2,11 +2,13 @@
 message with a token, an ITL value per gap and a per-token view spreading each gap over its
 tokens; text messages counted by a tokenizer, by the server's total spread over them, or by
 an estimate; a message left with no token merges into the next; a stream that ends badly is
-not ok."""
+not ok;
+a server that ends a request short of the length asked is counted and warned about."""
 
 import pytest
 
 from loadgen.client import StreamResult
+from loadgen.recorder import Recorder
 from loadgen.target import Chunk
 from loadgen.text_tokens import TextCounter
 from loadgen.timing import stream_timing
@@ -70,3 +72,14 @@ def test_messages_without_tokens_do_not_count_and_a_tokenless_text_merges_forwar
 ])
 def test_a_stream_that_ends_badly_is_not_ok(chunks, status):
     assert result_of(chunks).status == status
+
+
+def test_an_output_length_other_than_asked_is_counted_and_warned_about():
+    rec = Recorder(start_ns=0, warmup_s=0)
+    for i, done in enumerate([8, 8, 5]):  # the server ended the third at end-of-sequence
+        rec.add(StreamResult(f"r{i}", 0, max_tokens=8, sent_ns=0, recv_ns=[MS], tokens=[done],
+                             finish_reason="stop", usage={"completion_tokens": done}))
+    rec.add(StreamResult("no-usage", 0, max_tokens=8, sent_ns=0, recv_ns=[MS], tokens=[3]))
+    assert rec.off_length == 1
+    warnings = rec.generator_health(cpu_percent=1.0).warnings
+    assert any(w.startswith("1 of 4 ok requests got another output length") for w in warnings)

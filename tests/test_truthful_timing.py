@@ -111,8 +111,9 @@ def test_aio_client_sends_and_times_the_same_schedule(tmp_path):
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     req, m = summary["requests"], summary["metrics"]
-    # 10/s for 5 s, sent by the aio process
-    assert req["sent"] == req["ok"] and 45 <= req["sent"] <= 52
+    # 10/s from the moment the aio process was ready, sent by it
+    assert req["sent"] == req["ok"] and abs(req["sent"] - 10 * summary["duration_s"]) <= 3
+    assert summary["duration_s"] >= 3.5
     assert 20 <= m["ttft_ms"]["p50"] <= 20 + TOLERANCE_MS
     assert m["delivery_lag_ms"]["count"] == req["sent"] * 6
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
