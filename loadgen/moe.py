@@ -19,6 +19,7 @@ from locust import User, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
 from loadgen.listener import RunListener  # noqa: E402
+from loadgen.settings import REGISTRIES  # noqa: E402
 from records.declare import add_arguments  # noqa: E402
 from records.load_settings import LoadSettings  # noqa: E402
 
@@ -26,7 +27,7 @@ from records.load_settings import LoadSettings  # noqa: E402
 @events.init_command_line_parser.add_listener
 def add_options(parser):
     # Locust's web UI lists only the parser's own options
-    add_arguments(parser, LoadSettings, locust=True)
+    add_arguments(parser, LoadSettings, REGISTRIES, locust=True)
 
 
 @events.init.add_listener

@@ -297,7 +297,7 @@ def help_text(leaf: Leaf, registries: Mapping[str, Registry] | None = None) -> s
 
 
 def _default_note(leaf: Leaf) -> str:
-    return "" if leaf.default in (None, "") else f" (default {text(leaf.default)})"
+    return "" if leaf.default in (None, "", ()) else f" (default {text(leaf.default)})"
 
 
 def _argparse_type(leaf: Leaf) -> dict:

@@ -103,8 +103,8 @@ class Workload(Settings):
     prompt_tokens: int = setting(64, "prompt length of each request, in tokens", check=at_least(1))
     prompt_tokens_max: int = setting(0, "above 0: prompt lengths uniform between --prompt-tokens "
                                      "and this", check=at_least(0))
-    max_tokens: int = setting(32, "output tokens per request (sent with ignore_eos, so exact)",
-                              check=at_least(1))
+    max_tokens: int = setting(32, "output tokens per request (exact where the target can ask "
+                              "for it: docs/targets.md)", check=at_least(1))
     classes: str = setting(DEFAULT_CLASSES, "mixed: request classes "
                            "name:weight:prompt_tokens:max_tokens, comma-separated",
                            choices=Names("classes"))
@@ -159,9 +159,10 @@ class Sender(Settings):
     host: str = setting("127.0.0.1:50051", "the server, HOST:PORT (http://HOST:PORT for openai)",
                         option=False, check=_host_port, compared=False)
     client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own "
-                          "greenlets, or aio, a plain grpc.aio process started beside each Locust "
-                          "process (open-loop modes), which keeps message timestamps exact to "
-                          "higher rates (see make bench-loadgen)", choices=CLIENTS, compared=False)
+                          "greenlets, or aio, a plain asyncio process (grpc.aio, aiohttp) started "
+                          "beside each Locust process (open-loop modes), which keeps message "
+                          "timestamps exact to higher rates (see make bench-loadgen)",
+                          choices=CLIENTS, compared=False)
     request_timeout_s: float = setting(120.0, "deadline of each request", check=above(0),
                                        compared=False)
     max_in_flight: int = setting(1000, "open requests per process; arrivals beyond it are counted "
