@@ -68,6 +68,9 @@ class StreamResult:
             self.texts = []
         if self.ok and not self.finish_reason:
             self.status, self.details = "INCOMPLETE", "stream ended without a finish reason"
+        elif self.ok and self.finish_reason.lower() == "abort":
+            self.status, self.details = "ABORTED", "the server gave up on the request " \
+                                                   "(finish reason abort: a shutdown)"
         elif self.ok and not self.tokens:
             self.status, self.details = "NO_OUTPUT", "stream ended without a token"
 

@@ -20,11 +20,12 @@ from server.http_api import start_http
 from server.metrics import serve_metrics
 from server.policies import build_policy
 from server.scheduler import Scheduler
-from server.service import SERVICE_NAME, MoEService, create_server, drain
+from server.service import SERVICE_NAME, MoEService, create_server
 from server.settings import DTYPES, check, resolve
 from server.telemetry import StepLog
 
 log = logging.getLogger(__name__)
+FLUSH_S = 2.0  # after the engine stops, for the streams it ended to send their last message
 
 
 @dataclass
@@ -45,15 +46,19 @@ class App:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def drain(self, grace_s: float) -> None:
-        """Both front ends refuse new requests (UNAVAILABLE, HTTP 503) and give open streams
-        grace_s to finish; then the engine stops, failing whatever is left."""
+        """Health checks say NOT_SERVING and both front ends refuse new requests themselves
+        (UNAVAILABLE, HTTP 503: the listeners stay open), while open streams get grace_s to
+        finish; then the engine stops, the streams still open end with finish reason ABORT,
+        and only then do the listeners close, with no call left to cancel."""
         generations = self.service.generations
         generations.draining = True
-        await asyncio.gather(drain(self.server, self.health, grace_s),
-                             generations.idle(grace_s))
-        generations.scheduler.stop("server shut down before the request finished")
+        await self.health.enter_graceful_shutdown()
+        await generations.idle(grace_s)
+        generations.scheduler.stop("the server shut down before the request finished")
+        await generations.idle(FLUSH_S)
+        await self.server.stop(FLUSH_S)
         if self.http is not None:
-            await self.http.cleanup()  # the streams just failed get to say so, then it closes
+            await self.http.cleanup()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
 

@@ -15,3 +15,8 @@ class QueueFullError(ServerError):
 
 class UnavailableError(ServerError):
     """The server is draining for shutdown or its engine stopped (UNAVAILABLE)."""
+
+
+class ShutdownError(UnavailableError):
+    """The server gave up on a request still open when its drain ran out: the stream ends
+    with finish reason ABORT rather than an error."""

@@ -56,9 +56,17 @@ class Batch:
 
 
 def prompt_ids_of(ask: Ask, limits: Limits) -> list[int]:
-    """The request's prompt as token ids, or InvalidRequestError saying what to change."""
+    """The request's prompt as token ids, or InvalidRequestError saying what to change. A
+    prompt too long for the context is refused before any work on it: every character of
+    text is at least one token."""
     if ask.prompt and ask.prompt_ids:
         raise InvalidRequestError("set either prompt or prompt_token_ids, not both")
+    at_least = len(ask.prompt_ids) or len(ask.prompt) + 1  # BOS
+    if at_least >= limits.max_seq_len:
+        raise InvalidRequestError(
+            f"prompt is at least {at_least} tokens but the model context is "
+            f"{limits.max_seq_len} tokens; shorten the prompt to at most "
+            f"{limits.max_seq_len - 1} tokens")
     if ask.prompt_ids:
         bad = next((i for i in ask.prompt_ids if not 0 <= i < limits.vocab_size), None)
         if bad is not None:

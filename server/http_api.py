@@ -22,10 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
-from server.errors import InvalidRequestError, QueueFullError, ServerError, UnavailableError
+from server.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    ServerError,
+    ShutdownError,
+    UnavailableError,
+)
 from server.generation import Ask, Batch, Generations
 
-FINISH_REASONS = {"LENGTH": "length", "STOP": "stop"}
+FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "ABORT": "abort"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 STATUS = {InvalidRequestError: (400, "invalid_request_error"),
           QueueFullError: (429, "rate_limit_exceeded"),
@@ -241,6 +247,12 @@ class Answer:
         first = True
         try:
             async for batch in batches:
+                if isinstance(batch.error, ShutdownError):  # ends as a stream, with a reason
+                    await send(response, self.envelope(True) | {
+                        "choices": [self.choice(Batch([], "", "ABORT"), first=first,
+                                                streamed=True)],
+                        "server_elapsed_us": self.elapsed_us()})
+                    break
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from server.batcher import Batcher, Request
 from server.engine import Engine
-from server.errors import UnavailableError
+from server.errors import ShutdownError, UnavailableError
 from server.expert_cache import CacheCounters
 from server.telemetry import StepLog, Telemetry
 
@@ -47,7 +47,7 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, reason: str) -> None:
-        """Stops the engine thread and fails every unfinished request as UNAVAILABLE."""
+        """Stops the engine thread and ends every unfinished request (ShutdownError)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -56,7 +56,7 @@ class Scheduler:
             log.error("engine step still running after %d s; shutting down without it",
                       STOP_TIMEOUT_S)
         with self._cond:
-            self.batcher.fail_all(UnavailableError(reason))
+            self.batcher.fail_all(ShutdownError(reason))
         if self.batcher.step_log is not None:
             self.batcher.step_log.close()
 

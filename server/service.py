@@ -12,6 +12,7 @@ import logging
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -22,6 +23,7 @@ from server.errors import (
     InvalidRequestError,
     QueueFullError,
     ServerError,
+    ShutdownError,
     UnavailableError,
 )
 from server.generation import Ask, Generations
@@ -46,6 +48,28 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"engine failed: {error!r}; the server needs a restart"
 
 
+class Undecodable:
+    """A request whose bytes are not its message: handed to the method, which refuses it as
+    INVALID_ARGUMENT (gRPC's own deserializer would answer UNKNOWN and log a traceback)."""
+
+    def __init__(self, message: str, error: DecodeError):
+        self.details = f"the request is not a valid {message}: {error}"
+
+
+def lenient(message_class):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(message_class.DESCRIPTOR.full_name, exc)
+    return parse
+
+
+async def refuse_undecodable(request, context) -> None:
+    if isinstance(request, Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
+
+
 def ask_of(request: moe_pb2.GenerateRequest) -> Ask:
     return Ask(request_id=request.request_id, prompt=request.prompt,
                prompt_ids=tuple(request.prompt_token_ids), max_tokens=request.max_tokens,
@@ -61,6 +85,7 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
 
     async def Generate(self, request, context):
         received_ns = time.monotonic_ns()
+        await refuse_undecodable(request, context)
         try:
             stream = self.generations.submit(ask_of(request), received_ns)
         except ServerError as exc:
@@ -68,6 +93,11 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
         first_sent_ns = 0
         async with stream:
             async for batch in stream.batches():
+                if isinstance(batch.error, ShutdownError):  # ends as a stream, not an error
+                    yield moe_pb2.GenerateResponse(
+                        finish_reason=moe_pb2.GenerateResponse.ABORT,
+                        server_elapsed_us=(time.monotonic_ns() - received_ns) // 1000)
+                    return
                 if batch.error is not None:
                     await context.abort(*status_of(batch.error))
                 msg = moe_pb2.GenerateResponse(token_ids=batch.ids, text=batch.text)
@@ -84,19 +114,37 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
                 yield msg
 
     async def GetStats(self, request, context):
+        await refuse_undecodable(request, context)
         return stats_message(self.scheduler.snapshot(), self.scheduler, self.settings)
 
     async def ResetStats(self, request, context):
+        await refuse_undecodable(request, context)
         self.scheduler.reset_stats()
         uptime_s = (time.monotonic_ns() - self.scheduler.started_ns) / 1e9
         return moe_pb2.ResetStatsResponse(uptime_s=uptime_s)
+
+
+def add_service(service: MoEService, server: grpc.aio.Server) -> None:
+    """The generated registration (proto/moe_pb2_grpc.py), with lenient deserializers."""
+    kinds = {"Generate": (grpc.unary_stream_rpc_method_handler, moe_pb2.GenerateRequest,
+                          moe_pb2.GenerateResponse),
+             "GetStats": (grpc.unary_unary_rpc_method_handler, moe_pb2.GetStatsRequest,
+                          moe_pb2.EngineStats),
+             "ResetStats": (grpc.unary_unary_rpc_method_handler, moe_pb2.ResetStatsRequest,
+                            moe_pb2.ResetStatsResponse)}
+    handlers = {name: handler(getattr(service, name), request_deserializer=lenient(request),
+                              response_serializer=response.SerializeToString)
+                for name, (handler, request, response) in kinds.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Server, int,
                                                                       health.aio.HealthServicer]:
     """Builds a started server on address ("host:port", port 0 = any free port)."""
     server = grpc.aio.server()
-    moe_pb2_grpc.add_MoEInferenceServicer_to_server(service, server)
+    add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -111,12 +159,7 @@ async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Ser
     return server, port, health_servicer
 
 
-async def drain(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
-                grace_s: float) -> None:
-    """Health checks say NOT_SERVING, new calls are refused, and in-flight streams get grace_s
-    to finish (the engine still runs: the caller stops it after)."""
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace_s)
+
 
 
 def histogram_message(h) -> moe_pb2.Histogram:

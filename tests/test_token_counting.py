@@ -69,6 +69,7 @@ def test_messages_without_tokens_do_not_count_and_a_tokenless_text_merges_forwar
 @pytest.mark.parametrize(("chunks", "status"), [
     ([Chunk(tokens=1), Chunk(tokens=1)], "INCOMPLETE"),
     ([Chunk(finish_reason="stop")], "NO_OUTPUT"),
+    ([Chunk(tokens=1), Chunk(finish_reason="ABORT")], "ABORTED"),  # a server's shutdown
 ])
 def test_a_stream_that_ends_badly_is_not_ok(chunks, status):
     assert result_of(chunks).status == status
