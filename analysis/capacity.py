@@ -17,7 +17,6 @@ interval drops at least routed - steps x (mean tokens x k / experts x CF + 1) of
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from analysis.rundir import load_run
 from analysis.samples import expert_intervals
 from analysis.server_stats import expert_shares
 from analysis.tables import markdown_table, text_table
+from records.jsonform import dumps
 from records.rundir import SAMPLES, SUMMARY
 from records.server_stats import ServerSample, ServerStats
 
@@ -338,7 +338,7 @@ def main(args: argparse.Namespace) -> None:
         p = plan(_numbers_load(args), args.target_utilisation, args.capacity_factors,
                  from_run=False)
         print(render_text(p, "capacity from given numbers"))
-        print(json.dumps(headline(p, None)))
+        print(dumps(headline(p, None)))
         return
     if given:
         args.error(f"{', '.join(given)}: give RUN_DIR or the numbers, not both")
@@ -351,4 +351,4 @@ def main(args: argparse.Namespace) -> None:
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the capacity plan: {e}") from None
     print(f"\ncapacity: {md}")
-    print(json.dumps(headline(p, md)))
+    print(dumps(headline(p, md)))

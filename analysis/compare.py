@@ -10,7 +10,6 @@ different SLOs is not.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from pathlib import Path
@@ -28,6 +27,7 @@ from analysis.rundir import Run, load_run
 from analysis.server_stats import server_view
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
+from records.jsonform import dumps
 from records.load_settings import LoadSettings, Slo
 from records.server_settings import ServerSettings
 
@@ -234,16 +234,6 @@ def baseline_index(runs: list[Run], names: list[str], wanted: str | None) -> int
     return None
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def add_command(commands) -> None:
     parser = commands.add_parser(
         "compare", help="runs side by side (e.g. one per batching policy), with bootstrap "
@@ -276,4 +266,4 @@ def main(args: argparse.Namespace) -> None:
         raise RunDirError(f"cannot write the comparison: {e}") from None
     print(text)
     print(f"\ncompare: {out_dir / COMPARE_MD}")
-    print(json.dumps(_json_safe(headline)))
+    print(dumps(headline))

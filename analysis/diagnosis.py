@@ -8,16 +8,17 @@ analysis/saturation.py); one layer's
 expert load is far above its mean; copying expert weights in takes a large share of step
 time. Latency: windows whose TTFT or TPOT p99 jumps, lined up with a hot expert, a cache-miss
 burst, queue growth or the load generator's own lateness (analysis/spikes.py); and the
-generator's lateness, or its closed loop, over the whole run. Reads only run-directory files.
+generator's lateness, or its closed loop, over the whole run. Failures: which codes, when, and
+when the server could not be reached (analysis/failures.py). Reads only run-directory files.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 
+from analysis.failures import failures
 from analysis.files import RunDirError
 from analysis.finding import Finding
 from analysis.latency import stats_ms
@@ -36,6 +37,7 @@ from analysis.spikes import (
     when,
 )
 from analysis.tables import fmt_ms
+from records.jsonform import dumps
 
 # Expert load max/mean: with expert parallelism every step waits for the hottest expert, so at
 # 1.5 a third of the expert compute capacity idles (1 - 1/1.5).
@@ -57,8 +59,8 @@ def diagnose(run: Run) -> list[Finding]:
 
 def rules(signals: Signals) -> list[Finding]:
     """Every rule on a run's signals (analysis/spikes.py signals_of)."""
-    return [*queue_rules(signals), _imbalance(signals), _data_movement(signals), _spikes(signals),
-            _generator(signals)]
+    return [failures(signals.run), *queue_rules(signals), _imbalance(signals),
+            _data_movement(signals), _spikes(signals), _generator(signals)]
 
 
 def _imbalance(d: Signals) -> Finding:
@@ -276,6 +278,6 @@ def main(args: argparse.Namespace) -> None:
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the diagnosis: {e}") from None
     print(f"\ndiagnosis: {run.path / DIAGNOSIS_MD}")
-    print(json.dumps({"fired": [f.rule for f in findings if f.fired],
+    print(dumps({"fired": [f.rule for f in findings if f.fired],
                       "not_fired": [f.rule for f in findings if f.judged and not f.fired],
                       "not_judged": [f.rule for f in findings if not f.judged]}))

@@ -1,7 +1,6 @@
 """A run's report: the text for stdout, report.md, and the headline figures as one JSON object."""
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from analysis.spikes import signals_of
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.timeseries import ClientSeries, client_series
 from records.declare import flat
+from records.jsonform import dumps
 from records.summary import Stats
 
 LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service")
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> None:
     print(render_text(result))
     print(f"\nreport: {run.path / REPORT_MD}")
     # Last line: machine-readable headline figures.
-    print(json.dumps(headline(result)))
+    print(dumps(headline(result)))
 
 
 def render_text(report: Report) -> str:

@@ -8,7 +8,8 @@ skipped and counted. RSS and queue depth are the mean of the GetStats samples in
 
 Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)
 excludes 0 AND the fitted change over the run exceeds --min-change of the fitted starting
-level (of the series mean where that start is not above 0); otherwise "no drift". A series
+level (of the series mean where that start is not above 0); otherwise "no drift". A fitted
+level below 0 (a fall steep enough to cross 0 by the run's end) is held at 0 and said. A series
 with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2, as does a
 --window-s shorter than the run's logging interval (its config interval_s, 1 s when absent).
 """
@@ -16,7 +17,6 @@ with fewer than 3 usable windows is "too short". A run shorter than 3 windows ex
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
 from analysis.rundir import read_samples, read_summary
 from analysis.tables import fmt_ms, markdown_table, text_table
+from records.jsonform import dumps
 from records.rundir import SAMPLES, SUMMARY
 from records.server_stats import ServerSample
 
@@ -61,6 +62,9 @@ class Trend:
     reference: float | None  # level the change is judged against; None when the series is all 0
     significant: bool  # the CI excludes 0
     drift: bool
+    # the fitted line fell below 0 at an end, where no latency, RSS or queue can be: start and
+    # end are held at 0, and the line does not describe the series
+    below_zero: bool = False
 
     @property
     def change(self) -> float:
@@ -81,11 +85,13 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
     ci = (fit.slope - half, fit.slope + half)
     start, end = (y.mean() + fit.slope * (t_s[0] - t_s.mean()),
                   y.mean() + fit.slope * (t_s[-1] - t_s.mean()))
+    below_zero = min(start, end) < 0  # every series trended here is a non-negative quantity
+    start, end = max(start, 0.0), max(end, 0.0)
     reference = start if start > 0 else (float(y.mean()) if y.mean() > 0 else None)
     significant = ci[0] > 0 or ci[1] < 0
     drift = significant and reference is not None and abs(end - start) > min_change * reference
     return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end),
-                 reference, significant, drift)
+                 reference, significant, drift, below_zero)
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,9 @@ def sentence(s: Series, min_change: float) -> str:
     tr = s.trend
     rate = f"{fmt_ms(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
     over = "" if tr.change_share is None else f", {100 * tr.change_share:+.1f}% over the run"
+    if tr.below_zero:
+        over += ("; the fitted line falls below 0, held at 0: a straight line does not describe "
+                 "this series (see soak.png)")
     if tr.drift:
         return f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}{over}"
     if not tr.significant:
@@ -371,4 +380,4 @@ def main(args: argparse.Namespace) -> None:
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None
     print(f"\nsoak: {run_dir / SOAK_MD}")
-    print(json.dumps(headline(run_dir, windows, series)))
+    print(dumps(headline(run_dir, windows, series)))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from records.jsonform import dumps
 from records.summary import Stats, Summary
 
 ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e")
@@ -43,7 +43,7 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
     headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99,
                 "tpot_p99_ms": m["tpot_ms"].p99, "output_tokens_per_s": t.output_tokens_per_s,
                 "sent": r.sent, "ok": r.ok, "failed": r.failed}
-    print(json.dumps(headline))
+    print(dumps(headline))
 
 
 def print_stress(summary: Summary) -> None:

@@ -144,7 +144,7 @@ def triton_servicer(pacer: Pacer):
 
 
 async def start(protocol: str, pacer: Pacer):
-    """The server started on a free loopback port: (port, its stop)."""
+    """The server started on its loopback port (--port; 0: any free one): (port, its stop)."""
     server = grpc.aio.server()
     if protocol == "moe":
         moe_pb2_grpc.add_MoEInferenceServicer_to_server(MoeServicer(pacer), server)
@@ -157,6 +157,6 @@ async def start(protocol: str, pacer: Pacer):
         servicer, add = (triton_servicer(pacer) if protocol == "triton"
                          else engine_servicer(protocol, pacer))
         add(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{pacer.args.port}")
     await server.start()
     return port, lambda: server.stop(0)

@@ -87,9 +87,9 @@ def app(pacer: Pacer) -> web.Application:
 
 
 async def start(protocol: str, pacer: Pacer):
-    """The server started on a free loopback port: (port, its stop)."""
+    """The server started on its loopback port (--port; 0: any free one): (port, its stop)."""
     runner = web.AppRunner(app(pacer), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", pacer.args.port)
     await site.start()
     return runner.addresses[0][1], runner.cleanup

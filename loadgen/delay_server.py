@@ -110,6 +110,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port-file", required=True)
+    p.add_argument("--port", type=int, default=0, help="0: any free port")
     p.add_argument("--protocol", choices=PROTOCOLS, default="moe")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=10.0)

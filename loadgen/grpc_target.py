@@ -1,7 +1,11 @@
 """What the gRPC targets share (moe, vllm-grpc, sglang-grpc, trtllm-grpc, triton): a channel per
 Locust user (grpc's gevent integration) or per aio sender (grpc.aio), one server-streaming call
-per request with the deadline --request-timeout-s and wait_for_ready (a server not up yet
-delays the requests, and their lateness counts), and gRPC status codes as the statuses.
+per request with the deadline --request-timeout-s, and gRPC status codes as the statuses.
+
+Calls fail fast: a server that is down or gone answers UNAVAILABLE at once (no
+wait_for_ready: requests queued behind a dead server would fail late, as CUT_OFF), and the
+channel tries to reconnect within a second (RECONNECT), so a run recovers as soon as the
+server is back.
 
 A subclass names its stub (`stub_class`) and turns the workload's request into its protocol's
 (`request(spec)`) and each message into a Chunk (`chunk_of(msg, seen)`, seen: the output tokens
@@ -23,6 +27,8 @@ from records.server_stats import ServerStats
 
 CONNECT_S = 2.0  # the aio sender waits this long for a channel before its first send
 PROBE_S = 5.0
+RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+             ("grpc.max_reconnect_backoff_ms", 1000))
 
 
 @dataclass(frozen=True)
@@ -45,10 +51,10 @@ class GrpcTarget:
 
     def call(self, stub, request, timeout_s: float):
         """The server's messages for one request (a response iterator, sync or aio)."""
-        return stub.Generate(request, timeout=timeout_s, wait_for_ready=True)
+        return stub.Generate(request, timeout=timeout_s)
 
     def connect(self, host: str) -> Conn:
-        channel = grpc.insecure_channel(host)
+        channel = grpc.insecure_channel(host, options=RECONNECT)
         return Conn(channel, self.stub_class(channel))
 
     def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
@@ -59,9 +65,8 @@ class GrpcTarget:
             yield chunk
 
     async def aconnect(self, host: str) -> Conn:
-        """Connected before the first send is due, so the first requests do not pay for it;
-        with no server yet, requests wait for it (wait_for_ready) and count their lateness."""
-        channel = grpc.aio.insecure_channel(host)
+        """Connected before the first send is due, so the first requests do not pay for it."""
+        channel = grpc.aio.insecure_channel(host, options=RECONNECT)
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_S)
         except TimeoutError:

@@ -27,7 +27,7 @@ from loadgen.summary import histogram_encodings
 from loadgen.target import Target, target_of
 from loadgen.timing import StreamTiming
 from records.declare import SettingsError, from_options
-from records.load_settings import LoadSettings
+from records.load_settings import LoadSettings, Sender
 from records.server_stats import ServerStats
 from records.summary import ServerSnapshots
 
@@ -112,7 +112,10 @@ class RunListener:
         gc.freeze()
         target = target_of(settings.target)
         self.request_type = target.name
-        self.server_start = first_look(target, settings.sender.host)
+        problem, self.server_start = first_look(target, settings.sender)
+        if problem and settings.sender.fail_fast:
+            self.refuse(f"{problem}: not starting (--fail-fast)")
+            return
         if isinstance(runner, WorkerRunner):
             ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
             if runner.client_id not in ranks:
@@ -142,8 +145,11 @@ class RunListener:
         ranks = {c.id: i for i, c in enumerate(sorted(clients, key=lambda c: c.id))}
         self.environment.parsed_options.moe_ranks = ranks
         target = target_of(settings.target)
-        self.master = MasterState(settings, target, len(ranks),
-                                  first_look(target, settings.sender.host))
+        problem, stats = first_look(target, settings.sender)
+        if problem and settings.sender.fail_fast:
+            self.refuse(f"{problem}: not starting (--fail-fast)")
+            return
+        self.master = MasterState(settings, target, len(ranks), stats)
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
         """Each request into Locust's own statistics too: failures by status, TTFT, TPOT, E2E."""
@@ -221,18 +227,21 @@ class RunListener:
         print_summary(summary, path)
 
 
-def first_look(target: Target, host: str) -> ServerStats | None:
-    """The server's telemetry at the start (where the protocol has it), after one readiness
-    probe: a server that is not ready gets one warning line naming host and protocol, and
-    the run goes on (its requests fail or wait, and are counted)."""
+def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:
+    """One readiness probe, then the server's telemetry (where the protocol has it): (why the
+    server is not ready or "", the telemetry). A server that is not ready gets one warning
+    line naming host and protocol; the run then goes on, its requests failing UNAVAILABLE
+    (counted) until the server is back; with --fail-fast the caller refuses the run instead."""
+    host = sender.host
     problem = target.probe(host)
     if problem:
-        log.warning("%s", problem)
-        return None
+        if not sender.fail_fast:
+            log.warning("%s", problem)
+        return problem, None
     stats = target.stats(host)
     if stats is not None and not stats.ok:
         log.warning("%s server at %s: %s", target.name, host, stats.error)
-    return stats
+    return "", stats
 
 
 def describe(settings: LoadSettings) -> str:

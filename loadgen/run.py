@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,12 +28,13 @@ from loadgen.target import Target
 from loadgen.text_tokens import TextCounter
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
-from records.jsonform import to_json
+from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
 from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
 
+log = logging.getLogger("loadgen")
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 
 
@@ -154,7 +155,7 @@ class Run:
         if stats is None:
             return
         sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=stats)
-        self.server_log.write(json.dumps(to_json(sample)) + "\n")
+        self.server_log.write(dumps(to_json(sample)) + "\n")
         self.server_log.flush()
 
     def _finished(self, greenlet: gevent.Greenlet) -> None:
@@ -169,6 +170,11 @@ class Run:
         return self.recorder.stop_ns
 
     def _record(self, result: StreamResult) -> None:
+        if (result.status == "UNAVAILABLE" and self.sender.fail_fast and not self.stopping):
+            log.error("server at %s unreachable (%s): stopping the run (--fail-fast)",
+                      self.sender.host, result.details)
+            self.stop()
+            self.request_stop()
         timing = self.recorder.add(result)
         if self.stress is not None:
             self.stress.observe(result)

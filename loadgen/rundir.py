@@ -3,11 +3,10 @@ histograms.json (HdrHistogram encodings, microseconds), requests.jsonl, from the
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from records.jsonform import to_json
+from records.jsonform import dumps, to_json
 from records.requests import RequestRow
 from records.rundir import HISTOGRAMS, REQUESTS, SUMMARY
 from records.summary import Summary
@@ -15,7 +14,7 @@ from records.summary import Summary
 
 def write_json(path: Path, data) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(to_json(data), indent=2) + "\n")
+    tmp.write_text(dumps(to_json(data), indent=2) + "\n")
     os.replace(tmp, path)  # a reader never sees half a file
 
 
@@ -26,6 +25,6 @@ def write_run_dir(run_dir: str, summary: Summary, histograms: dict[str, str],
     write_json(path / HISTOGRAMS, histograms)
     with open(path / REQUESTS, "w") as f:
         for row in rows:
-            f.write(json.dumps(to_json(row)) + "\n")
+            f.write(dumps(to_json(row)) + "\n")
     write_json(path / SUMMARY, summary)  # last: its presence means the run is complete
     return path

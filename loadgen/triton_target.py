@@ -81,7 +81,7 @@ class TritonTarget(GrpcTarget):
 
     def call(self, stub, request, timeout_s: float):
         # a stream of one request: the server answers it, then ends the stream
-        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s, wait_for_ready=True)
+        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
 
     def chunk_of(self, msg: pb.ModelStreamInferResponse, seen: int) -> Chunk:
         if msg.error_message:

@@ -8,13 +8,17 @@ unknown one, or a value of the wrong type is a RecordError naming where it is
 snapshots: a newer server adds fields). A field's metadata may give its JSON `key` (when the
 name is a Python keyword) and an `omit` value written as nothing (`{"count": 0}` rather than
 every percentile as null). A record whose class names a field `ALONE` is written as that field
-alone when it is set (a GetStats snapshot that failed: its error).
+alone when it is set (a GetStats snapshot that failed: its error). A record may check values
+against each other in a `problem()` method: (field, what is wrong) or None. Numbers must be
+finite: JSON has no NaN, and `dumps` writes a non-finite number as null.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -58,6 +62,23 @@ def to_json(value) -> Any:
     return value
 
 
+def finite(value) -> Any:
+    """JSON types with every non-finite number (NaN, infinities) as null: what a reader can
+    take (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(value, **kwargs) -> str:
+    """Strict JSON text of JSON types: a non-finite number is written as null, never NaN."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
 def from_json(kind, data, where: str):
     """data read as `kind`; RecordError names `where` (a file, as "path:") and the path to the bad
     value in it."""
@@ -84,8 +105,8 @@ def _plain(kind, data, where: str):
     if kind is Any:
         return data
     if kind is float:
-        _expect(isinstance(data, int | float) and not isinstance(data, bool), "a number",
-                data, where)
+        _expect(isinstance(data, int | float) and not isinstance(data, bool)
+                and math.isfinite(data), "a finite number", data, where)
         return float(data)
     if kind is int:
         _expect(isinstance(data, int) and not isinstance(data, bool), "an integer", data, where)
@@ -112,7 +133,11 @@ def _record(kind, data, where: str):
             raise RecordError(f"{_prefix(_child(where, key))}missing{strays}")
     if strays:
         raise RecordError(f"{_prefix(where)}unknown field(s) {', '.join(sorted(unknown))}")
-    return kind(**values)
+    record = kind(**values)
+    if problem := getattr(record, "problem", lambda: None)():
+        name, message = problem
+        raise RecordError(f"{_prefix(_child(where, name))}{message}")
+    return record
 
 
 def _settings(kind, data, where: str):

@@ -169,6 +169,9 @@ class Sender(Settings):
                                  "as not sent", check=at_least(1), compared=False)
     drain_s: float = setting(30.0, "after the run, seconds in-flight requests get to finish before "
                              "being cut off", check=at_least(0), compared=False)
+    fail_fast: bool = setting(False, "stop the run when the server cannot be reached (at the "
+                              "start, or a request failing UNAVAILABLE) instead of counting the "
+                              "failures and going on until it is back", compared=False)
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,8 @@ class Recording(Settings):
     run_dir: str = setting("", "where summary.json and histograms go (default "
                            "runs/<UTC time>-<mode>)", compared=False)
     interval_s: float = setting(1.0, "period of the .hlog interval histograms and of "
-                                "server_stats.jsonl samples", check=above(0), compared=False)
+                                "server_stats.jsonl samples", check=at_least(0.1),
+                                compared=False)
     max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests "
                                     "(the count of the rest is in summary.json)", check=at_least(0),
                                     compared=False)

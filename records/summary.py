@@ -129,6 +129,11 @@ class WorkerFigures:
     window_s: float
 
 
+# A month: longer is a damaged file, not a soak (and would make the analysis' per-interval
+# arrays, at --interval-s 0.1 s or more, tens of millions long).
+MAX_RUN_S = 31 * 86400.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Summary:
     schema: int = SCHEMA
@@ -147,3 +152,12 @@ class Summary:
     server: ServerSnapshots = field(default_factory=ServerSnapshots)
     stress: StressResult | None = field(None, omit=None)
     workers: list[WorkerFigures] | None = field(None, omit=None)
+
+    def problem(self) -> tuple[str, str] | None:
+        """Times that cannot be a run's (checked as summary.json is read)."""
+        if not 0 <= self.duration_s <= MAX_RUN_S:
+            return "duration_s", f"must be 0..{MAX_RUN_S:g} s, got {self.duration_s:g}"
+        if not 0 <= self.window_s <= self.duration_s:
+            return "window_s", (f"must be 0..duration_s ({self.duration_s:g} s: the window is "
+                                f"part of the run), got {self.window_s:g}")
+        return None

@@ -38,7 +38,7 @@ def write_run(run_dir: Path, ttft_ms, tpot_ms, *, tokens: int = 32, config: dict
         values = zip(ttft_ms, tpot_ms, e2e_ms, strict=True)
         rows = [request_row(i, t, p, e, output_tokens=tokens) for i, (t, p, e) in enumerate(values)]
     write_rows(run_dir / "requests.jsonl", rows)
-    base = {"window_s": n * 0.1,
+    base = {"window_s": n * 0.1, "duration_s": max(30.2, n * 0.1),
             "config": {"mode": "fixed", "rate": 10.0, "arrival": "constant", "prompt_tokens": 64,
                        "max_tokens": tokens, "seed": 0, "warmup_s": 0.0, "interval_s": 1.0,
                        "slo_ttft_ms": None, "slo_tpot_ms": None,

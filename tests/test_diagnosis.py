@@ -93,6 +93,7 @@ def build_run(tmp_path: Path, *, server=None, ttft=None, tpot=None, send_lag=Non
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["generator"] = QUIET_GENERATOR if generator is None else generator
     summary["duration_s"] = duration_s
+    summary["window_s"] = min(summary["window_s"], duration_s)  # the window is part of the run
     summary["config"] |= {"warmup_s": 0.0} | (config or {})
     if stress is not None:
         summary["stress"] = stress
@@ -590,9 +591,11 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0),
                                   expert_end=[32, 28, 30, 30]))
     text = render_text(findings).splitlines()
-    assert text[0] == "diagnosis: 1 of 6 rules fired"
-    assert text[1].startswith("FIRED Throughput limited while under-utilised: ")
-    assert text[2].startswith("  - wait queue 1.0-11.0 s")
+    assert text[0] == "diagnosis: 2 of 7 rules fired"  # the run's 2 refused requests fire one
+    assert text[1] == ("FIRED Server unreachable / errors: 2 requests failed "
+                       "(RESOURCE_EXHAUSTED); the server stayed reachable")
+    fired = text.index(next(line for line in text if line.startswith("FIRED Throughput")))
+    assert text[fired + 1].startswith("  - wait queue 1.0-11.0 s")
     quiet = [line for line in text if line.startswith("not fired")]
     assert [line.split(":")[0] for line in quiet] == [
         "not fired  Compute-saturated (the knee)", "not fired  Expert load imbalance",
@@ -602,7 +605,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
                                "ttft.hlog is missing")
 
     markdown = render_markdown(findings)
-    assert markdown.startswith("## Diagnosis\n\n1 of 6 rules fired")
+    assert markdown.startswith("## Diagnosis\n\n2 of 7 rules fired")
     order = [markdown.index(s) for s in ("### Throughput limited while under-utilised",
                                          "### Did not fire", "### Could not be judged")]
     assert order == sorted(order)
@@ -615,7 +618,40 @@ def test_command_writes_diagnosis_md_and_a_json_last_line(tmp_path, capsys):
     diagnosis.main(argparse.Namespace(run_dir=str(run.path)))
     lines = capsys.readouterr().out.splitlines()
     figures = json.loads(lines[-1])
-    assert figures["fired"] == ["compute_saturated", "expert_imbalance"]
+    assert figures["fired"] == ["failures", "compute_saturated", "expert_imbalance"]
     assert set(figures["not_judged"]) == {"latency_spikes"}
     assert lines[-2] == f"diagnosis: {run.path / 'diagnosis.md'}"
     assert (run.path / "diagnosis.md").read_text().startswith("## Diagnosis")
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+def test_failures_say_when_the_server_could_not_be_reached_and_with_which_codes(tmp_path):
+    rows = ([request_row(i, 50.0, 10.0, 400.0) for i in range(30)]  # 0.1 s apart
+            + [request_row(i, None, None, None, status="UNAVAILABLE") for i in range(30, 45)]
+            + [request_row(i, 50.0, 10.0, 400.0) for i in range(45, 60)]
+            + [request_row(70, None, None, None, status="RESOURCE_EXHAUSTED")])
+    run = build_run(tmp_path, rows=rows)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["requests"] |= {"sent": 61, "ok": 45, "failed": 16,
+                            "failed_by_code": {"UNAVAILABLE": 15, "RESOURCE_EXHAUSTED": 1}}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    blind = {"error": "GetStats failed: UNAVAILABLE: connection refused"}
+    write_samples(run.path / "server_stats.jsonl", [*getstats([interval()] * 3), blind, blind,
+                                                    *getstats([interval()] * 2)])
+    finding = diagnose(load_run(run.path))[0]
+    assert finding.rule == "failures" and finding.fired
+    assert finding.verdict.startswith("the server could not be reached (UNAVAILABLE or "
+                                      "GetStats failing) at 3.0-6.0 s; 16 requests failed")
+    assert "UNAVAILABLE: 15 requests scheduled 3.0-4.4 s" in finding.evidence
+    assert "GetStats failed: 2 samples 5.0-6.0 s" in finding.evidence
+    assert "RESOURCE_EXHAUSTED: 1 requests scheduled 7.0-7.0 s" in finding.evidence
+
+
+def test_failures_stay_quiet_when_everything_succeeded(tmp_path):
+    run = build_run(tmp_path)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["requests"] |= {"sent": 1000, "failed": 0, "failed_by_code": {}}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    finding = diagnose(load_run(run.path))[0]
+    assert not finding.fired and finding.verdict.startswith("every one of 1000 requests")

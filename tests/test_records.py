@@ -17,8 +17,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from analysis.rundir import load_run
 from proto import moe_pb2
 from records.declare import flat
-from records.jsonform import from_json, to_json
-from records.load_settings import LoadSettings, TargetSettings
+from records.jsonform import dumps, from_json, to_json
+from records.load_settings import LoadSettings
 from records.requests import RequestRow
 from records.server_stats import ServerStats
 from tests.cli import analysis
@@ -35,9 +35,8 @@ def lines(path: Path) -> list:
 def test_an_old_run_reads_into_the_records_and_writes_back_the_same(name):
     run = load_run(FIXTURES / name)
     written = json.loads((FIXTURES / name / "summary.json").read_text())
-    # settings added since read as their defaults (these runs were against the moe target)
+    # settings added since read as their defaults
     added = {k: v for k, v in to_json(flat(LoadSettings())).items() if k not in written["config"]}
-    assert added == to_json(flat(TargetSettings()))
     assert to_json(run.summary) == written | {"config": written["config"] | added}
     assert [to_json(row) for row in run.rows] == lines(FIXTURES / name / "requests.jsonl")
     assert ([to_json(sample) for sample in run.samples]
@@ -70,15 +69,30 @@ def test_every_command_reads_old_runs(tmp_path, command):
      "summary.json: requests.sent: expected an integer, got 'many'"),
     (lambda s: s["config"].update(rate=-1),
      "summary.json: config: --rate: must be above 0 requests/s, got -1"),
+    (lambda s: s.update(window_s=float("nan")),
+     "summary.json: window_s: expected a finite number, got nan"),
+    (lambda s: s["throughput"].update(output_tokens_per_s=float("inf")),
+     "summary.json: throughput.output_tokens_per_s: expected a finite number, got inf"),
+    (lambda s: s.update(window_s=1e9),
+     "summary.json: window_s: must be 0..duration_s (3.62856 s: the window is part of the run)"),
+    (lambda s: s.update(window_s=-5), "summary.json: window_s: must be 0..duration_s"),
+    (lambda s: s.update(duration_s=1e9, window_s=1e9),
+     "summary.json: duration_s: must be 0..2.6784e+06 s, got 1e+09"),
 ])
 def test_a_missing_or_misnamed_field_names_the_file_and_the_field(tmp_path, change, named):
     run_dir = shutil.copytree(FIXTURES / "fixed", tmp_path / "run")
     summary = json.loads((run_dir / "summary.json").read_text())
     change(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    done = analysis("report", run_dir)
-    assert (done.returncode == 2 and f"{run_dir / named}" in done.stderr
-            and "Traceback" not in done.stderr)
+    for command in ("report", "compare", "capacity", "soak"):
+        done = analysis(command, run_dir)
+        assert (done.returncode == 2 and f"{run_dir / named}" in done.stderr
+                and "Traceback" not in done.stderr), done.stderr
+
+
+def test_strict_json_has_no_nan():
+    assert dumps({"p99": float("nan"), "rates": [1.0, float("inf")]}) == \
+        '{"p99": null, "rates": [1.0, null]}'
 
 
 def test_a_bad_request_row_names_its_line(tmp_path):

@@ -2,8 +2,10 @@
 to be worth reading, a shutdown with streams still open. Each ends in a clear status, costs
 no more than it must, and leaves the log clean."""
 
+import json
 import logging
 import signal
+import subprocess
 import time
 
 import grpc
@@ -11,7 +13,17 @@ import pytest
 
 from proto import moe_pb2, moe_pb2_grpc
 from server import tokenizer
-from tests.conftest import server_process
+from tests.cli import analysis
+from tests.conftest import REPO, delay_server_process, server_process, stop_process
+from tests.test_end_to_end import free_port, locust
+
+
+def locust_process(port: int, run_dir, *flags: str) -> subprocess.Popen:
+    """A headless run in the background: Popen with its output in .communicate()."""
+    return subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py", "--host",
+                             f"127.0.0.1:{port}", "--headless", "--only-summary", "--run-dir",
+                             str(run_dir), *flags], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 Req = moe_pb2.GenerateRequest
 BAD_UTF8 = bytes([0x12, 2, 0xFF, 0xFE, 0x20, 4])  # field 2 (prompt): invalid UTF-8
@@ -66,3 +78,42 @@ def test_sigterm_refuses_new_calls_as_unavailable_and_ends_cut_streams_with_abor
         assert proc.wait(timeout=20) == 0
     log = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log and "Cancelling all calls" not in log, log
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_fails_requests_fast_and_the_run_recovers_when_it_returns(
+        tmp_path):
+    run_dir = tmp_path / "run"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    started = time.monotonic()
+    with delay_server_process(first, "--ttft-ms", "20", "--itl-ms", "10") as (server, port):
+        load = locust_process(port, run_dir, "-t", "7s", "--rate", "10", "--arrival", "constant",
+                              "--prompt-tokens", "4", "--max-tokens", "20")
+        time.sleep(3)
+        stop_process(server)  # streams in flight break, new ones find nobody
+        time.sleep(1.5)
+        with delay_server_process(second, "--port", str(port), "--ttft-ms", "20",
+                                  "--itl-ms", "10"):
+            out, _ = load.communicate(timeout=60)
+    assert time.monotonic() - started < 20, out  # nothing waited for the dead server
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    req = summary["requests"]
+    assert req["sent"] == req["ok"] + req["failed"] and "CUT_OFF" not in req["failed_by_code"]
+    assert req["failed_by_code"]["UNAVAILABLE"] >= 10, req  # ~1.5 s down at 10/s
+    back = [r for r in rows if r["status"] == "OK" and r["scheduled_ms"] > 6000]
+    assert back, "the run did not recover when the server returned"
+    assert analysis("report", run_dir).returncode == 0
+    report = (run_dir / "report.md").read_text()
+    assert "the server could not be reached (UNAVAILABLE or GetStats failing) at " in report
+
+
+@pytest.mark.slow
+def test_fail_fast_stops_at_a_dead_server(tmp_path):
+    done = locust(free_port(), tmp_path / "run", "-t", "20s", "--rate", "10", "--fail-fast")
+    assert done.returncode == 2
+    errors = [line for line in done.stdout.splitlines() if "ERROR/loadgen" in line]
+    assert len(errors) == 1 and "not starting (--fail-fast)" in errors[0], done.stdout
+    assert "Traceback" not in done.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.soak import fit_trend, soak, soak_figure
+from analysis.soak import Series, fit_trend, sentence, soak, soak_figure
 from tests.cli import Done, analysis
 from tests.rundirs import png_size, write_hlog, write_samples, write_summary
 
@@ -208,3 +208,14 @@ def test_fit_trend_matches_the_hand_computed_ols():
                                            rel=1e-5)
     assert (trend.start, trend.end) == pytest.approx((1.3, 3.7))
     assert not trend.significant and not trend.drift
+
+
+def test_a_fitted_line_that_falls_below_zero_is_held_at_zero_and_said():
+    # a latency that starts high and settles: the least-squares line crosses 0 before the end
+    # (fitted end -1.26 ms here), where no latency can be
+    t_s = np.arange(5.0)
+    trend = fit_trend(t_s, np.asarray([9.0, 1.0, 0.5, 0.5, 0.4]), min_change=0.1)
+    assert trend.end == 0.0 and trend.start > 0 and trend.below_zero
+    assert trend.change_share >= -1.0
+    series = Series("ttft_p99_ms", "TTFT p99", "ms", t_s, np.ones(5), 0, "ttft.hlog", trend)
+    assert "falls below 0, held at 0" in sentence(series, 0.1)
