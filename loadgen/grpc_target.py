@@ -4,8 +4,8 @@ per request with the deadline --request-timeout-s, and gRPC status codes as the 
 
 Calls fail fast: a server that is down or gone answers UNAVAILABLE at once (no
 wait_for_ready: requests queued behind a dead server would fail late, as CUT_OFF), and the
-channel tries to reconnect within a second (RECONNECT), so a run recovers as soon as the
-server is back.
+channel tries to reconnect within a second (CHANNEL_OPTIONS), so a run recovers as soon as
+the server is back.
 
 A subclass names its stub (`stub_class`) and turns the workload's request into its protocol's
 (`request(spec)`) and each message into a Chunk (`chunk_of(msg, seen)`, seen: the output tokens
@@ -27,8 +27,12 @@ from records.server_stats import ServerStats
 
 CONNECT_S = 2.0  # the aio sender waits this long for a channel before its first send
 PROBE_S = 5.0
-RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-             ("grpc.max_reconnect_backoff_ms", 1000))
+# Reconnect within a second; and a connection of the channel's own (gRPC otherwise shares one
+# among channels with the same arguments, so every user's streams would queue on one HTTP/2
+# connection under the server's --max-concurrent-streams).
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000),
+                   ("grpc.use_local_subchannel_pool", 1))
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class GrpcTarget:
         return stub.Generate(request, timeout=timeout_s)
 
     def connect(self, host: str) -> Conn:
-        channel = grpc.insecure_channel(host, options=RECONNECT)
+        channel = grpc.insecure_channel(host, options=CHANNEL_OPTIONS)
         return Conn(channel, self.stub_class(channel))
 
     def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
@@ -66,7 +70,7 @@ class GrpcTarget:
 
     async def aconnect(self, host: str) -> Conn:
         """Connected before the first send is due, so the first requests do not pay for it."""
-        channel = grpc.aio.insecure_channel(host, options=RECONNECT)
+        channel = grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_S)
         except TimeoutError:

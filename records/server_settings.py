@@ -49,6 +49,27 @@ class Serving(Settings):
 
 
 @dataclass(frozen=True)
+class Limits(Settings):
+    """Limits"""
+
+    max_message_bytes: int = setting(4 * 2**20, "largest request accepted, in bytes (a gRPC "
+                                     "message, an HTTP body); a bigger one is refused before it "
+                                     "is read (gRPC RESOURCE_EXHAUSTED, HTTP 413)",
+                                     check=at_least(1024), compared=False)
+    max_concurrent_streams: int = setting(2000, "streams one gRPC connection may hold open at "
+                                          "once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); the "
+                                          "client holds back the rest", check=at_least(1),
+                                          compared=False)
+    keepalive_s: float = setting(60.0, "ping a gRPC connection idle this long, and drop it when "
+                                 "the ping goes unanswered (a dead peer); 0: never",
+                                 check=at_least(0), compared=False)
+    max_connection_age_s: float = setting(0.0, "close each gRPC connection after this long, its "
+                                          "streams given --grace-s to finish, so clients "
+                                          "reconnect and spread over replicas; 0: never",
+                                          check=at_least(0), compared=False)
+
+
+@dataclass(frozen=True)
 class Model(Settings):
     """Model"""
 
@@ -121,6 +142,7 @@ class MoE(Settings):
 @dataclass(frozen=True)
 class ServerSettings(Settings):
     serving: Serving = group(Serving)
+    limits: Limits = group(Limits)
     model: Model = group(Model)
     batching: Batching = group(Batching)
     moe: MoE = group(MoE)

@@ -20,7 +20,7 @@ from server.http_api import start_http
 from server.metrics import serve_metrics
 from server.policies import build_policy
 from server.scheduler import Scheduler
-from server.service import SERVICE_NAME, MoEService, create_server
+from server.service import SERVICE_NAME, MoEService, create_server, server_options
 from server.settings import DTYPES, check, resolve
 from server.telemetry import StepLog
 
@@ -81,7 +81,8 @@ async def start(settings: ServerSettings) -> App:
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
     generations = Generations(scheduler, limits)
     service = MoEService(generations, settings)
-    server, port, health_servicer = await create_server(service, f"{serving.host}:{serving.port}")
+    server, port, health_servicer = await create_server(
+        service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s))
     log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
              serving.host, port)
     app = App(server, port, service, health_servicer)
@@ -93,7 +94,8 @@ async def start(settings: ServerSettings) -> App:
         log.info("Prometheus metrics on http://%s:%d/metrics", serving.host, app.metrics_port)
     if serving.http_port is not None:
         app.http, app.http_port = await start_http(generations, model.preset, serving.host,
-                                                   serving.http_port, serving.grace_s)
+                                                   serving.http_port, serving.grace_s,
+                                                   settings.limits.max_message_bytes)
         log.info("OpenAI-compatible API on http://%s:%d/v1 (model %s)", serving.host,
                  app.http_port, model.preset)
     return app

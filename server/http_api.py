@@ -150,8 +150,8 @@ class OpenAIApi:
         self.model = model
         self.created = int(time.time())
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.not_found])
+    def app(self, max_body_bytes: int) -> web.Application:
+        app = web.Application(middlewares=[self.not_found], client_max_size=max_body_bytes)
         app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions),
                         web.post("/v1/chat/completions", self.chat_completions)])
@@ -194,6 +194,10 @@ class OpenAIApi:
             body = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError) as exc:
             return error_response(400, "invalid_request_error", f"the body is not JSON: {exc}")
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, "invalid_request_error",
+                                  f"the body is over this server's limit of "
+                                  f"{request.client_max_size} bytes (--max-message-bytes)")
         try:
             call = call_of(body, chat, self.model)
             stream = self.generations.submit(call.ask, received_ns)
@@ -294,12 +298,12 @@ async def send(response: web.StreamResponse, event: dict) -> None:
 
 
 async def start_http(generations: Generations, model: str, host: str, port: int,
-                     grace_s: float) -> tuple[web.AppRunner, int]:
+                     grace_s: float, max_body_bytes: int) -> tuple[web.AppRunner, int]:
     """The API listening on host:port (0 = any free port); returns its runner and bound port.
     Cleaning the runner up gives open streams grace_s to finish."""
     # handler_cancellation: a client that leaves cancels its request at once, as over gRPC
-    runner = web.AppRunner(OpenAIApi(generations, model).app(), shutdown_timeout=grace_s,
-                           access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(OpenAIApi(generations, model).app(max_body_bytes),
+                           shutdown_timeout=grace_s, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from proto import moe_pb2, moe_pb2_grpc
 from records.declare import flat, text
-from records.server_settings import ServerSettings
+from records.server_settings import Limits, ServerSettings
 from server.errors import (
     InvalidRequestError,
     QueueFullError,
@@ -34,6 +34,7 @@ from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
+KEEPALIVE_TIMEOUT_MS = 20_000  # an unanswered keepalive ping this long drops the connection
 FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
                   "STOP": moe_pb2.GenerateResponse.STOP}
 
@@ -140,10 +141,26 @@ def add_service(service: MoEService, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-async def create_server(service: MoEService, address: str) -> tuple[grpc.aio.Server, int,
-                                                                      health.aio.HealthServicer]:
+def server_options(limits: Limits, grace_s: float) -> list[tuple[str, int]]:
+    """gRPC's channel arguments for the limits: message size, streams per connection,
+    keepalive pings (and the client pings it accepts), connection age."""
+    options = [("grpc.max_receive_message_length", limits.max_message_bytes),
+               ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+               ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000)]
+    if limits.keepalive_s:
+        options += [("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
+                    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS)]
+    if limits.max_connection_age_s:
+        options += [("grpc.max_connection_age_ms", int(limits.max_connection_age_s * 1000)),
+                    ("grpc.max_connection_age_grace_ms", int(grace_s * 1000))]
+    return options
+
+
+async def create_server(service: MoEService, address: str,
+                        options: list[tuple[str, int]]) -> tuple[grpc.aio.Server, int,
+                                                                 health.aio.HealthServicer]:
     """Builds a started server on address ("host:port", port 0 = any free port)."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=options)
     add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -12,10 +12,20 @@ import grpc
 import pytest
 
 from proto import moe_pb2, moe_pb2_grpc
+from records.server_settings import Limits
 from server import tokenizer
+from server.service import server_options
 from tests.cli import analysis
-from tests.conftest import REPO, delay_server_process, server_process, stop_process
+from tests.conftest import (
+    REPO,
+    delay_server_process,
+    running_server,
+    server_process,
+    stop_process,
+)
 from tests.test_end_to_end import free_port, locust
+from tests.test_http_api import call
+from tests.test_service import stats
 
 
 def locust_process(port: int, run_dir, *flags: str) -> subprocess.Popen:
@@ -117,3 +127,39 @@ def test_fail_fast_stops_at_a_dead_server(tmp_path):
     errors = [line for line in done.stdout.splitlines() if "ERROR/loadgen" in line]
     assert len(errors) == 1 and "not starting (--fail-fast)" in errors[0], done.stdout
     assert "Traceback" not in done.stdout
+
+
+def test_a_request_over_max_message_bytes_is_refused_unread_on_both_ports():
+    with running_server(max_message_bytes=4096, http_port=0) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            list(s.stub.Generate(Req(prompt="x" * 5000, max_tokens=2), timeout=5))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        status, _, text = call(s.app.http_port, "POST", "/v1/completions",
+                               {"prompt": "x" * 5000, "max_tokens": 2})
+        assert status == 413 and "--max-message-bytes" in json.loads(text)["error"]["message"]
+        assert list(s.stub.Generate(Req(prompt="ok", max_tokens=2, ignore_eos=True)))
+
+
+def test_streams_over_max_concurrent_streams_wait_on_their_connection():
+    with running_server(max_concurrent_streams=2, max_batch_size=4) as s:
+        long = [s.stub.Generate(Req(prompt="a", max_tokens=240, ignore_eos=True), timeout=30)
+                for _ in range(2)]
+        for call_ in long:
+            next(call_)
+        with pytest.raises(grpc.RpcError) as err:  # no stream slot on this connection
+            list(s.stub.Generate(Req(prompt="b", max_tokens=2), timeout=0.5))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        with grpc.insecure_channel(f"127.0.0.1:{s.port}",  # a connection of its own
+                                   options=[("grpc.use_local_subchannel_pool", 1)]) as other:
+            seen = stats(moe_pb2_grpc.MoEInferenceStub(other))
+        assert seen.running + seen.waiting == 2  # the third never reached the server
+        long[0].cancel()
+        assert list(s.stub.Generate(Req(prompt="c", max_tokens=2, ignore_eos=True), timeout=10))
+
+
+def test_keepalive_and_connection_age_become_grpc_channel_arguments():
+    options = dict(server_options(Limits(keepalive_s=30, max_connection_age_s=600), grace_s=5))
+    assert options["grpc.keepalive_time_ms"] == 30_000
+    assert options["grpc.max_connection_age_ms"] == 600_000
+    assert options["grpc.max_connection_age_grace_ms"] == 5_000
+    assert "grpc.max_connection_age_ms" not in dict(server_options(Limits(), grace_s=5))
