@@ -9,7 +9,8 @@ expert load is far above its mean; copying expert weights in takes a large share
 time. Latency: windows whose TTFT or TPOT p99 jumps, lined up with a hot expert, a cache-miss
 burst, queue growth or the load generator's own lateness (analysis/spikes.py); and the
 generator's lateness, or its closed loop, over the whole run. Failures: which codes, when, and
-when the server could not be reached (analysis/failures.py). Reads only run-directory files.
+when the server could not be reached (analysis/failures.py); faults the server injected on
+purpose, and when (analysis/faults.py). Reads only run-directory files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import numpy as np
 
 from analysis.failures import failures
+from analysis.faults import faults
 from analysis.files import RunDirError
 from analysis.finding import Finding
 from analysis.latency import stats_ms
@@ -59,7 +61,7 @@ def diagnose(run: Run) -> list[Finding]:
 
 def rules(signals: Signals) -> list[Finding]:
     """Every rule on a run's signals (analysis/spikes.py signals_of)."""
-    return [failures(signals.run), *queue_rules(signals), _imbalance(signals),
+    return [failures(signals.run), faults(signals.run), *queue_rules(signals), _imbalance(signals),
             _data_movement(signals), _spikes(signals), _generator(signals)]
 
 

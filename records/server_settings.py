@@ -69,6 +69,50 @@ class Limits(Settings):
                                           check=at_least(0), compared=False)
 
 
+def _window(value: str) -> str | None:
+    """START:END seconds, 0 <= START < END."""
+    if not value:
+        return None
+    try:
+        start, end = (float(part) for part in value.split(":"))
+    except ValueError:
+        return f"must be START:END in seconds, e.g. 60:120, got {value!r}"
+    ok = 0 <= start < end and end < float("inf")
+    return None if ok else f"must have 0 <= START < END, got {value!r}"
+
+
+def window_of(value: str) -> tuple[float, float] | None:
+    """A checked --fault-window's (start, end) in seconds; None: always."""
+    if not value:
+        return None
+    start, end = (float(part) for part in value.split(":"))
+    return start, end
+
+
+@dataclass(frozen=True)
+class Faults(Settings):
+    """Fault injection (rehearsals; all off by default, docs/faults.md)"""
+
+    fault_step_fail: float = setting(0.0, "share of engine steps that fail: their requests end "
+                                     "with INTERNAL (HTTP 500) and the engine goes on",
+                                     check=within(0, 1))
+    fault_stall_s: float = setting(0.0, "stall the engine this long, once, when the fault window "
+                                   "opens: every request waits", check=at_least(0))
+    fault_drop: float = setting(0.0, "share of streams dropped after their first message "
+                                "(gRPC UNAVAILABLE, an HTTP error event)", check=within(0, 1))
+    fault_slow: float = setting(0.0, "share of requests whose every message is held back "
+                                "--fault-slow-ms", check=within(0, 1))
+    fault_slow_ms: float = setting(100.0, "delay per message of a slowed request",
+                                   check=at_least(0))
+    fault_window: str = setting("", "START:END: inject only between these seconds after the "
+                                "server started; always when omitted", check=_window)
+
+    @property
+    def on(self) -> bool:
+        return bool(self.fault_step_fail or self.fault_stall_s or self.fault_drop
+                    or self.fault_slow)
+
+
 @dataclass(frozen=True)
 class Model(Settings):
     """Model"""
@@ -146,6 +190,7 @@ class ServerSettings(Settings):
     model: Model = group(Model)
     batching: Batching = group(Batching)
     moe: MoE = group(MoE)
+    faults: Faults = group(Faults)
 
     @property
     def kv_slots(self) -> int:

@@ -59,6 +59,22 @@ class LayerStats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FaultCounts:
+    """What the server's --fault-* settings injected since it started."""
+
+    steps_failed: int = 0
+    stalls: int = 0
+    stall_s: float = 0.0
+    streams_dropped: int = 0
+    requests_slowed: int = 0
+    active: bool = False  # the fault window was open at the snapshot
+
+    @property
+    def injected(self) -> int:
+        return self.steps_failed + self.stalls + self.streams_dropped + self.requests_slowed
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerStats:
     OPEN: ClassVar[bool] = True  # fields of a newer server are kept in `extra`
     # A snapshot that could not be taken is written as its error alone.
@@ -114,6 +130,7 @@ class ServerStats:
     prefill_padded_tokens: int = 0
     policy_knobs: dict[str, float] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict, omit={})  # absent before GetStats had it
+    faults: FaultCounts | None = field(None, omit=None)  # absent before GetStats had it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

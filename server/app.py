@@ -76,7 +76,8 @@ async def start(settings: ServerSettings) -> App:
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
-    scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log)
+    scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log,
+                          settings.faults)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
     generations = Generations(scheduler, limits)

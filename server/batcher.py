@@ -20,6 +20,7 @@ import torch
 from server.engine import SeqInput, StepResult
 from server.errors import QueueFullError
 from server.expert_cache import CacheCounters
+from server.faults import Injector
 from server.policies import StepPlan, View
 from server.routing import request_key
 from server.telemetry import StepLog, Telemetry
@@ -84,8 +85,9 @@ class Request:
 
 class Batcher:
     def __init__(self, engine, policy, max_queue: int, clock: Callable[[], int] = time.monotonic_ns,
-                 step_log: StepLog | None = None):
+                 step_log: StepLog | None = None, faults: Injector | None = None):
         self.engine = engine
+        self.faults = faults
         self.policy = policy
         self.max_queue = max_queue
         self.clock = clock
@@ -145,6 +147,8 @@ class Batcher:
                           len(req.prompt_ids) + len(req.output_ids) - 1,
                           temperature=req.temperature, generator=req.generator)
                  for req in plan.decode]
+        if self.faults is not None:
+            self.faults.before_step()
         t0 = self.clock()
         result = self.engine.step(seqs)
         return result, t0, self.clock()
@@ -205,9 +209,17 @@ class Batcher:
 
     def fail_all(self, error: Exception) -> None:
         """Ends every unfinished request with error and frees its slot."""
-        pending = [r for r in (*self.waiting, *self.resident) if not r.done]
-        self.waiting.clear()
-        self.resident = []
+        self._fail([r for r in (*self.waiting, *self.resident) if not r.done], error)
+
+    def fail_plan(self, plan: StepPlan, error: Exception) -> None:
+        """Ends the requests of a step that failed (an injected fault); the rest go on."""
+        self._fail([r for r in [req for req, _ in plan.prefill] + plan.decode if not r.done],
+                   error)
+
+    def _fail(self, pending: list[Request], error: Exception) -> None:
+        failing = set(map(id, pending))
+        self.waiting = collections.deque(r for r in self.waiting if id(r) not in failing)
+        self.resident = [r for r in self.resident if id(r) not in failing]
         self.telemetry.requests_aborted += len(pending)
         for req in pending:
             req.done = True

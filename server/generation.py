@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from server import tokenizer
 from server.batcher import FailureEvent, Request, TokenEvent, Usage
 from server.errors import InvalidRequestError, ServerError, UnavailableError
+from server.faults import Fate
 from server.scheduler import Scheduler
 
 
@@ -108,8 +109,10 @@ class Stream:
     and read `batches()` inside: leaving early (a client gone, a deadline) cancels the request,
     freeing its KV slot before the next engine step."""
 
-    def __init__(self, generations: Generations, request: Request, events: asyncio.Queue):
+    def __init__(self, generations: Generations, request: Request, events: asyncio.Queue,
+                 fate: Fate):
         self.generations, self.request, self.events = generations, request, events
+        self.fate = fate  # injected faults (server/faults.py)
         self.finished = False  # the engine is done with it: every batch is in the queue
         self.closed = False
 
@@ -141,7 +144,12 @@ class Stream:
             if last.finish_reason:
                 self.finished = True
                 text += decoder.decode(b"", final=True)
+            if self.fate.slow_s:
+                await asyncio.sleep(self.fate.slow_s)
             yield Batch(ids, text, last.finish_reason, last.usage)
+            if self.fate.drop and not self.finished:
+                yield Batch([], "", error=self.generations.scheduler.faults.dropped())
+                return
 
 
 class Generations:
@@ -199,4 +207,4 @@ class Generations:
             raise
         self.open += 1
         self._idle.clear()
-        return Stream(self, request, events)
+        return Stream(self, request, events, self.scheduler.faults.fate())

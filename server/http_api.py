@@ -29,11 +29,14 @@ from server.errors import (
     ShutdownError,
     UnavailableError,
 )
+from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Batch, Generations
 
 FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "ABORT": "abort"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-STATUS = {InvalidRequestError: (400, "invalid_request_error"),
+STATUS = {DroppedStream: (503, "service_unavailable"),
+          InjectedFault: (500, "internal_error"),
+          InvalidRequestError: (400, "invalid_request_error"),
           QueueFullError: (429, "rate_limit_exceeded"),
           UnavailableError: (503, "service_unavailable")}
 

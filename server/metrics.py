@@ -52,6 +52,14 @@ class EngineCollector:
             yield GaugeMetricFamily(f"moe_{name}", doc, value=getattr(snap, name))
         yield GaugeMetricFamily("moe_kv_slots", "KV cache pool slots",
                                 value=self.scheduler.engine.kv_slots)
+        faults = self.scheduler.faults.snapshot()
+        injected = CounterMetricFamily("moe_faults_injected", "Faults injected (--fault-*)",
+                                       labels=["kind"])
+        for kind in ("steps_failed", "stalls", "streams_dropped", "requests_slowed"):
+            injected.add_metric([kind], getattr(faults, kind))
+        yield injected
+        yield GaugeMetricFamily("moe_faults_active", "1 while the fault window is open",
+                                value=int(faults.active))
 
         routed = CounterMetricFamily("moe_expert_tokens", "(token, expert) pairs routed",
                                      labels=["layer", "expert"])

@@ -10,10 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from records.server_settings import Faults
 from server.batcher import Batcher, Request
 from server.engine import Engine
 from server.errors import ShutdownError, UnavailableError
 from server.expert_cache import CacheCounters
+from server.faults import InjectedFault, Injector
 from server.telemetry import StepLog, Telemetry
 
 log = logging.getLogger(__name__)
@@ -31,11 +33,13 @@ class StatsSnapshot:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, policy, max_queue: int, step_log: StepLog | None = None):
+    def __init__(self, engine: Engine, policy, max_queue: int, step_log: StepLog | None = None,
+                 faults: Faults | None = None):
         self.engine = engine
         self.policy = policy
-        self.batcher = Batcher(engine, policy, max_queue, step_log=step_log)
         self.started_ns = time.monotonic_ns()
+        self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
+        self.batcher = Batcher(engine, policy, max_queue, step_log=step_log, faults=self.faults)
         # called on the engine thread if a step raises
         self.on_failure: Callable[[], None] | None = None
         self._cond = threading.Condition()
@@ -108,7 +112,12 @@ class Scheduler:
                     if not plan:  # the policy waits for a batch to fill, or for a slot
                         self._cond.wait(timeout=plan.wake_in_s)
                         continue
-                result, t0, t1 = b.run(plan)
+                try:
+                    result, t0, t1 = b.run(plan)
+                except InjectedFault as fault:
+                    with self._cond:
+                        b.fail_plan(plan, fault)
+                    continue
                 with self._cond:
                     b.apply(plan, result, t0, t1)
         except Exception as exc:  # the engine is broken: no request may hang on it

@@ -26,6 +26,7 @@ from server.errors import (
     ShutdownError,
     UnavailableError,
 )
+from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Generations
 from server.policies import knobs
 from server.scheduler import Scheduler
@@ -40,7 +41,9 @@ FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
-    codes = {InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    codes = {DroppedStream: grpc.StatusCode.UNAVAILABLE,
+             InjectedFault: grpc.StatusCode.INTERNAL,
+             InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
              QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
              UnavailableError: grpc.StatusCode.UNAVAILABLE}
     for kind, code in codes.items():
@@ -231,4 +234,5 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
         expert_bandwidth_gb_s=(t.expert_bytes_read / t.expert_compute_ms / 1e6
                                if t.expert_compute_ms else 0.0),
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
-        gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem)
+        gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem,
+        faults=moe_pb2.FaultCounts(**vars(scheduler.faults.snapshot())))

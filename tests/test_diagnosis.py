@@ -582,7 +582,8 @@ def test_missing_files_leave_rules_unjudged_naming_what_is_missing(tmp_path):
     findings = diagnose(build_run(tmp_path))  # summary.json and histograms.json only
     unjudged = {f.rule: f.verdict for f in findings if not f.judged}
     assert set(unjudged) == {"throughput_underutilised", "compute_saturated", "data_movement",
-                             "latency_spikes"}
+                             "latency_spikes", "faults"}
+    assert "server_stats.jsonl has no GetStats sample" in unjudged["faults"]
     assert "server_stats.jsonl is missing" in unjudged["compute_saturated"]
     assert "ttft.hlog is missing or empty" in unjudged["latency_spikes"]
 
@@ -591,21 +592,22 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0),
                                   expert_end=[32, 28, 30, 30]))
     text = render_text(findings).splitlines()
-    assert text[0] == "diagnosis: 2 of 7 rules fired"  # the run's 2 refused requests fire one
+    assert text[0] == "diagnosis: 2 of 8 rules fired"  # the run's 2 refused requests fire one
     assert text[1] == ("FIRED Server unreachable / errors: 2 requests failed "
                        "(RESOURCE_EXHAUSTED); the server stayed reachable")
     fired = text.index(next(line for line in text if line.startswith("FIRED Throughput")))
     assert text[fired + 1].startswith("  - wait queue 1.0-11.0 s")
     quiet = [line for line in text if line.startswith("not fired")]
     assert [line.split(":")[0] for line in quiet] == [
-        "not fired  Compute-saturated (the knee)", "not fired  Expert load imbalance",
+        "not fired  Injected faults (rehearsal)", "not fired  Compute-saturated (the knee)",
+        "not fired  Expert load imbalance",
         "not fired  Data movement (expert weight copies) share of step time",
         "not fired  Load generator limited"]
     assert text[-1].startswith("not judged Latency spikes: Not enough requests per interval: "
                                "ttft.hlog is missing")
 
     markdown = render_markdown(findings)
-    assert markdown.startswith("## Diagnosis\n\n2 of 7 rules fired")
+    assert markdown.startswith("## Diagnosis\n\n2 of 8 rules fired")
     order = [markdown.index(s) for s in ("### Throughput limited while under-utilised",
                                          "### Did not fire", "### Could not be judged")]
     assert order == sorted(order)
@@ -655,3 +657,29 @@ def test_failures_stay_quiet_when_everything_succeeded(tmp_path):
     (run.path / "summary.json").write_text(json.dumps(summary))
     finding = diagnose(load_run(run.path))[0]
     assert not finding.fired and finding.verdict.startswith("every one of 1000 requests")
+
+
+# --- injected faults ---------------------------------------------------------------------------
+
+def test_injected_faults_are_told_with_their_counts_and_window(tmp_path):
+    run = build_run(tmp_path)
+    snaps = getstats([interval()] * 6)
+    on = {"fault_step_fail": "0.2", "fault_drop": "0.0", "fault_slow_ms": "100.0",
+          "fault_window": "2:4"}
+    for i, snap in enumerate(snaps):
+        snap["settings"] = on
+        snap["faults"] = {"steps_failed": 3 * max(0, min(i, 4) - 2), "active": 2 <= i < 4}
+    write_samples(run.path / "server_stats.jsonl", snaps)
+    finding = next(f for f in diagnose(load_run(run.path)) if f.rule == "faults")
+    assert finding.fired
+    assert finding.verdict.startswith("the server injected faults on purpose: 6 engine steps "
+                                      "failed;")
+    assert finding.evidence[:2] == ["settings: --fault-step-fail 0.2, --fault-window 2:4",
+                                    "fault window open at 3.0-4.0 s of the run"]
+
+
+def test_no_faults_is_said_plainly(tmp_path):
+    run = build_run(tmp_path)
+    write_samples(run.path / "server_stats.jsonl", getstats([interval()] * 2))
+    finding = next(f for f in diagnose(load_run(run.path)) if f.rule == "faults")
+    assert not finding.fired and finding.judged and "settings are off" in finding.verdict

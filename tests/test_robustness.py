@@ -141,8 +141,10 @@ def test_a_request_over_max_message_bytes_is_refused_unread_on_both_ports():
 
 
 def test_streams_over_max_concurrent_streams_wait_on_their_connection():
-    with running_server(max_concurrent_streams=2, max_batch_size=4) as s:
-        long = [s.stub.Generate(Req(prompt="a", max_tokens=240, ignore_eos=True), timeout=30)
+    # each message held back 2 s (--fault-slow): the two streams stay open for seconds
+    with running_server(max_concurrent_streams=2, max_batch_size=4, fault_slow=1.0,
+                        fault_slow_ms=2000) as s:
+        long = [s.stub.Generate(Req(prompt="a", max_tokens=40, ignore_eos=True), timeout=30)
                 for _ in range(2)]
         for call_ in long:
             next(call_)
@@ -152,7 +154,7 @@ def test_streams_over_max_concurrent_streams_wait_on_their_connection():
         with grpc.insecure_channel(f"127.0.0.1:{s.port}",  # a connection of its own
                                    options=[("grpc.use_local_subchannel_pool", 1)]) as other:
             seen = stats(moe_pb2_grpc.MoEInferenceStub(other))
-        assert seen.running + seen.waiting == 2  # the third never reached the server
+        assert seen.requests_admitted == 2  # the third never reached the server
         long[0].cancel()
         assert list(s.stub.Generate(Req(prompt="c", max_tokens=2, ignore_eos=True), timeout=10))
 
