@@ -139,9 +139,10 @@ def render_markdown(report: Report) -> str:
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
     requests = summary.requests
-    row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.not_sent,
-                            requests.warmup)]
-    parts += ["## Requests", markdown_table(["sent", "ok", "failed", "not sent", "warm-up"], [row])]
+    row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.cancelled,
+                            requests.not_sent, requests.warmup)]
+    parts += ["## Requests", markdown_table(["sent", "ok", "failed", "cancelled by the client",
+                                             "not sent", "warm-up"], [row])]
     if by_code := _by_count(requests.failed_by_code):
         parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
     if summary.classes:
@@ -258,6 +259,7 @@ def _accounting(run: Run) -> str:
     by_code = ", ".join(f"{code} {n}" for code, n in _by_count(requests.failed_by_code))
     return (f"sent {requests.sent}, ok {requests.ok}, failed {requests.failed}"
             f"{f' ({by_code})' if by_code else ''}, "
+            f"{f'cancelled by the client {requests.cancelled}, ' if requests.cancelled else ''}"
             f"not sent {requests.not_sent}, warm-up {requests.warmup}")
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from loadgen.target import Chunk, RequestSpec, Target
 
 CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
+CLIENT_CANCELLED = "CLIENT_CANCELLED"  # cancelled on purpose (--cancel-share): not a failure
 # (texts, usage) -> tokens of each text: loadgen/text_tokens.py's TextCounter
 Counter = Callable[[list[str], dict[str, int]], list[int]]
 
@@ -55,6 +56,14 @@ class StreamResult:
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 
+    def cancels(self, spec: RequestSpec) -> bool:
+        """Whether the client cancels now, the tokens it waited for having arrived."""
+        if not spec.cancel_after or sum(self.tokens) < spec.cancel_after:
+            return False
+        self.status = CLIENT_CANCELLED
+        self.details = f"cancelled by the client after {sum(self.tokens)} tokens (--cancel-share)"
+        return True
+
     def close(self, count: Counter) -> None:
         """After the stream's end, or its failure: a text stream's messages counted, and a
         stream that did not end as a stream should is not ok."""
@@ -81,11 +90,16 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
     """Sends spec and fills result in place, so a caller that has to abandon the call still
     holds what arrived before."""
     result.sent_ns = clock()
+    stream = target.stream(conn, spec, timeout_s)
     try:
-        for chunk in target.stream(conn, spec, timeout_s):
+        for chunk in stream:
             result.received(chunk, clock())
+            if result.cancels(spec):
+                break
     except Exception as exc:  # an error, a bad reply or a client bug: counted, never lost
         result.status, result.details = target.failure(exc)
+    finally:
+        stream.close()  # a cancelled call is cancelled now, not when collected
     result.close(count)
 
 
@@ -93,11 +107,16 @@ async def astream_request(target: Target, conn, spec: RequestSpec, result: Strea
                           timeout_s: float, count: Counter) -> None:
     """stream_request on asyncio (the aio sender)."""
     result.sent_ns = time.monotonic_ns()
+    stream = target.astream(conn, spec, timeout_s)
     try:
-        async for chunk in target.astream(conn, spec, timeout_s):
+        async for chunk in stream:
             result.received(chunk, time.monotonic_ns())
+            if result.cancels(spec):
+                break
     except Exception as exc:  # as stream_request
         result.status, result.details = target.failure(exc)
+    finally:
+        await stream.aclose()
     result.close(count)
 
 

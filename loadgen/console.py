@@ -34,7 +34,8 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
                         for name, ms in slo.objectives_ms.items())
         print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo.requests} requests")
     failed = ", ".join(f"{k} {v}" for k, v in r.failed_by_code.items()) or "none"
-    print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}); "
+    cancelled = f" + cancelled by the client {r.cancelled}" if r.cancelled else ""
+    print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}){cancelled}; "
           f"not sent {r.not_sent}; warm-up {r.warmup}")
     if summary.stress is not None:
         print_stress(summary)

@@ -63,10 +63,14 @@ class GrpcTarget:
 
     def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
         seen = 0
-        for msg in self.call(conn.stub, self.request(spec), timeout_s):
-            chunk = self.chunk_of(msg, seen)
-            seen += chunk.tokens
-            yield chunk
+        call = self.call(conn.stub, self.request(spec), timeout_s)
+        try:
+            for msg in call:
+                chunk = self.chunk_of(msg, seen)
+                seen += chunk.tokens
+                yield chunk
+        finally:
+            call.cancel()  # a no-op once it ended; frees the server's work when the caller left
 
     async def aconnect(self, host: str) -> Conn:
         """Connected before the first send is due, so the first requests do not pay for it."""
@@ -80,10 +84,14 @@ class GrpcTarget:
     async def astream(self, conn: Conn, spec: RequestSpec,
                       timeout_s: float) -> AsyncIterator[Chunk]:
         seen = 0
-        async for msg in self.call(conn.stub, self.request(spec), timeout_s):
-            chunk = self.chunk_of(msg, seen)
-            seen += chunk.tokens
-            yield chunk
+        call = self.call(conn.stub, self.request(spec), timeout_s)
+        try:
+            async for msg in call:
+                chunk = self.chunk_of(msg, seen)
+                seen += chunk.tokens
+                yield chunk
+        finally:
+            call.cancel()
 
     def close(self, conn: Conn) -> None:
         conn.channel.close()

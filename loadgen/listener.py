@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen.client import StreamResult
+from loadgen.client import CLIENT_CANCELLED, StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.run import Run
@@ -155,6 +155,8 @@ class RunListener:
         """Each request into Locust's own statistics too: failures by status, TTFT, TPOT, E2E."""
         fire = self.environment.events.request.fire
         kind = self.request_type
+        if result.status == CLIENT_CANCELLED:  # on purpose: no failure in Locust's statistics
+            return
         if not result.ok:
             elapsed_ms = (result.recv_ns[-1] - result.sent_ns) / 1e6 if result.recv_ns else 0
             fire(request_type=kind, name="Generate", response_time=elapsed_ms,

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loadgen import slo as objectives
-from loadgen.client import StreamResult
+from loadgen.client import CLIENT_CANCELLED, StreamResult
 from loadgen.histograms import Histogram
 from loadgen.timing import StreamTiming, stream_timing
 from records.jsonform import from_json, to_json
@@ -206,11 +206,13 @@ class Recorder:
         return SloShares(objectives_ms=given, requests=self.slo_judged, met_share=share)
 
     def accounting(self) -> Accounting:
-        failed = {code: n for code, n in sorted(self.statuses.items()) if code != "OK"}
+        failed = {code: n for code, n in sorted(self.statuses.items())
+                  if code not in ("OK", CLIENT_CANCELLED)}
         return Accounting(sent=sum(self.statuses.values()), ok=self.statuses["OK"],
                           failed=sum(failed.values()), not_sent=self.not_sent,
                           failed_by_code=failed, warmup=self.warmup,
-                          rows_omitted=self.rows_omitted)
+                          rows_omitted=self.rows_omitted,
+                          cancelled=self.statuses[CLIENT_CANCELLED])
 
     @property
     def window_s(self) -> float:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gevent
+import psutil
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
@@ -37,6 +38,18 @@ from records.summary import Summary
 log = logging.getLogger("loadgen")
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 
+
+
+def generator_rss_bytes() -> int:
+    """The load generator's resident memory: this process and its own (the aio sender's)."""
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # gone since it was listed
+            pass
+    return total
 
 class Run:
     def __init__(self, settings: LoadSettings, target: Target,
@@ -148,13 +161,16 @@ class Run:
             self.tick()
 
     def tick(self) -> None:
+        """One --interval-s: the interval histograms, and a GetStats sample where the target
+        has one."""
         now_s = time.time()
         interval = self.recorder.take_interval()
         self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
         stats = self.target.stats(self.sender.host)
         if stats is None:
             return
-        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=stats)
+        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=stats,
+                              generator_rss_bytes=generator_rss_bytes())
         self.server_log.write(dumps(to_json(sample)) + "\n")
         self.server_log.flush()
 

@@ -40,6 +40,7 @@ class RequestSpec:
     prompt_ids: tuple[int, ...] = ()  # token ids of printable bytes (synthetic prompts) ...
     prompt_text: str = ""  # ... or text (a dataset's prompts); one of the two is set
     klass: str = ""  # the request class, "" without classes
+    cancel_after: int = 0  # the client cancels once this many output tokens arrived; 0: never
 
     @property
     def text(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen.target import RequestSpec
@@ -82,7 +82,15 @@ class Workload:
         self.dataset = load_dataset(c.dataset) if c.dataset else []
 
     def request(self, index: int) -> RequestSpec:
-        """The request with this run-wide index (its class '' without classes)."""
+        """The request with this run-wide index (its class '' without classes), and whether and
+        when the client cancels it (drawn apart, so --cancel-share changes no request)."""
+        spec = self._spec(index)
+        rng = random.Random(f"{self.seed}:{index}:cancel")
+        if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
+            return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))
+        return spec
+
+    def _spec(self, index: int) -> RequestSpec:
         c = self.shape
         rng = random.Random(f"{self.seed}:{index}")
         rid = f"{self.seed}-{index}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, above, at_least, group, require, setting
+from records.declare import Names, Settings, above, at_least, group, require, setting, within
 
 MODES = ("fixed", "stress", "mixed", "closed")
 ARRIVALS = ("poisson", "constant", "gamma")
@@ -111,6 +111,10 @@ class Workload(Settings):
     dataset: str = setting("", "a ShareGPT-style JSON file: each request is a conversation's first "
                            "human turn, its output length the reply's (capped by --max-tokens)",
                            choices=Names("datasets"))
+    cancel_share: float = setting(0.0, "share of requests the client cancels part-way, after a "
+                                  "random number of output tokens (1 to max_tokens - 1): counted "
+                                  "as CLIENT_CANCELLED, neither ok nor failed (a soak checks that "
+                                  "the server frees what they held)", check=within(0, 1))
 
     def __post_init__(self):
         super().__post_init__()

@@ -171,3 +171,5 @@ class ServerSample:
     t_unix_s: float
     t_run_s: float  # seconds after the run started
     stats: ServerStats
+    # the load generator's resident memory at the sample (its processes); absent: not recorded
+    generator_rss_bytes: int = field(0, omit=0)

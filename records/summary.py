@@ -50,7 +50,8 @@ class SloShares:
 
 @dataclass(frozen=True, kw_only=True)
 class Accounting:
-    """Every request the schedule produced, in exactly one place: sent = ok + failed."""
+    """Every request the schedule produced, in exactly one place: sent = ok + failed +
+    cancelled."""
 
     sent: int
     ok: int
@@ -59,6 +60,7 @@ class Accounting:
     failed_by_code: dict[str, int]
     warmup: int  # scheduled during the warm-up: sent and counted, not measured
     rows_omitted: int = 0  # past --max-request-rows, so not in requests.jsonl
+    cancelled: int = field(0, omit=0)  # by the client on purpose (--cancel-share)
 
 
 @dataclass(frozen=True, kw_only=True)

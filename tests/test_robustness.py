@@ -165,3 +165,24 @@ def test_keepalive_and_connection_age_become_grpc_channel_arguments():
     assert options["grpc.max_connection_age_ms"] == 600_000
     assert options["grpc.max_connection_age_grace_ms"] == 5_000
     assert "grpc.max_connection_age_ms" not in dict(server_options(Limits(), grace_s=5))
+
+
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+def test_client_cancellations_are_counted_apart_and_free_the_server(tmp_path, client):
+    with running_server(max_batch_size=8, max_tokens_limit=512) as s:
+        done = locust(s.port, tmp_path / "run", "-t", "4s", "--rate", "10", "--max-tokens", "200",
+                      "--prompt-tokens", "8", "--cancel-share", "0.5", "--seed", "3",
+                      "--client", client)
+        assert done.returncode == 0, done.stdout
+        summary = json.loads((tmp_path / "run/summary.json").read_text())
+        r = summary["requests"]
+        assert r["failed"] == 0 and r["sent"] == r["ok"] + r["cancelled"]
+        assert 0.25 * r["sent"] < r["cancelled"] < 0.75 * r["sent"]
+        assert f"+ cancelled by the client {r['cancelled']}" in done.stdout
+        rows = [json.loads(line) for line in (tmp_path / "run/requests.jsonl").open()]
+        cut = [row for row in rows if row["status"] == "CLIENT_CANCELLED"]
+        assert all(0 < row["output_tokens"] < 200 for row in cut)
+        end = stats(s.stub)  # a cancel that crossed the last token counts as finished there
+        assert end.requests_finished + end.requests_aborted == r["sent"]
+        assert 0.8 * r["cancelled"] <= end.requests_aborted <= r["cancelled"]
+        assert end.kv_slots_in_use == 0
