@@ -22,7 +22,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare test test-fast bench-engine bench-loadgen bench lint docs clean
+.PHONY: install proto serve load demo compare soak test test-fast bench-engine bench-loadgen bench lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -77,6 +77,32 @@ demo: install
 # per-request expert affinity against each policy, same server settings, goodput at stated SLOs.
 compare: install
 	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
+
+# The soak (docs/faults.md): SOAK_S seconds of mixed-mode load with client cancellations against
+# one server, a fault rehearsal from 45% to 50% of the run, then the report and the soak verdict,
+# which fails unless nothing drifts and every request is accounted for. SOAK_S=300 for a short one.
+SOAK_S ?= 1800
+SOAK_WINDOW_S ?= 60
+SOAK_DIR ?= runs/soak
+SOAK_SERVER ?= --preset small --torch-threads 1 --fault-step-fail 0.02 --fault-drop 0.05 \
+	--fault-slow 0.1 --fault-stall-s 5
+SOAK_LOAD ?= --mode mixed --rate 1.2 --cancel-share 0.1 --max-request-rows 300 --warmup-s 30 --seed 1
+
+soak: install
+	@set -eu; run=$(SOAK_DIR); rm -rf $$run; mkdir -p $$run; \
+	window=$$(( $(SOAK_S) * 45 / 100 )):$$(( $(SOAK_S) / 2 )); \
+	echo "== python -m server $(SOAK_SERVER) --fault-window $$window"; \
+	$(PY) -m server $(SOAK_SERVER) --fault-window $$window --port 0 --port-file $$run/server.port \
+	  >$$run/server.log 2>&1 & pid=$$!; \
+	trap "kill $$pid 2>/dev/null" EXIT; \
+	for i in $$(seq 600); do [ -s $$run/server.port ] && break; \
+	  kill -0 $$pid 2>/dev/null || { cat $$run/server.log; exit 1; }; sleep 0.1; done; \
+	echo "== $(SOAK_S) s of load: $(SOAK_LOAD)"; \
+	$(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) --headless \
+	  --only-summary --run-dir $$run -t $(SOAK_S)s $(SOAK_LOAD) || true; \
+	kill -TERM $$pid; wait $$pid || true; trap - EXIT; \
+	$(PY) -m analysis report $$run | grep '^report: '; \
+	$(PY) -m analysis soak $$run --window-s $(SOAK_WINDOW_S) --min-samples 40 --fail-on-drift
 
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 PYTEST_OK_IF_EMPTY = rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

@@ -6,6 +6,12 @@ so no data is left out). A window's p99 comes from its interval histograms added
 (exact HDR add; never averaged percentiles); one with fewer than --min-samples requests is
 skipped and counted. RSS and queue depth are the mean of the GetStats samples in the window.
 
+A fault rehearsal (the server's --fault-window, seen open in the GetStats samples) is left out
+of the latency series: the windows it touched and the one after, where the server recovers.
+The load generator's RSS (server_stats.jsonl's generator_rss_bytes) is followed from the
+window after requests.jsonl's row cap filled: until then it grows with the rows kept, by design.
+With summary.json, the run's accounting is checked: sent = ok + failed + cancelled.
+
 Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)
 excludes 0 AND the fitted change over the run exceeds --min-change of the fitted starting
 level (of the series mean where that start is not above 0); otherwise "no drift". A fitted
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +32,11 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from analysis.arguments import number
+from analysis.faults import open_windows
 from analysis.files import RunDirError
 from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
-from analysis.rundir import read_samples, read_summary
+from analysis.rundir import read_rows, read_samples, read_summary
 from analysis.tables import fmt_ms, markdown_table, text_table
 from records.jsonform import dumps
 from records.rundir import SAMPLES, SUMMARY
@@ -39,10 +46,11 @@ SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
 MIN_WINDOWS = 3
 S_PER_H = 3600.0
 CONFIDENCE = 0.95
-# GetStats gauges trended: key -> title, unit, reader.
-# key -> title, unit, GetStats field, scale
-SAMPLED = {"rss_mb": ("server RSS", "MB", "process_rss_bytes", 1 / 2**20),
-           "waiting": ("queue depth", "requests", "waiting", 1)}
+MB = 2**20
+# Gauges of server_stats.jsonl trended: key -> title, unit, reader of a sample.
+SAMPLED = {"rss_mb": ("server RSS", "MB", lambda s: s.stats.process_rss_bytes / MB),
+           "waiting": ("queue depth", "requests", lambda s: s.stats.waiting),
+           "generator_rss_mb": ("load generator RSS", "MB", lambda s: s.generator_rss_bytes / MB)}
 # the load generator's --interval-s default, for summaries that do not carry it
 DEFAULT_INTERVAL_S = 1.0
 # soak.png draws these from 0, where an empty queue sits. The others (RSS ~1.3 GB, latencies)
@@ -50,7 +58,7 @@ DEFAULT_INTERVAL_S = 1.0
 # --min-change of the level, so a change at the drift bar fills the axis and noise far under it
 # stays flat.
 FROM_ZERO = ("waiting",)
-UNREPORTED_AS_ZERO = ("rss_mb",)
+UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,8 @@ class Series:
     skipped: int  # windows left out (too few requests, or no samples)
     source: str  # the file it came from
     trend: Trend | None  # None: fewer than 3 usable windows, or no data
+    excluded: int = 0  # windows left out on purpose: a fault rehearsal's, or the row cap's
+    note: str = ""  # why they were left out
 
     @property
     def verdict(self) -> str:
@@ -162,43 +172,78 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
                           f"the {skip_s:g} s warm-up is fewer than {MIN_WINDOWS} windows of "
                           f"{window_s:g} s; use a smaller --window-s")
     windows = Windows(skip_s, window_s, count, max(ends))
-    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change)
+    faulted = faulted_windows(samples, windows, interval_s)
+    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change, faulted)
               for metric in latency]
     series += [_sample_series(key, samples, windows, min_change) for key in ("rss_mb", "waiting")]
+    cap_s = row_cap_s(run_dir, summary)
+    series.append(_sample_series("generator_rss_mb", samples, windows, min_change,
+                                 after_s=cap_s or 0.0))
     return windows, series
 
 
+def faulted_windows(samples: list[ServerSample], windows: Windows,
+                    interval_s: float) -> set[int]:
+    """The windows a fault rehearsal touched: those overlapping the time the server's fault
+    window was open (one logging interval either side, as samples see it) and the window right
+    after each, in which the server recovers."""
+    hit: set[int] = set()
+    for first, last in open_windows(samples):
+        lo, hi = windows.index(np.asarray([first - interval_s, last + interval_s]))
+        hit.update(range(max(lo, 0), min(hi + 1, windows.count - 1) + 1))
+    return hit
+
+
+def row_cap_s(run_dir: Path, summary) -> float | None:
+    """When requests.jsonl's row cap (--max-request-rows) filled: the load generator's memory
+    grows with the rows it keeps until then, by design. None when it never filled."""
+    if summary is None or not summary.requests.rows_omitted:
+        return None
+    rows = read_rows(run_dir)
+    return max((r.scheduled_ms for r in rows), default=0.0) / 1000
+
+
 def _latency_series(metric: str, intervals: list[Interval], windows: Windows, min_samples: int,
-                    min_change: float) -> Series:
+                    min_change: float, faulted: set[int]) -> Series:
     index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
     t_s, values, skipped = [], [], 0
     for k, centre in enumerate(windows.centres()):
+        if k in faulted:
+            continue
         hist = merged([i for i, w in zip(intervals, index, strict=True) if w == k])
         if hist is None or hist.get_total_count() < min_samples:
             skipped += bool(intervals)
             continue
         t_s.append(centre)
         values.append(hist.get_value_at_percentile(99.0) / US_PER_MS)
-    return _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
-                   f"{metric}.hlog", min_change)
+    series = _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
+                     f"{metric}.hlog", min_change)
+    note = "touched by the fault rehearsal or recovering from it (--fault-window)"
+    return replace(series, excluded=len(faulted), note=note) if faulted else series
 
 
 def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
-                   min_change: float) -> Series:
-    title, unit, field, scale = SAMPLED[key]
+                   min_change: float, after_s: float = 0.0) -> Series:
+    """A gauge's mean per window; with after_s, only the windows that start after it."""
+    title, unit, read = SAMPLED[key]
     # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
     # read as a real, flat figure.
-    kept = [(s.t_run_s, getattr(s.stats, field) * scale) for s in samples
-            if key not in UNREPORTED_AS_ZERO or getattr(s.stats, field)]
+    kept = [(s.t_run_s, read(s)) for s in samples if s.stats.ok
+            and (key not in UNREPORTED_AS_ZERO or read(s))]
+    first = int(windows.index(np.asarray([after_s]))[0]) + 1 if after_s else 0
     index = windows.index(np.asarray([t for t, _ in kept], dtype=float))
     values = np.asarray([v for _, v in kept], dtype=float)
     times = np.asarray([t for t, _ in kept], dtype=float)
-    usable = [k for k in range(windows.count) if (index == k).any()]
-    skipped = windows.count - len(usable) if kept else 0
+    usable = [k for k in range(first, windows.count) if (index == k).any()]
+    skipped = windows.count - first - len(usable) if kept else 0
     # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
     t_s = [float(times[index == k].mean()) for k in usable]
     means = [float(values[index == k].mean()) for k in usable]
-    return _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change)
+    series = _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change)
+    if not first:
+        return series
+    note = f"before the request rows' cap filled at {after_s:.0f} s (--max-request-rows)"
+    return replace(series, excluded=min(first, windows.count), note=note)
 
 
 def _series(key, title, unit, t_s, values, skipped, source, min_change) -> Series:
@@ -245,13 +290,17 @@ def sentence(s: Series, min_change: float) -> str:
 
 
 def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                min_change: float) -> str:
+                min_change: float, accounted: str | None = None) -> str:
     rows = [_cells(s, windows) for s in series]
     lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from "
              f"{windows.start_s:g} s to {windows.end_s:.0f} s", text_table(HEADER, rows)]
     lines += [sentence(s, min_change) for s in series]
     lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
               for s in series if s.skipped]
+    lines += [f"{s.title}: {s.excluded} windows left out ({s.note})" for s in series
+              if s.excluded]
+    if accounted is not None:
+        lines.append(accounted)
     return "\n".join(lines)
 
 
@@ -260,7 +309,7 @@ def _skip_reason(s: Series, min_samples: int) -> str:
 
 
 def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                    min_change: float) -> str:
+                    min_change: float, accounted: str | None = None) -> str:
     rows = [_cells(s, windows) for s in series]
     parts = [f"# Soak: {run_dir.resolve().name}",
              f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s "
@@ -270,6 +319,11 @@ def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_s
     if skipped := [s for s in series if s.skipped]:
         parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped "
                                f"({_skip_reason(s, min_samples)})" for s in skipped))
+    if excluded := [s for s in series if s.excluded]:
+        parts.append("\n".join(f"- {s.title}: {s.excluded} windows left out ({s.note})"
+                                for s in excluded))
+    if accounted is not None:
+        parts.append(accounted)
     parts += [f"Method: per window, p99 of the interval histograms added together (HDR add) for "
               f"TTFT and TPOT, the mean of the GetStats samples for RSS and queue depth. Ordinary "
               f"least squares of each series on time (window centres for latency, the samples' "
@@ -290,8 +344,12 @@ def soak_figure(series: list[Series], windows: Windows, min_change: float) -> Fi
     """One panel per series, in order: its windows' values and the fitted trend."""
     minutes = windows.end_s >= 600
     scale, unit = (60.0, "min") if minutes else (1.0, "s")
-    fig = Figure(figsize=(11, 7.5), layout="constrained")
-    for ax, s in zip(fig.subplots(2, 2).flat, series, strict=True):
+    rows = math.ceil(len(series) / 2)
+    fig = Figure(figsize=(11, 3.75 * rows), layout="constrained")
+    axes = list(fig.subplots(rows, 2).flat)
+    for ax in axes[len(series):]:
+        ax.remove()
+    for ax, s in zip(axes, series, strict=False):
         ax.set_title(f"{s.title}: {s.verdict}")
         ax.set_xlabel(f"time into the run ({unit})")
         ax.set_ylabel(f"{s.title} ({s.unit})")
@@ -329,11 +387,26 @@ def _widen(ax, s: Series, min_change: float) -> None:
     ax.ticklabel_format(axis="y", useOffset=False)  # 1342 MB, not +1.342e3 and offsets
 
 
-def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
+def accounting(summary) -> tuple[bool, str] | None:
+    """Whether every request the run scheduled ends in one place (summary.json's requests), and
+    the sentence that says so; None while the run has no summary."""
+    if summary is None:
+        return None
+    r = summary.requests
+    closed = r.sent == r.ok + r.failed + r.cancelled
+    codes = ", ".join(f"{code} {n}" for code, n in r.failed_by_code.items())
+    told = (f"sent {r.sent} = ok {r.ok} + failed {r.failed}{f' ({codes})' if codes else ''}"
+            f" + cancelled by the client {r.cancelled}; not sent {r.not_sent}")
+    return closed, (f"requests: every one accounted for: {told}" if closed
+                    else f"requests: NOT all accounted for: {told}")
+
+
+def headline(run_dir: Path, windows: Windows, series: list[Series],
+             accounted: bool | None = None) -> dict:
     def figures(s: Series) -> dict:
         tr = s.trend
         return {"verdict": s.verdict, "unit": s.unit, "windows": len(s.values),
-                "skipped": s.skipped,
+                "skipped": s.skipped, "excluded": s.excluded,
                 "slope_per_h": None if tr is None else S_PER_H * tr.slope_per_s,
                 "ci_per_h": None if tr is None else [S_PER_H * v for v in tr.ci_per_s],
                 "start": None if tr is None else tr.start, "end": None if tr is None else tr.end,
@@ -341,7 +414,7 @@ def headline(run_dir: Path, windows: Windows, series: list[Series]) -> dict:
                                else 100 * tr.change_share)}
 
     return {"soak_md": str(run_dir / SOAK_MD), "soak_png": str(run_dir / SOAK_PNG),
-            "window_s": windows.window_s, "windows": windows.count,
+            "window_s": windows.window_s, "windows": windows.count, "accounted": accounted,
             "drift": [s.key for s in series if s.verdict == "drift"],
             "series": {s.key: figures(s) for s in series}}
 
@@ -366,18 +439,25 @@ def add_command(commands) -> None:
     parser.add_argument("--skip-s", type=number(float, 0, strict=False), default=None,
                         help="leave out the first seconds (default: the run's warm-up from "
                              "summary.json)")
+    parser.add_argument("--fail-on-drift", action="store_true",
+                        help="exit 1 when a series drifts or a request is unaccounted for "
+                             "(make soak)")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s)
-    print(render_text(run_dir, windows, series, args.min_samples, args.min_change))
+    closed, accounted = accounting(read_summary(run_dir)) or (None, None)
+    print(render_text(run_dir, windows, series, args.min_samples, args.min_change, accounted))
     try:
         plot_soak(series, windows, run_dir / SOAK_PNG, args.min_change)
         (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples,
-                                                       args.min_change))
+                                                       args.min_change, accounted))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None
     print(f"\nsoak: {run_dir / SOAK_MD}")
-    print(dumps(headline(run_dir, windows, series)))
+    figures = headline(run_dir, windows, series, closed)
+    print(dumps(figures))
+    if args.fail_on_drift and (figures["drift"] or closed is False):
+        raise SystemExit(1)

@@ -57,8 +57,10 @@ class StreamResult:
         self.usage |= chunk.usage
 
     def cancels(self, spec: RequestSpec) -> bool:
-        """Whether the client cancels now, the tokens it waited for having arrived."""
-        if not spec.cancel_after or sum(self.tokens) < spec.cancel_after:
+        """Whether the client cancels now, the tokens it waited for having arrived (and the
+        stream not ended with them)."""
+        if (not spec.cancel_after or self.finish_reason
+                or sum(self.tokens) < spec.cancel_after):
             return False
         self.status = CLIENT_CANCELLED
         self.details = f"cancelled by the client after {sum(self.tokens)} tokens (--cancel-share)"

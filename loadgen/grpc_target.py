@@ -1,6 +1,7 @@
 """What the gRPC targets share (moe, vllm-grpc, sglang-grpc, trtllm-grpc, triton): a channel per
 Locust user (grpc's gevent integration) or per aio sender (grpc.aio), one server-streaming call
-per request with the deadline --request-timeout-s, and gRPC status codes as the statuses.
+per request with the deadline --request-timeout-s, and gRPC status codes as the statuses. TLS
+and the bearer token come from loadgen/credentials.py, on every call, probes included.
 
 Calls fail fast: a server that is down or gone answers UNAVAILABLE at once (no
 wait_for_ready: requests queued behind a dead server would fail late, as CUT_OFF), and the
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 
 import grpc
 
+from loadgen.credentials import Credentials
 from loadgen.target import Chunk, RequestSpec, failure_of
 from records.load_settings import TargetSettings
 from records.server_stats import ServerStats
@@ -52,13 +54,14 @@ class GrpcTarget:
 
     def __init__(self, settings: TargetSettings):
         self.settings = settings
+        self.credentials = Credentials(settings)
 
     def call(self, stub, request, timeout_s: float):
         """The server's messages for one request (a response iterator, sync or aio)."""
-        return stub.Generate(request, timeout=timeout_s)
+        return stub.Generate(request, timeout=timeout_s, metadata=self.credentials.metadata)
 
     def connect(self, host: str) -> Conn:
-        channel = grpc.insecure_channel(host, options=CHANNEL_OPTIONS)
+        channel = self.credentials.channel(host, CHANNEL_OPTIONS)
         return Conn(channel, self.stub_class(channel))
 
     def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
@@ -74,7 +77,7 @@ class GrpcTarget:
 
     async def aconnect(self, host: str) -> Conn:
         """Connected before the first send is due, so the first requests do not pay for it."""
-        channel = grpc.aio.insecure_channel(host, options=CHANNEL_OPTIONS)
+        channel = self.credentials.channel(host, CHANNEL_OPTIONS, aio=True)
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_S)
         except TimeoutError:
@@ -107,8 +110,9 @@ class GrpcTarget:
 
     def ask(self, host: str, rpc: str, request) -> Any:
         """One unary call on a channel of its own (a probe, a telemetry sample)."""
-        with grpc.insecure_channel(host) as channel:
-            return getattr(self.stub_class(channel), rpc)(request, timeout=PROBE_S)
+        with self.credentials.channel(host) as channel:
+            return getattr(self.stub_class(channel), rpc)(request, timeout=PROBE_S,
+                                                          metadata=self.credentials.metadata)
 
     def not_answering(self, host: str, exc: grpc.RpcError) -> str:
         return f"{self.name} server at {host} is not answering: {exc.code().name}: {exc.details()}"

@@ -40,9 +40,10 @@ class MoeTarget(GrpcTarget):
     def probe(self, host: str) -> str:
         """The standard gRPC health check of the service."""
         try:
-            with grpc.insecure_channel(host) as channel:
+            with self.credentials.channel(host) as channel:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=SERVICE), timeout=PROBE_S)
+                    health_pb2.HealthCheckRequest(service=SERVICE), timeout=PROBE_S,
+                    metadata=self.credentials.metadata)
         except grpc.RpcError as exc:
             return self.not_answering(host, exc)
         if reply.status != health_pb2.HealthCheckResponse.SERVING:

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
+from loadgen.credentials import Credentials
 from loadgen.sse import EventStream
 from loadgen.target import Chunk, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
@@ -86,9 +87,11 @@ class OpenAITarget:
         self.chat = settings.endpoint.rstrip("/").endswith("/chat/completions")
         self.streams_text = not settings.token_ids
         self.model = settings.model  # "" until /v1/models names one
+        self.credentials = Credentials(settings)
         key = settings.api_key or os.environ.get("OPENAI_API_KEY", "")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-                        **({"Authorization": f"Bearer {key}"} if key else {})}
+                        **({"Authorization": f"Bearer {key}"} if key else
+                           self.credentials.header)}
         for header in settings.headers:
             name, _, value = header.partition(":")
             self.headers[name.strip()] = value.strip()
@@ -162,9 +165,11 @@ class OpenAITarget:
     def connect(self, host: str):
         from geventhttpclient import HTTPClient
 
-        return HTTPClient.from_url(base_url(host), concurrency=MAX_STREAMS,
-                                   connection_timeout=10, network_timeout=24 * 3600,
-                                   block_size=READ_BUFFER)
+        url = base_url(host)
+        tls = ({"ssl_context_factory": lambda *_, **__: self.credentials.ssl_context()}
+               if url.startswith("https://") else {})
+        return HTTPClient.from_url(url, concurrency=MAX_STREAMS, connection_timeout=10,
+                                   network_timeout=24 * 3600, block_size=READ_BUFFER, **tls)
 
     def stream(self, conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
         import gevent
@@ -195,7 +200,9 @@ class OpenAITarget:
         import aiohttp
 
         session = aiohttp.ClientSession(
-            base_url(host), connector=aiohttp.TCPConnector(limit=0), read_bufsize=READ_BUFFER,
+            base_url(host), read_bufsize=READ_BUFFER,
+            connector=aiohttp.TCPConnector(limit=0, ssl=self.credentials.ssl_context()
+                                           if base_url(host).startswith("https://") else True),
             timeout=aiohttp.ClientTimeout(total=None, connect=10))
         if not self.model:
             try:
@@ -241,13 +248,14 @@ class OpenAITarget:
         """GET /v1/models: the server answers, and names the model when --model does not."""
         url = f"{base_url(host)}/v1/models"
         try:
+            tls = self.credentials.ssl_context() if url.startswith("https://") else None
             with urllib.request.urlopen(urllib.request.Request(url, headers=self.headers),
-                                        timeout=5) as reply:
+                                        timeout=5, context=tls) as reply:
                 self.model = self.model or model_of(reply.read())
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 return f"openai server at {base_url(host)} refused GET /v1/models with HTTP " \
-                       f"{exc.code}: check --api-key"
+                       f"{exc.code}: check --api-key or --auth-token"
             if exc.code >= 500:
                 return f"openai server at {base_url(host)} answered HTTP {exc.code} to GET " \
                        "/v1/models"

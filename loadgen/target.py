@@ -12,6 +12,7 @@ Targets load by name when first used, so a run imports only its own protocol's c
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -120,6 +121,10 @@ def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
     for leaf in leaves(TargetSettings):
         if leaf.name in cls.required and not getattr(settings.target, leaf.name):
             return leaf.flag, f"the {name} target needs it"
+    for leaf in leaves(TargetSettings):
+        path = getattr(settings.target, leaf.name)
+        if leaf.name.startswith("tls_") and path and not os.access(path, os.R_OK):
+            return leaf.flag, f"cannot read {path}"
     if settings.workload.dataset and not cls.takes_text and not settings.target.tokenizer:
         return "dataset", (f"the {name} target takes token ids only: give --tokenizer to turn "
                            "the dataset's prompts into ids")

@@ -81,7 +81,8 @@ class TritonTarget(GrpcTarget):
 
     def call(self, stub, request, timeout_s: float):
         # a stream of one request: the server answers it, then ends the stream
-        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s)
+        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s,
+                                     metadata=self.credentials.metadata)
 
     def chunk_of(self, msg: pb.ModelStreamInferResponse, seen: int) -> Chunk:
         if msg.error_message:

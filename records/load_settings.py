@@ -67,6 +67,25 @@ class TargetSettings(Settings):
                                 compared=False)
     triton_output: str = setting("text_output", "triton: the generated text's output tensor",
                                  compared=False)
+    tls: bool = setting(False, "connect over TLS, trusting the system's CAs unless --tls-ca "
+                        "(implied by --tls-ca and --tls-client-cert; openai: an https:// "
+                        "--host)",
+                        compared=False)
+    tls_ca: str = setting("", "PEM CA bundle that signed the server's certificate",
+                          compared=False)
+    # Locust's own --tls-cert/--tls-key serve its web UI over https
+    tls_cert: str = setting("", "mutual TLS: this client's PEM certificate chain (with "
+                            "--tls-client-key)", flag="tls-client-cert", compared=False)
+    tls_key: str = setting("", "the PEM private key of --tls-client-cert",
+                           flag="tls-client-key", compared=False)
+    auth_token: str = setting("", "bearer token sent with every call (gRPC metadata "
+                              "authorization, the HTTP Authorization header); default "
+                              "$MOE_AUTH_TOKEN", compared=False, secret=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(bool(self.tls_cert) == bool(self.tls_key), "tls-client-key" if self.tls_cert
+                else "tls-client-cert", "--tls-client-cert and --tls-client-key go together")
 
 
 @dataclass(frozen=True)

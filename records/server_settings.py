@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, at_least, group, setting, within
+from records.declare import Names, Settings, at_least, group, require, setting, within
 
 
 def _device(value: str | None) -> str | None:
@@ -67,6 +67,35 @@ class Limits(Settings):
                                           "streams given --grace-s to finish, so clients "
                                           "reconnect and spread over replicas; 0: never",
                                           check=at_least(0), compared=False)
+
+
+@dataclass(frozen=True)
+class Security(Settings):
+    """Security (docs/security.md)"""
+
+    tls_cert: str | None = setting(None, "serve gRPC (and the HTTP API) over TLS with this PEM "
+                                   "certificate chain; needs --tls-key", compared=False)
+    tls_key: str | None = setting(None, "the PEM private key of --tls-cert", compared=False)
+    tls_client_ca: str | None = setting(None, "mutual TLS: accept only clients whose "
+                                        "certificate this PEM CA bundle signed; needs "
+                                        "--tls-cert", compared=False)
+    auth_token_file: str | None = setting(None, "require a bearer token (gRPC metadata "
+                                          "authorization: Bearer TOKEN; the HTTP Authorization "
+                                          "header) listed in this file, one per line; a line "
+                                          "'TOKEN admin' may also call ResetStats",
+                                          compared=False)
+    metrics_host: str | None = setting(None, "address /metrics listens on (default --host), "
+                                       "e.g. 127.0.0.1 to keep it off a public interface",
+                                       compared=False)
+    insecure: bool = setting(False, "allow listening on an address beyond this machine "
+                             "without TLS (refused otherwise)", compared=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(bool(self.tls_cert) == bool(self.tls_key), "tls-key" if self.tls_cert
+                else "tls-cert", "--tls-cert and --tls-key go together")
+        require(not self.tls_client_ca or bool(self.tls_cert), "tls-client-ca",
+                "needs --tls-cert and --tls-key (mutual TLS is TLS first)")
 
 
 def _window(value: str) -> str | None:
@@ -186,6 +215,7 @@ class MoE(Settings):
 @dataclass(frozen=True)
 class ServerSettings(Settings):
     serving: Serving = group(Serving)
+    security: Security = group(Security)
     limits: Limits = group(Limits)
     model: Model = group(Model)
     batching: Batching = group(Batching)

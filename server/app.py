@@ -20,6 +20,7 @@ from server.http_api import start_http
 from server.metrics import serve_metrics
 from server.policies import build_policy
 from server.scheduler import Scheduler
+from server.security import guard_of
 from server.service import SERVICE_NAME, MoEService, create_server, server_options
 from server.settings import DTYPES, check, resolve
 from server.telemetry import StepLog
@@ -82,21 +83,25 @@ async def start(settings: ServerSettings) -> App:
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
     generations = Generations(scheduler, limits)
     service = MoEService(generations, settings)
+    guard = guard_of(settings.security)
     server, port, health_servicer = await create_server(
-        service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s))
+        service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
+        guard)
     log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
              serving.host, port)
     app = App(server, port, service, health_servicer)
     loop = asyncio.get_running_loop()
     scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
     if serving.metrics_port is not None:
-        app.metrics_server, app.metrics_port = serve_metrics(scheduler, serving.host,
+        metrics_host = settings.security.metrics_host or serving.host
+        app.metrics_server, app.metrics_port = serve_metrics(scheduler, metrics_host,
                                                              serving.metrics_port)
-        log.info("Prometheus metrics on http://%s:%d/metrics", serving.host, app.metrics_port)
+        log.info("Prometheus metrics on http://%s:%d/metrics", metrics_host, app.metrics_port)
     if serving.http_port is not None:
         app.http, app.http_port = await start_http(generations, model.preset, serving.host,
                                                    serving.http_port, serving.grace_s,
-                                                   settings.limits.max_message_bytes)
-        log.info("OpenAI-compatible API on http://%s:%d/v1 (model %s)", serving.host,
-                 app.http_port, model.preset)
+                                                   settings.limits.max_message_bytes, guard)
+        log.info("OpenAI-compatible API on %s://%s:%d/v1 (model %s)",
+                 "https" if guard.ssl_context else "http", serving.host, app.http_port,
+                 model.preset)
     return app

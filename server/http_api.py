@@ -31,6 +31,9 @@ from server.errors import (
 )
 from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Batch, Generations
+from server.security import Guard, Tokens
+
+OPEN = Guard(None, None, None)  # plaintext, no token
 
 FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "ABORT": "abort"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -148,13 +151,15 @@ def call_of(body: Any, chat: bool, model: str) -> Call:
 
 
 class OpenAIApi:
-    def __init__(self, generations: Generations, model: str):
+    def __init__(self, generations: Generations, model: str, tokens: Tokens | None = None):
         self.generations = generations
         self.model = model
+        self.tokens = tokens
         self.created = int(time.time())
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(middlewares=[self.not_found], client_max_size=max_body_bytes)
+        app = web.Application(middlewares=[self.not_found, self.authorized],
+                              client_max_size=max_body_bytes)
         app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions),
                         web.post("/v1/chat/completions", self.chat_completions)])
@@ -172,6 +177,17 @@ class OpenAIApi:
             allowed = ", ".join(sorted(exc.allowed_methods))
             return error_response(405, "invalid_request_error",
                                   f"{request.method} {request.path}: use {allowed}")
+
+    @web.middleware
+    async def authorized(self, request: web.Request, handler):
+        """With --auth-token-file, /v1/ needs a listed bearer token (401 in OpenAI's shape);
+        /health stays open for load balancers."""
+        if (self.tokens is None or not request.path.startswith("/v1/")
+                or self.tokens.caller(request.headers.get("Authorization", ""))):
+            return await handler(request)
+        return error_response(401, "invalid_api_key", "a valid bearer token is required: send "
+                              "'Authorization: Bearer TOKEN' with a token from the server's "
+                              "--auth-token-file")
 
     async def health(self, request: web.Request) -> web.Response:
         if self.generations.serving:
@@ -301,14 +317,16 @@ async def send(response: web.StreamResponse, event: dict) -> None:
 
 
 async def start_http(generations: Generations, model: str, host: str, port: int,
-                     grace_s: float, max_body_bytes: int) -> tuple[web.AppRunner, int]:
-    """The API listening on host:port (0 = any free port); returns its runner and bound port.
-    Cleaning the runner up gives open streams grace_s to finish."""
+                     grace_s: float, max_body_bytes: int,
+                     guard: Guard = OPEN) -> tuple[web.AppRunner, int]:
+    """The API listening on host:port (0 = any free port), over TLS and checking tokens where
+    the guard says; returns its runner and bound port. Cleaning the runner up gives open
+    streams grace_s to finish."""
     # handler_cancellation: a client that leaves cancels its request at once, as over gRPC
-    runner = web.AppRunner(OpenAIApi(generations, model).app(max_body_bytes),
+    runner = web.AppRunner(OpenAIApi(generations, model, guard.tokens).app(max_body_bytes),
                            shutdown_timeout=grace_s, access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=guard.ssl_context)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, bound

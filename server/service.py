@@ -1,6 +1,7 @@
 """The gRPC face of the server: validation, streaming, status codes, health, reflection.
 
-This module and server/app.py are the server's only ones that know gRPC. Requests are
+This module, server/app.py and server/security.py (TLS, tokens) are the server's only ones
+that know gRPC. Requests are
 checked and submitted by server/generation.py, shared with the HTTP front end; domain errors
 become status codes in one place (`status_of`); a cancelled call or an expired deadline
 leaves its stream, which frees its KV slot before the next engine step.
@@ -30,6 +31,7 @@ from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Generations
 from server.policies import knobs
 from server.scheduler import Scheduler
+from server.security import Guard
 from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 
 log = logging.getLogger(__name__)
@@ -159,18 +161,19 @@ def server_options(limits: Limits, grace_s: float) -> list[tuple[str, int]]:
     return options
 
 
-async def create_server(service: MoEService, address: str,
-                        options: list[tuple[str, int]]) -> tuple[grpc.aio.Server, int,
-                                                                 health.aio.HealthServicer]:
-    """Builds a started server on address ("host:port", port 0 = any free port)."""
-    server = grpc.aio.server(options=options)
+async def create_server(service: MoEService, address: str, options: list[tuple[str, int]],
+                        guard: Guard) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Builds a started server on address ("host:port", port 0 = any free port), over TLS and
+    checking tokens where the guard says."""
+    server = grpc.aio.server(options=options, interceptors=guard.interceptors)
     add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(address)
+    port = (server.add_secure_port(address, guard.grpc_credentials) if guard.grpc_credentials
+            else server.add_insecure_port(address))
     if port == 0:
         raise OSError(f"could not bind {address}")
     await server.start()

@@ -13,6 +13,7 @@ from records.server_settings import ServerSettings
 from server import expert_cache, kernels, routing
 from server.model import PRESETS
 from server.policies import POLICIES, build_policy
+from server.security import check_exposure, guard_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +42,8 @@ def check(settings: ServerSettings) -> None:
     except ValueError as e:
         raise SettingsError(f"--routing-skew: {e}") from None
     build_policy(settings.batching)  # a policy checks its own knobs
+    check_exposure(settings)
+    guard_of(settings.security)  # the certificates and tokens can be read
 
 
 def resolve(settings: ServerSettings) -> ServerSettings:

@@ -14,7 +14,14 @@ import pytest
 
 from analysis.soak import Series, fit_trend, sentence, soak, soak_figure
 from tests.cli import Done, analysis
-from tests.rundirs import png_size, write_hlog, write_samples, write_summary
+from tests.rundirs import (
+    png_size,
+    request_row,
+    write_hlog,
+    write_rows,
+    write_samples,
+    write_summary,
+)
 
 MB = 2**20
 
@@ -50,7 +57,7 @@ def test_stable_run_has_no_drift(tmp_path):
     assert result["windows"] == 10 and result["drift"] == []
     assert {key: s["verdict"] for key, s in result["series"].items()} == {
         "ttft_p99_ms": "no drift", "tpot_p99_ms": "no drift", "rss_mb": "no drift",
-        "waiting": "no drift"}
+        "waiting": "no drift", "generator_rss_mb": "no data"}
     # 300 requests per window, over --min-samples 50
     assert result["series"]["ttft_p99_ms"]["windows"] == 10
     # a constant series fits a slope of exactly 0
@@ -194,7 +201,7 @@ def test_soak_png_is_a_real_png_of_the_figure_size(tmp_path):
                    rss_mb=lambda t: 1000 + t)
     figures(run_soak(run_dir, "--window-s", "30"))
     width, height = png_size(run_dir / "soak.png")
-    assert (width, height) == (1100, 750)  # 11 x 7.5 inches at 100 dpi
+    assert (width, height) == (1100, 1125)  # 11 x 11.25 inches (3 rows of panels) at 100 dpi
     assert "![soak](soak.png)" in (run_dir / "soak.md").read_text()
 
 
@@ -219,3 +226,59 @@ def test_a_fitted_line_that_falls_below_zero_is_held_at_zero_and_said():
     assert trend.change_share >= -1.0
     series = Series("ttft_p99_ms", "TTFT p99", "ms", t_s, np.ones(5), 0, "ttft.hlog", trend)
     assert "falls below 0, held at 0" in sentence(series, 0.1)
+
+
+def write_rehearsal_run(run_dir: Path, ttft_ms, generator_rss_mb, fault_s=(290, 330),
+                        cap_s=120, **requests) -> None:
+    """600 s: flat TPOT and server RSS; the server's fault window open over fault_s (seen in the
+    samples); requests.jsonl's row cap filled at cap_s."""
+    write_soak_run(run_dir, 600, ttft_ms=ttft_ms, tpot_ms=lambda i: [30.0] * 10,
+                   rss_mb=lambda t: 1000.0)
+    lines = []
+    for line in (run_dir / "server_stats.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        t = sample["t_run_s"]
+        sample["generator_rss_bytes"] = int(generator_rss_mb(t) * MB)
+        sample["stats"]["faults"] = {"active": fault_s[0] <= t <= fault_s[1]}
+        lines.append(json.dumps(sample))
+    (run_dir / "server_stats.jsonl").write_text("\n".join(lines) + "\n")
+    write_rows(run_dir / "requests.jsonl", [request_row(i, 100.0, 30.0, 500.0)
+                                            for i in range(cap_s * 10)])  # 10 a second
+    accounting = {"sent": 6000, "ok": 5400, "failed": 100, "cancelled": 500, "not_sent": 0,
+                  "failed_by_code": {"INTERNAL": 100}, "warmup": 0, "rows_omitted": 4800}
+    write_summary(run_dir, requests=accounting | requests)
+
+
+def test_a_fault_rehearsal_and_the_rows_cap_are_left_out_and_the_accounting_checked(tmp_path):
+    run_dir = tmp_path / "rehearsal"
+    # TTFT 20x in the fault window and still 5x in the minute after it
+    write_rehearsal_run(run_dir, ttft_ms=lambda i: [2000.0 if 290 <= i <= 330 else
+                                                    500.0 if 330 < i <= 390 else 100.0] * 10,
+                        generator_rss_mb=lambda t: 100 + 0.5 * min(t, 120))
+    done = run_soak(run_dir, "--window-s", "60", "--fail-on-drift")
+    result = figures(done)
+    assert result["drift"] == [] and result["accounted"] is True
+    ttft = result["series"]["ttft_p99_ms"]
+    assert ttft["excluded"] == 3 and ttft["windows"] == 7  # windows 4 and 5, and 6 recovering
+    assert ttft["end"] == pytest.approx(100, rel=0.01)
+    generator = result["series"]["generator_rss_mb"]
+    assert generator["verdict"] == "no drift" and generator["excluded"] == 2  # 0-120 s
+    assert "load generator RSS: 2 windows left out (before the request rows' cap filled at " \
+           "120 s" in done.stdout
+    assert ("requests: every one accounted for: sent 6000 = ok 5400 + failed 100 (INTERNAL 100) "
+            "+ cancelled by the client 500; not sent 0") in done.stdout
+
+
+def test_fail_on_drift_exits_1_on_a_leak_or_a_lost_request(tmp_path):
+    leaking = tmp_path / "leaking"
+    write_rehearsal_run(leaking, ttft_ms=lambda i: [100.0] * 10,
+                        generator_rss_mb=lambda t: 100 + 0.5 * t)
+    done = run_soak(leaking, "--window-s", "60", "--fail-on-drift")
+    assert done.returncode == 1
+    assert json.loads(done.stdout.splitlines()[-1])["drift"] == ["generator_rss_mb"]
+    lost = tmp_path / "lost"
+    write_rehearsal_run(lost, ttft_ms=lambda i: [100.0] * 10, generator_rss_mb=lambda t: 100,
+                        ok=5399)
+    done = run_soak(lost, "--window-s", "60", "--fail-on-drift")
+    assert done.returncode == 1 and "requests: NOT all accounted for" in done.stdout
+    assert run_soak(lost, "--window-s", "60").returncode == 0  # without the flag: told only
