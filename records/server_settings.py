@@ -35,6 +35,12 @@ class Serving(Settings):
                                          compared=False)
     max_queue: int = setting(1024, "waiting requests before RESOURCE_EXHAUSTED", check=at_least(1),
                              compared=False)
+    max_streams_per_client: int = setting(0, "open requests (queued or running) one client may "
+                                          "hold; more are refused RESOURCE_EXHAUSTED with a "
+                                          "retry hint. A client is its token "
+                                          "(--auth-token-file), else its address; 0: no quota",
+                                          check=at_least(0, note=" (0 = no quota)"),
+                                          compared=False)
     max_tokens_limit: int = setting(2048, "largest max_tokens a request may ask for",
                                     check=at_least(1), compared=False)
     grace_s: float = setting(10.0, "on SIGTERM, seconds open streams get to finish",

@@ -80,10 +80,11 @@ async def start(settings: ServerSettings) -> App:
     scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log,
                           settings.faults)
     scheduler.start()
-    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit)
+    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit,
+                    serving.max_streams_per_client)
     generations = Generations(scheduler, limits)
-    service = MoEService(generations, settings)
     guard = guard_of(settings.security)
+    service = MoEService(generations, settings, guard.tokens)
     server, port, health_servicer = await create_server(
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)

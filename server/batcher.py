@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +27,9 @@ from server.telemetry import StepLog, Telemetry
 from server.tokenizer import EOS_ID
 
 LENGTH, STOP = "LENGTH", "STOP"
+LIFETIME_PRIOR_S = 1.0  # a request's lifetime before any has finished
+LIFETIME_WEIGHT = 0.1  # of each finished request in the moving average (the last ~10 count)
+MIN_RETRY_S = 0.05
 
 
 @dataclass(kw_only=True)
@@ -62,6 +65,7 @@ class Request:
     temperature: float = 0.0
     seed: int = 0
     priority: int = 0
+    client: str = ""  # who sent it (server/security.py client_of): admission is fair across them
     received_ns: int = field(default_factory=time.monotonic_ns)
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
@@ -83,6 +87,24 @@ class Request:
         return len(self.prompt_ids) - self.prefilled
 
 
+def fair_order(waiting: collections.deque[Request],
+               resident: Sequence[Request] = ()) -> Sequence[Request]:
+    """The wait queue as every policy sees it: clients holding the fewest places go first.
+    A client's k-th waiting request ranks as if it held its resident requests plus k places;
+    ties go to the older request. One client's thousand requests therefore do not all go before
+    another's first, and a client already running many yields to one running none. Arrival
+    order when one client waits."""
+    if not waiting or all(r.client == waiting[0].client for r in waiting):
+        return waiting
+    held = collections.Counter(r.client for r in resident)
+    ranks = []
+    for req in waiting:
+        ranks.append(held[req.client])
+        held[req.client] += 1
+    order = sorted(range(len(waiting)), key=lambda i: (ranks[i], waiting[i].received_ns))
+    return [waiting[i] for i in order]
+
+
 class Batcher:
     def __init__(self, engine, policy, max_queue: int, clock: Callable[[], int] = time.monotonic_ns,
                  step_log: StepLog | None = None, faults: Injector | None = None):
@@ -96,6 +118,7 @@ class Batcher:
         self.resident: list[Request] = []  # hold a KV slot, in admission order
         self.cancelled: list[Request] = []
         self.telemetry = self.new_telemetry()  # the engine's warm-up excluded
+        self.lifetime_s = LIFETIME_PRIOR_S  # moving average: received -> finished
 
     def new_telemetry(self) -> Telemetry:
         return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
@@ -117,6 +140,11 @@ class Batcher:
         req.last_run_ns = req.received_ns
         self.waiting.append(req)
 
+    def retry_after_s(self) -> float:
+        """When a place is likely to free: a request's mean lifetime over the requests holding
+        places, as each is about as far along as any other."""
+        return max(MIN_RETRY_S, self.lifetime_s / max(1, len(self.resident)))
+
     def cancel(self, req: Request) -> None:
         if not req.done:
             self.cancelled.append(req)
@@ -125,7 +153,8 @@ class Batcher:
         """Frees cancelled requests, asks the policy, gives newly admitted requests a slot."""
         self._reap_cancelled()
         now = self.clock()
-        plan = self.policy.plan(View(now, self.waiting, self.resident, self.engine.free_slots))
+        plan = self.policy.plan(View(now, fair_order(self.waiting, self.resident),
+                                     self.resident, self.engine.free_slots))
         admitted = []
         for req, _ in plan.prefill:
             if req.slot is None:
@@ -178,6 +207,8 @@ class Batcher:
             if finish:
                 req.done = True
                 finished += 1
+                lifetime_s = (t1 - req.received_ns) / 1e9
+                self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
                 self.engine.free_slot(req.slot)
                 usage = Usage(prompt_tokens=len(req.prompt_ids),
                               completion_tokens=len(req.output_ids),

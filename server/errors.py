@@ -10,7 +10,10 @@ class InvalidRequestError(ServerError):
 
 
 class QueueFullError(ServerError):
-    """Admission control refused the request; retrying later may succeed (RESOURCE_EXHAUSTED)."""
+    """Admission control refused the request (a full queue, a client over its quota); retrying
+    later may succeed (RESOURCE_EXHAUSTED, HTTP 429), after retry_after_s where known."""
+
+    retry_after_s: float | None = None
 
 
 class UnavailableError(ServerError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import math
 import time
 import uuid
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from server import tokenizer
 from server.batcher import FailureEvent, Request, TokenEvent, Usage
-from server.errors import InvalidRequestError, ServerError, UnavailableError
+from server.errors import InvalidRequestError, QueueFullError, ServerError, UnavailableError
 from server.faults import Fate
 from server.scheduler import Scheduler
 
@@ -28,6 +29,7 @@ class Limits:
     vocab_size: int
     max_seq_len: int
     max_tokens_limit: int
+    max_streams_per_client: int = 0  # 0: no quota
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +126,7 @@ class Stream:
             self.generations.scheduler.cancel(self.request)
         if not self.closed:
             self.closed = True
-            self.generations.closed()
+            self.generations.closed(self.request.client)
 
     async def batches(self) -> AsyncIterator[Batch]:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -160,6 +162,7 @@ class Generations:
         self.limits = limits
         self.draining = False  # set on SIGTERM: new requests are refused as UNAVAILABLE
         self.open = 0  # streams submitted and not yet closed
+        self.open_by_client: collections.Counter[str] = collections.Counter()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -167,9 +170,12 @@ class Generations:
     def serving(self) -> bool:
         return not self.draining and self.scheduler.running
 
-    def closed(self) -> None:
+    def closed(self, client: str) -> None:
         """A stream's reader is done with it."""
         self.open -= 1
+        self.open_by_client[client] -= 1
+        if not self.open_by_client[client]:
+            del self.open_by_client[client]
         if not self.open:
             self._idle.set()
 
@@ -180,9 +186,18 @@ class Generations:
         except TimeoutError:
             pass
 
-    def submit(self, ask: Ask, received_ns: int | None = None) -> Stream:
+    def check_quota(self, client: str) -> None:
+        quota = self.limits.max_streams_per_client
+        if quota and self.open_by_client[client] >= quota:
+            error = QueueFullError(f"this client already has {quota} open requests, this "
+                                   f"server's quota per client (--max-streams-per-client); "
+                                   f"wait for one to finish")
+            error.retry_after_s = self.scheduler.retry_after_s()
+            raise error
+
+    def submit(self, ask: Ask, received_ns: int | None = None, client: str = "") -> Stream:
         """The request's stream; a request that cannot be served raises ServerError (and
-        counts as rejected)."""
+        counts as rejected). client: who sent it, for the quota and fair admission."""
         received_ns = received_ns or time.monotonic_ns()
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -194,17 +209,19 @@ class Generations:
             if self.draining:
                 raise UnavailableError("server is shutting down; "
                                        "send the request to another replica")
+            self.check_quota(client)
             prompt_ids = prompt_ids_of(ask, self.limits)
             validate(ask, len(prompt_ids), self.limits)
             request = Request(request_id=ask.request_id or uuid.uuid4().hex,
                               prompt_ids=prompt_ids, max_tokens=ask.max_tokens, sink=sink,
                               ignore_eos=ask.ignore_eos, min_tokens=ask.min_tokens,
                               temperature=ask.temperature, seed=ask.seed, priority=ask.priority,
-                              received_ns=received_ns)
+                              client=client, received_ns=received_ns)
             self.scheduler.submit(request)
         except ServerError:
             self.scheduler.count_rejected()
             raise
         self.open += 1
+        self.open_by_client[client] += 1
         self._idle.clear()
         return Stream(self, request, events, self.scheduler.faults.fate())

@@ -15,6 +15,7 @@ the server's time from receiving the request to sending the chunk (docs/targets.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from server.errors import (
 )
 from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Batch, Generations
-from server.security import Guard, Tokens
+from server.security import Guard, Tokens, client_of
 
 OPEN = Guard(None, None, None)  # plaintext, no token
 
@@ -62,8 +63,11 @@ def body_of(error: Exception) -> dict:
 
 
 def response_of(error: Exception) -> web.Response:
+    """The error's reply; a retry hint (a full queue, a quota) as Retry-After, in seconds."""
     body = body_of(error)
-    return web.json_response(body, status=body["error"]["code"])
+    retry_s = getattr(error, "retry_after_s", None)
+    headers = {"Retry-After": str(max(1, math.ceil(retry_s)))} if retry_s is not None else None
+    return web.json_response(body, status=body["error"]["code"], headers=headers)
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,9 @@ class OpenAIApi:
                                   f"{request.client_max_size} bytes (--max-message-bytes)")
         try:
             call = call_of(body, chat, self.model)
-            stream = self.generations.submit(call.ask, received_ns)
+            client = client_of(request.headers.get("Authorization", ""), request.remote or "",
+                               self.tokens)
+            stream = self.generations.submit(call.ask, received_ns, client)
         except LookupError as exc:
             return error_response(404, "model_not_found", str(exc), "model")
         except ServerError as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from records.server_settings import Faults
 from server.batcher import Batcher, Request
 from server.engine import Engine
-from server.errors import ShutdownError, UnavailableError
+from server.errors import QueueFullError, ShutdownError, UnavailableError
 from server.expert_cache import CacheCounters
 from server.faults import InjectedFault, Injector
 from server.telemetry import StepLog, Telemetry
@@ -73,8 +73,16 @@ class Scheduler:
         with self._cond:
             if self._stopping or self._failure is not None:
                 raise UnavailableError(f"the engine is not running ({self._failure or 'stopping'})")
-            self.batcher.submit(req)
+            try:
+                self.batcher.submit(req)
+            except QueueFullError as exc:
+                exc.retry_after_s = self.batcher.retry_after_s()
+                raise
             self._cond.notify()
+
+    def retry_after_s(self) -> float:
+        with self._cond:
+            return self.batcher.retry_after_s()
 
     def cancel(self, req: Request) -> None:
         """Frees the request's queue place or KV slot before the next step."""

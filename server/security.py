@@ -92,6 +92,20 @@ class Tokens:
         return found
 
 
+def client_of(authorization: str, host: str, tokens: Tokens | None) -> str:
+    """Who sent a request, for the per-client quota and fair admission: its token's caller
+    where tokens are checked, else the address it came from (without a port)."""
+    if tokens is not None and (caller := tokens.caller(authorization)):
+        return caller.name
+    return host
+
+
+def peer_host(peer: str) -> str:
+    """gRPC's peer ("ipv4:127.0.0.1:40000", "ipv6:[::1]:40000") without its port."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
+
+
 def metadata_value(metadata, key: str) -> str:
     return next((value for name, value in metadata or () if name == key), "")
 

@@ -31,12 +31,13 @@ from server.faults import DroppedStream, InjectedFault
 from server.generation import Ask, Generations
 from server.policies import knobs
 from server.scheduler import Scheduler
-from server.security import Guard
+from server.security import Guard, Tokens, client_of, metadata_value, peer_host
 from server.telemetry import gpu_stats, imbalance, process_rss_bytes
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
+RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # gRPC's retry hint (A6), honoured by its retries
 KEEPALIVE_TIMEOUT_MS = 20_000  # an unanswered keepalive ping this long drops the connection
 FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
                   "STOP": moe_pb2.GenerateResponse.STOP}
@@ -76,6 +77,18 @@ async def refuse_undecodable(request, context) -> None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
 
 
+async def refuse(context, error: ServerError) -> None:
+    """Aborts with the error's status; a retry hint goes with RESOURCE_EXHAUSTED, as gRPC's
+    grpc-retry-pushback-ms trailer and in the message."""
+    code, details = status_of(error)
+    retry_s = getattr(error, "retry_after_s", None)
+    if retry_s is None:
+        await context.abort(code, details)
+    ms = round(retry_s * 1000)
+    await context.abort(code, f"{details} (retry in about {ms} ms)",
+                        trailing_metadata=((RETRY_PUSHBACK, str(ms)),))
+
+
 def ask_of(request: moe_pb2.GenerateRequest) -> Ask:
     return Ask(request_id=request.request_id, prompt=request.prompt,
                prompt_ids=tuple(request.prompt_token_ids), max_tokens=request.max_tokens,
@@ -84,18 +97,22 @@ def ask_of(request: moe_pb2.GenerateRequest) -> Ask:
 
 
 class MoEService(moe_pb2_grpc.MoEInferenceServicer):
-    def __init__(self, generations: Generations, settings: ServerSettings):
+    def __init__(self, generations: Generations, settings: ServerSettings,
+                 tokens: Tokens | None = None):
         self.generations = generations
+        self.tokens = tokens
         self.scheduler = generations.scheduler
         self.settings = settings  # as resolved at start-up
 
     async def Generate(self, request, context):
         received_ns = time.monotonic_ns()
         await refuse_undecodable(request, context)
+        client = client_of(metadata_value(context.invocation_metadata(), "authorization"),
+                           peer_host(context.peer()), self.tokens)
         try:
-            stream = self.generations.submit(ask_of(request), received_ns)
+            stream = self.generations.submit(ask_of(request), received_ns, client)
         except ServerError as exc:
-            await context.abort(*status_of(exc))
+            await refuse(context, exc)
         first_sent_ns = 0
         async with stream:
             async for batch in stream.batches():
