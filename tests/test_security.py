@@ -196,3 +196,16 @@ def test_the_server_cli_refuses_a_public_plaintext_listen():
                            "0.0.0.0", "--port", "0"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--host 0.0.0.0" in done.stderr and "--insecure" in done.stderr
+
+
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+def test_the_openai_target_runs_over_https_with_a_token(pki, tmp_path, client, monkeypatch):
+    monkeypatch.setenv("MOE_AUTH_TOKEN", USER)  # the token from the environment
+    with running_server(tls_cert=pki["server_cert"], tls_key=pki["server_key"],
+                        auth_token_file=pki["tokens"], http_port=0) as s:
+        done = locust(f"https://127.0.0.1:{s.app.http_port}", tmp_path / "run", "-t", "3s",
+                      "--rate", "4", "--max-tokens", "4", "--target", "openai", "--token-ids",
+                      "--tls-ca", pki["ca"], "--client", client)
+        assert done.returncode == 0, done.stdout
+        summary = json.loads((tmp_path / "run/summary.json").read_text())
+        assert summary["requests"]["failed"] == 0 and summary["requests"]["ok"] > 0
