@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from records.server_settings import Faults, window_of
+from records.server_stats import FaultCounts
 from server.errors import ServerError
 
 
@@ -24,16 +25,6 @@ class InjectedFault(ServerError):
 
 class DroppedStream(InjectedFault):
     """--fault-drop: the stream is cut after its first message (UNAVAILABLE)."""
-
-
-@dataclass
-class FaultCounts:
-    steps_failed: int = 0
-    stalls: int = 0
-    stall_s: float = 0.0
-    streams_dropped: int = 0
-    requests_slowed: int = 0
-    active: bool = False  # the fault window is open now
 
 
 @dataclass(frozen=True)
@@ -49,7 +40,8 @@ class Injector:
         self.faults = faults
         self.window = window_of(faults.fault_window)
         self.started_ns = started_ns
-        self.counts = FaultCounts()
+        self.steps_failed = self.stalls = self.streams_dropped = self.requests_slowed = 0
+        self.stall_s = 0.0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stalled = False
@@ -74,10 +66,10 @@ class Injector:
         if self.faults.fault_stall_s and not self._stalled:
             self._stalled = True
             time.sleep(self.faults.fault_stall_s)
-            self.counts.stalls += 1
-            self.counts.stall_s += self.faults.fault_stall_s
+            self.stalls += 1
+            self.stall_s += self.faults.fault_stall_s
         if self.faults.fault_step_fail and self._draw(self.faults.fault_step_fail):
-            self.counts.steps_failed += 1
+            self.steps_failed += 1
             raise InjectedFault("injected fault: this engine step failed on purpose "
                                 "(--fault-step-fail); retry the request")
 
@@ -88,15 +80,15 @@ class Injector:
         drop = bool(self.faults.fault_drop) and self._draw(self.faults.fault_drop)
         slow = bool(self.faults.fault_slow) and self._draw(self.faults.fault_slow)
         if slow:
-            self.counts.requests_slowed += 1
+            self.requests_slowed += 1
         return Fate(drop, self.faults.fault_slow_ms / 1000 if slow else 0.0)
 
     def dropped(self) -> DroppedStream:
-        self.counts.streams_dropped += 1
+        self.streams_dropped += 1
         return DroppedStream("injected fault: the server dropped this stream on purpose "
                              "(--fault-drop); retry the request")
 
     def snapshot(self) -> FaultCounts:
-        counts = FaultCounts(**vars(self.counts))
-        counts.active = self.active()
-        return counts
+        return FaultCounts(steps_failed=self.steps_failed, stalls=self.stalls,
+                           stall_s=self.stall_s, streams_dropped=self.streams_dropped,
+                           requests_slowed=self.requests_slowed, active=self.active())
