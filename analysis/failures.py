@@ -8,6 +8,7 @@ from collections import Counter
 
 from analysis.finding import Finding
 from analysis.rundir import Run
+from records.requests import CLIENT_CANCELLED
 
 # Failures at most this far apart belong to one window: consecutive GetStats samples
 # (--interval-s, 1 s by default) and requests at any rate above 1/s.
@@ -41,7 +42,7 @@ def failures(run: Run) -> Finding:
     accounting = run.summary.requests
     samples = run.samples
     rows = run.rows
-    failed = [r for r in rows if r.status != "OK"]
+    failed = [r for r in rows if r.status not in ("OK", CLIENT_CANCELLED)]
     blind = [s.t_run_s for s in samples if not s.stats.ok]
     if not accounting.failed and not blind:
         return Finding(*rule, False, f"every one of {accounting.sent} requests sent succeeded"

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadgen.target import Chunk, RequestSpec, Target
+from records.requests import CLIENT_CANCELLED
 
 CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
-CLIENT_CANCELLED = "CLIENT_CANCELLED"  # cancelled on purpose (--cancel-share): not a failure
 # (texts, usage) -> tokens of each text: loadgen/text_tokens.py's TextCounter
 Counter = Callable[[list[str], dict[str, int]], list[int]]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen.client import CLIENT_CANCELLED, StreamResult
+from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.run import Run
@@ -28,6 +28,7 @@ from loadgen.target import Target, target_of
 from loadgen.timing import StreamTiming
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
+from records.requests import CLIENT_CANCELLED
 from records.server_stats import ServerStats
 from records.summary import ServerSnapshots
 

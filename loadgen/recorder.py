@@ -12,12 +12,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loadgen import slo as objectives
-from loadgen.client import CLIENT_CANCELLED, StreamResult
+from loadgen.client import StreamResult
 from loadgen.histograms import Histogram
 from loadgen.timing import StreamTiming, stream_timing
 from records.jsonform import from_json, to_json
 from records.load_settings import LoadSettings, Slo
-from records.requests import RequestRow
+from records.requests import CLIENT_CANCELLED, RequestRow
 from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",

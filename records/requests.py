@@ -8,12 +8,16 @@ from dataclasses import dataclass
 
 from records.jsonform import field
 
+# The status of a request the client cancelled on purpose (--cancel-share): neither ok nor failed.
+CLIENT_CANCELLED = "CLIENT_CANCELLED"
+
 
 @dataclass(frozen=True, kw_only=True)
 class RequestRow:
     request_id: str
     klass: str = field(key="class")  # its request class; "" without classes
-    status: str  # OK, a gRPC status code name, CUT_OFF, INCOMPLETE or CLIENT_ERROR
+    # OK, a gRPC status code name, CUT_OFF, INCOMPLETE, CLIENT_ERROR or CLIENT_CANCELLED
+    status: str
     details: str
     warmup: bool  # scheduled during the warm-up: not measured
     scheduled_ms: float

@@ -683,3 +683,18 @@ def test_no_faults_is_said_plainly(tmp_path):
     write_samples(run.path / "server_stats.jsonl", getstats([interval()] * 2))
     finding = next(f for f in diagnose(load_run(run.path)) if f.rule == "faults")
     assert not finding.fired and finding.judged and "settings are off" in finding.verdict
+
+
+def test_requests_the_client_cancelled_are_not_failures(tmp_path):
+    rows = ([request_row(i, 50.0, 10.0, 400.0) for i in range(10)]
+            + [request_row(i, None, None, None, status="CLIENT_CANCELLED") for i in range(10, 13)]
+            + [request_row(13, None, None, None, status="INTERNAL")])
+    run = build_run(tmp_path, rows=rows)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["requests"] |= {"sent": 14, "ok": 10, "failed": 1, "cancelled": 3,
+                            "failed_by_code": {"INTERNAL": 1}}
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    finding = diagnose(load_run(run.path))[0]
+    assert finding.rule == "failures" and finding.fired
+    assert not [line for line in finding.evidence if "CLIENT_CANCELLED" in line]
+    assert "INTERNAL: 1 requests scheduled 1.3-1.3 s" in finding.evidence
