@@ -114,8 +114,8 @@ class RunListener:
         target = target_of(settings.target)
         self.request_type = target.name
         problem, self.server_start = first_look(target, settings.sender)
-        if problem and settings.sender.fail_fast:
-            self.refuse(f"{problem}: not starting (--fail-fast)")
+        if problem:
+            self.refuse(f"{problem}; not starting")
             return
         if isinstance(runner, WorkerRunner):
             ranks = getattr(environment.parsed_options, "moe_ranks", None) or {}
@@ -147,8 +147,8 @@ class RunListener:
         self.environment.parsed_options.moe_ranks = ranks
         target = target_of(settings.target)
         problem, stats = first_look(target, settings.sender)
-        if problem and settings.sender.fail_fast:
-            self.refuse(f"{problem}: not starting (--fail-fast)")
+        if problem:
+            self.refuse(f"{problem}; not starting")
             return
         self.master = MasterState(settings, target, len(ranks), stats)
 
@@ -231,15 +231,14 @@ class RunListener:
 
 
 def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:
-    """One readiness probe, then the server's telemetry (where the protocol has it): (why the
-    server is not ready or "", the telemetry). A server that is not ready gets one warning
-    line naming host and protocol; the run then goes on, its requests failing UNAVAILABLE
-    (counted) until the server is back; with --fail-fast the caller refuses the run instead."""
+    """The pre-flight, before the first send: one readiness probe, then the server's telemetry
+    (where the protocol has it): (why the server is not ready or "", the telemetry). The caller
+    refuses to start a run against a server that is not ready, in one line, rather than queue
+    requests for nobody; once running, a server that goes away fails requests UNAVAILABLE
+    (counted) until it is back, or stops the run with --fail-fast."""
     host = sender.host
     problem = target.probe(host)
     if problem:
-        if not sender.fail_fast:
-            log.warning("%s", problem)
         return problem, None
     stats = target.stats(host)
     if stats is not None and not stats.ok:

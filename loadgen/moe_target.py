@@ -51,6 +51,11 @@ class MoeTarget(GrpcTarget):
             return f"moe server at {host} is not serving ({status})"
         return ""
 
+    def not_answering(self, host: str, exc: grpc.RpcError) -> str:
+        port = host.rpartition(":")[2]
+        return (f"{super().not_answering(host, exc)} (start one with: python -m server --port "
+                f"{port}; or check --host)")
+
     def stats(self, host: str) -> ServerStats:
         """GetStats (expert_tokens as [layer][expert]), or why it could not be had: the run goes
         on without it."""

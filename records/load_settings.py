@@ -192,9 +192,10 @@ class Sender(Settings):
                                  "as not sent", check=at_least(1), compared=False)
     drain_s: float = setting(30.0, "after the run, seconds in-flight requests get to finish before "
                              "being cut off", check=at_least(0), compared=False)
-    fail_fast: bool = setting(False, "stop the run when the server cannot be reached (at the "
-                              "start, or a request failing UNAVAILABLE) instead of counting the "
-                              "failures and going on until it is back", compared=False)
+    fail_fast: bool = setting(False, "stop the run when a request fails UNAVAILABLE (the server "
+                              "went away) instead of counting the failures and going on until "
+                              "it is back; a server not ready at the start always stops it",
+                              compared=False)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def test_fair_order_takes_clients_in_turn_oldest_first():
     assert fair_order(alone) is alone  # one client: the queue itself, in arrival order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_a_flooding_client_does_not_starve_another_under_every_policy(tokens, policy):
     with running_server(policy=policy, max_batch_size=2, kv_slots=2, max_wait_ms=5,

@@ -177,7 +177,8 @@ def run_analysis(*argv: str) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-@pytest.mark.parametrize(("command", "examples"), [("diagnose", 120),
+@pytest.mark.parametrize(("command", "examples"), [pytest.param("diagnose", 120,
+                                                                marks=pytest.mark.slow),
                                                    pytest.param("report", 15,
                                                                 marks=pytest.mark.slow)])
 def test_a_damaged_run_directory_is_read_or_refused_naming_the_file(tmp_path, command,

@@ -121,11 +121,17 @@ def test_a_server_killed_mid_run_fails_requests_fast_and_the_run_recovers_when_i
 
 
 @pytest.mark.slow
-def test_fail_fast_stops_at_a_dead_server(tmp_path):
-    done = locust(free_port(), tmp_path / "run", "-t", "20s", "--rate", "10", "--fail-fast")
-    assert done.returncode == 2
+@pytest.mark.parametrize("client", ["gevent", "aio"])
+def test_the_pre_flight_stops_at_a_dead_server_in_one_line(tmp_path, client):
+    port = free_port()
+    started = time.monotonic()
+    done = locust(port, tmp_path / "run", "-t", "20s", "--rate", "10", "--client", client)
+    assert done.returncode == 2 and time.monotonic() - started < 15  # no run, no drain
     errors = [line for line in done.stdout.splitlines() if "ERROR/loadgen" in line]
-    assert len(errors) == 1 and "not starting (--fail-fast)" in errors[0], done.stdout
+    assert len(errors) == 1, done.stdout
+    assert f"moe server at 127.0.0.1:{port} is not answering: UNAVAILABLE" in errors[0]
+    assert f"start one with: python -m server --port {port}" in errors[0]
+    assert errors[0].endswith("; not starting")
     assert "Traceback" not in done.stdout
 
 
@@ -167,6 +173,7 @@ def test_keepalive_and_connection_age_become_grpc_channel_arguments():
     assert "grpc.max_connection_age_ms" not in dict(server_options(Limits(), grace_s=5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", ["gevent", "aio"])
 def test_client_cancellations_are_counted_apart_and_free_the_server(tmp_path, client):
     with running_server(max_batch_size=8, max_tokens_limit=512) as s:

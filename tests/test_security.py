@@ -119,6 +119,7 @@ def test_mutual_tls_serves_a_signed_client_and_refuses_one_without_a_certificate
             moe_pb2_grpc.MoEInferenceStub(plain).GetStats(moe_pb2.GetStatsRequest(), timeout=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", ["gevent", "aio"])
 def test_the_load_generator_runs_over_mutual_tls_with_a_token(pki, tmp_path, client):
     with running_server(tls_cert=pki["server_cert"], tls_key=pki["server_key"],
@@ -134,6 +135,7 @@ def test_the_load_generator_runs_over_mutual_tls_with_a_token(pki, tmp_path, cli
         assert summary["config"]["auth_token"] == "<set>"  # never written down
 
 
+@pytest.mark.slow
 def test_a_missing_token_stops_the_load_generator_with_a_clear_status(pki, tmp_path):
     with running_server(auth_token_file=pki["tokens"]) as s:
         done = locust(s.port, tmp_path / "run", "-t", "2s", "--rate", "4", "--max-tokens", "4",
@@ -198,6 +200,7 @@ def test_the_server_cli_refuses_a_public_plaintext_listen():
     assert done.returncode == 2 and "--host 0.0.0.0" in done.stderr and "--insecure" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", ["gevent", "aio"])
 def test_the_openai_target_runs_over_https_with_a_token(pki, tmp_path, client, monkeypatch):
     monkeypatch.setenv("MOE_AUTH_TOKEN", USER)  # the token from the environment
