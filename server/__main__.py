@@ -58,7 +58,11 @@ def write_port(path: str | None, port: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    asyncio.run(serve(parse_args(argv)))
+    try:
+        asyncio.run(serve(parse_args(argv)))
+    except SettingsError as exc:  # a port taken between the check and the bind
+        print(f"python -m server: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

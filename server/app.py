@@ -13,6 +13,7 @@ import torch
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2
 
+from records.declare import SettingsError
 from records.server_settings import ServerSettings
 from server.engine import Engine
 from server.generation import Generations, Limits
@@ -88,20 +89,28 @@ async def start(settings: ServerSettings) -> App:
     server, port, health_servicer = await create_server(
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)
-    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
-             serving.host, port)
     app = App(server, port, service, health_servicer)
     loop = asyncio.get_running_loop()
     scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
-    if serving.metrics_port is not None:
-        metrics_host = settings.security.metrics_host or serving.host
-        app.metrics_server, app.metrics_port = serve_metrics(scheduler, metrics_host,
-                                                             serving.metrics_port)
+    metrics_host = settings.security.metrics_host or serving.host
+    try:
+        if serving.metrics_port is not None:
+            app.metrics_server, app.metrics_port = serve_metrics(scheduler, metrics_host,
+                                                                 serving.metrics_port)
+        if serving.http_port is not None:
+            app.http, app.http_port = await start_http(generations, model.preset, serving.host,
+                                                       serving.http_port, serving.grace_s,
+                                                       settings.limits.max_message_bytes, guard)
+    except OSError as exc:  # taken since server/settings.py checked the ports
+        await app.drain(0)
+        flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"
+        raise SettingsError(f"--{flag}: cannot listen: {exc.strerror or exc}; pick another "
+                            f"--{flag} (0 = any free port)") from None
+    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
+             serving.host, port)
+    if app.metrics_port is not None:
         log.info("Prometheus metrics on http://%s:%d/metrics", metrics_host, app.metrics_port)
-    if serving.http_port is not None:
-        app.http, app.http_port = await start_http(generations, model.preset, serving.host,
-                                                   serving.http_port, serving.grace_s,
-                                                   settings.limits.max_message_bytes, guard)
+    if app.http_port is not None:
         log.info("OpenAI-compatible API on %s://%s:%d/v1 (model %s)",
                  "https" if guard.ssl_context else "http", serving.host, app.http_port,
                  model.preset)

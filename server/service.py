@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from proto import moe_pb2, moe_pb2_grpc
-from records.declare import flat, text
+from records.declare import SettingsError, flat, text
 from records.server_settings import Limits, ServerSettings
 from server.errors import (
     InvalidRequestError,
@@ -166,7 +166,8 @@ def add_service(service: MoEService, server: grpc.aio.Server) -> None:
 def server_options(limits: Limits, grace_s: float) -> list[tuple[str, int]]:
     """gRPC's channel arguments for the limits: message size, streams per connection,
     keepalive pings (and the client pings it accepts), connection age."""
-    options = [("grpc.max_receive_message_length", limits.max_message_bytes),
+    options = [("grpc.so_reuseport", 0),  # a busy port is refused, never shared
+               ("grpc.max_receive_message_length", limits.max_message_bytes),
                ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
                ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000)]
     if limits.keepalive_s:
@@ -189,10 +190,14 @@ async def create_server(service: MoEService, address: str, options: list[tuple[s
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    port = (server.add_secure_port(address, guard.grpc_credentials) if guard.grpc_credentials
-            else server.add_insecure_port(address))
+    try:
+        port = (server.add_secure_port(address, guard.grpc_credentials) if guard.grpc_credentials
+                else server.add_insecure_port(address))
+    except RuntimeError:  # taken since server/settings.py checked it
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {address}")
+        raise SettingsError(f"--port: cannot listen on {address}; another server may be running "
+                            f"there: stop it, or pick another --port (0 = any free port)")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

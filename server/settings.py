@@ -5,6 +5,7 @@ start-up (the device, dtype, KV slots and router normalisation a default leaves 
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import torch
 
@@ -44,6 +45,44 @@ def check(settings: ServerSettings) -> None:
     build_policy(settings.batching)  # a policy checks its own knobs
     check_exposure(settings)
     guard_of(settings.security)  # the certificates and tokens can be read
+    check_ports(settings)
+
+
+def listeners(settings: ServerSettings) -> list[tuple[str, str, int]]:
+    """(flag, host, port) of every listener the settings ask for."""
+    serving = settings.serving
+    out = [("port", serving.host, serving.port)]
+    if serving.metrics_port is not None:
+        out.append(("metrics-port", settings.security.metrics_host or serving.host,
+                    serving.metrics_port))
+    if serving.http_port is not None:
+        out.append(("http-port", serving.host, serving.http_port))
+    return out
+
+
+def check_ports(settings: ServerSettings) -> None:
+    """Every port the server will listen on is free, before the model is built: a busy one is
+    one line naming its flag (gRPC would otherwise share it with the server already there)."""
+    seen: dict[int, str] = {}
+    for flag, host, port in listeners(settings):
+        if port and port in seen:
+            raise SettingsError(f"--{flag}: {port} is also --{seen[port]}; give each its own port")
+        seen[port] = flag
+        if port:
+            try_bind(flag, host, port)
+
+
+def try_bind(flag: str, host: str, port: int) -> None:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+            probe.bind(address)
+    except OSError as exc:
+        raise SettingsError(f"--{flag}: cannot listen on {host}:{port}: "
+                            f"{exc.strerror or exc}; another server may be running there: stop "
+                            f"it, or pick another --{flag} (0 = any free port)") from None
 
 
 def resolve(settings: ServerSettings) -> ServerSettings:

@@ -1,12 +1,14 @@
 """`python -m server` refuses bad flag values before building anything, naming the flag."""
 
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from server.__main__ import parse_args
-from tests.conftest import REPO
+from tests.conftest import REPO, server_process
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -36,3 +38,33 @@ def test_the_entry_point_refuses_before_building_a_model():
     done = subprocess.run([sys.executable, "-m", "server", "--max-batch-size", "0"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--max-batch-size: must be at least 1" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--http-port"])
+def test_a_busy_port_is_refused_in_one_line_naming_its_flag(tmp_path, flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        flags = ["--port", str(busy)] if flag == "--port" else ["--port", "0", flag, str(busy)]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", *flags],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and time.monotonic() - started < 30
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"python -m server: error: {flag}: cannot listen on 127.0.0.1:{busy}")
+    assert "serving" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_running_server_keeps_its_port(tmp_path):
+    with server_process(tmp_path) as (_, port):
+        done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", "--port",
+                               str(port)], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "another server may be running there" in done.stderr
+
+
+def test_two_listeners_on_one_port_are_refused():
+    done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", "--port", "50999",
+                           "--http-port", "50999"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--http-port: 50999 is also --port" in done.stderr
