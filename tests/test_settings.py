@@ -4,6 +4,8 @@ checks that need them; and a made-up setting gets its flag, check and GetStats e
 declaration alone."""
 
 import argparse
+import subprocess
+import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -29,6 +31,7 @@ from records.server_settings import ServerSettings
 from records.server_stats import ServerStats
 from server.__main__ import parse_args
 from server.settings import check, resolve
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("kind", [ServerSettings, LoadSettings])
@@ -121,3 +124,15 @@ def test_a_new_setting_needs_nothing_but_its_declaration():
         build(WithAKnob, {"attention_window": "-1"})
     assert flat(WithAKnob()) == {"attention_window": 0}
     assert "--attention-window" in parser.format_help()
+
+
+def test_python_m_loadgen_help_lists_every_load_option_by_group():
+    done = subprocess.run([sys.executable, "-m", "loadgen", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: locust -f loadgen/moe.py")
+    for leaf in leaves(LoadSettings):
+        assert f"--{leaf.flag}" in done.stdout, leaf.flag
+    assert "\nOffered load:\n" in done.stdout and "locust --help" in done.stdout
+    wrong = subprocess.run([sys.executable, "-m", "loadgen", "--rate", "3"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "run a test with: locust -f loadgen/moe.py" in wrong.stderr
