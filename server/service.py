@@ -15,7 +15,7 @@ import time
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from proto import moe_pb2, moe_pb2_grpc
 from records.declare import SettingsError, flat, text
@@ -179,6 +179,25 @@ def server_options(limits: Limits, grace_s: float) -> list[tuple[str, int]]:
     return options
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def add_reflection(server: grpc.aio.Server) -> None:
+    """Server reflection as grpc.reflection.v1 (grpcurl's first choice) and v1alpha. grpcio's
+    package ships v1alpha only; v1's messages are the same on the wire, so one servicer answers
+    both names."""
+    names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             REFLECTION_V1, reflection.SERVICE_NAME)
+    servicer = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        REFLECTION_V1, {"ServerReflectionInfo": info}),))
+
+
 async def create_server(service: MoEService, address: str, options: list[tuple[str, int]],
                         guard: Guard) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Builds a started server on address ("host:port", port 0 = any free port), over TLS and
@@ -187,9 +206,7 @@ async def create_server(service: MoEService, address: str, options: list[tuple[s
     add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME), server)
+    add_reflection(server)
     try:
         port = (server.add_secure_port(address, guard.grpc_credentials) if guard.grpc_credentials
                 else server.add_insecure_port(address))

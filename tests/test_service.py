@@ -135,6 +135,14 @@ def test_health_and_reflection(server):
         answer = next(refl.ServerReflectionInfo(iter([listing])))
         names = {s.name for s in answer.list_services_response.service}
         assert {"moe.v1.MoEInference", "grpc.health.v1.Health"} <= names
+        # reflection v1 (grpcurl asks it first): the same messages under the v1 name
+        v1 = ch.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                              request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                              response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        ask = reflection_pb2.ServerReflectionRequest(file_containing_symbol="moe.v1.MoEInference")
+        files = next(v1(iter([ask]))).file_descriptor_response.file_descriptor_proto
+        assert files and b"GenerateRequest" in files[0]
+        assert "grpc.reflection.v1.ServerReflection" in names
 
 
 def test_engine_failure_fails_requests_instead_of_hanging():
