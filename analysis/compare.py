@@ -33,7 +33,7 @@ from records.server_settings import ServerSettings
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50",
           "TPOT p99", "batch", "experts/step", "padded %"]
-COMPARE_MD, COMPARE_PNG = "compare.md", "compare.png"
+COMPARE_MD, COMPARE_PNG, COMPARE_JSON = "compare.md", "compare.png", "compare.json"
 # Settings whose values must match for two runs to measure the same thing, as their declarations
 # mark them (records/): the workload's (SLOs are checked for goodput on their own), and the server's
 # but for the policy and its knobs, which differ by design.
@@ -211,7 +211,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     (out_dir / COMPARE_MD).write_text(md + "\n")
     plot_comparison(comparisons, names[baseline], confidence, out_dir / COMPARE_PNG)
     headline = {"compare_md": str(out_dir / COMPARE_MD), "compare_png": str(out_dir / COMPARE_PNG),
-                "runs": rows, "baseline": names[baseline], "confidence": confidence,
+                "compare_json": str(out_dir / COMPARE_JSON), "runs": rows,
+                "baseline": names[baseline], "confidence": confidence,
                 "resamples": resamples, "seed": seed, "warnings": warnings,
                 "comparisons": comparisons}
     return text, headline
@@ -262,8 +263,20 @@ def main(args: argparse.Namespace) -> None:
     try:
         text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples,
                                  args.seed)
+        (out_dir / COMPARE_JSON).write_text(dumps(headline) + "\n")
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
     print(text)
     print(f"\ncompare: {out_dir / COMPARE_MD}")
-    print(dumps(headline))
+    print(dumps(short(headline)))
+
+
+def short(headline: dict) -> dict:
+    """The last line printed: where everything is, and the verdicts that are significant (the
+    whole figures are in compare.json)."""
+    significant = {f"{run['run']} {metric}": run["vs_baseline"]["verdict"]
+                   for metric, c in headline["comparisons"].items() for run in c["runs"]
+                   if run.get("vs_baseline") and run["vs_baseline"]["verdict"]
+                   not in (None, bootstrap.SAME)}
+    return {key: headline[key] for key in ("compare_md", "compare_png", "compare_json",
+                                           "baseline", "warnings")} | {"significant": significant}

@@ -26,8 +26,9 @@ from analysis.server_stats import ServerView, server_view
 from analysis.spikes import signals_of
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.timeseries import ClientSeries, client_series
-from records.declare import flat
+from records.declare import flat, leaves
 from records.jsonform import dumps
+from records.load_settings import LoadSettings, applies
 from records.summary import Stats
 
 LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service")
@@ -103,9 +104,9 @@ def main(args: argparse.Namespace) -> None:
 def render_text(report: Report) -> str:
     run = report.run
     summary = run.summary
-    parts = [f"run {run.path}: {_window(run)}",
+    parts = [f"run {run.path}: {_window(run)}", answer(report),
              "config: " + " ".join(f"{key}={fmt_plain(value)}"
-                                   for key, value in flat(summary.config).items()),
+                                   for key, value in applying(summary.config).items()),
              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
              "throughput: " + ", ".join(_throughput(run)), f"requests: {_accounting(run)}"]
     if summary.classes:
@@ -128,10 +129,11 @@ def render_text(report: Report) -> str:
 def render_markdown(report: Report) -> str:
     run = report.run
     summary = run.summary
-    parts = [f"# Run report: {run.path.resolve().name}",
+    parts = [f"# Run report: {run.path.resolve().name}", answer(report),
              f"Run directory `{run.path}`; {_window(run)}."]
-    rows = [[key, f"`{fmt_plain(value)}`"] for key, value in flat(summary.config).items()]
-    parts += ["## Config", markdown_table(["setting", "value"], rows)]
+    rows = [[key, f"`{fmt_plain(value)}`"] for key, value in applying(summary.config).items()]
+    parts += ["## Config", "The settings that apply to this run's mode, arrivals and target.",
+              markdown_table(["setting", "value"], rows)]
     parts += ["## Latency (ms)",
               markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
               "Percentiles decoded from the HDR histograms in histograms.json "
@@ -185,6 +187,46 @@ def headline(report: Report) -> dict:
             "goodput_requests_per_s": throughput.goodput_requests_per_s,
             "ok": requests.ok, "failed": requests.failed,
             "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
+
+
+def applying(config: LoadSettings) -> dict:
+    """The run's settings that apply to its mode, arrivals and target (records/load_settings.py
+    SCOPES), by name."""
+    values = flat(config)
+    return {leaf.name: values[leaf.name] for leaf in leaves(LoadSettings)
+            if applies(leaf, config)}
+
+
+def answer(report: Report) -> str:
+    """The run in one paragraph: what was offered and achieved, the latencies that matter,
+    what failed and which diagnoses fired."""
+    run = report.run
+    summary, config = run.summary, run.summary.config
+    traffic, r, t = config.traffic, summary.requests, summary.throughput
+    if traffic.mode == "closed":
+        offered = "A closed loop (each user sends when its last request ends)"
+    elif summary.stress is not None:
+        knee = summary.stress.knee_rps
+        offered = (f"A stress run from {traffic.rate:g} requests/s: "
+                   + ("no step held" if knee is None else f"the knee is {knee:g} requests/s"))
+    else:
+        offered = f"Offered {traffic.rate:g} requests/s ({traffic.mode}, {traffic.arrival})"
+    parts = [f"{offered} to the {config.target.target} server at {config.sender.host}, "
+             f"measured over {summary.window_s:.0f} s: achieved {t.requests_per_s:.2f} "
+             f"requests/s and {t.output_tokens_per_s:.1f} output tokens/s."]
+    latency = [f"{name} p50 {fmt_ms(stats.p50)} ms, p99 {fmt_ms(stats.p99)} ms"
+               for name, stats in (("TTFT", report.latency.get("ttft")),
+                                   ("TPOT", report.latency.get("tpot")))
+               if stats is not None and stats.count]
+    if latency:
+        parts.append("; ".join(latency) + ".")
+    codes = ", ".join(f"{code} {n}" for code, n in _by_count(r.failed_by_code))
+    parts.append(f"{r.ok} of {r.sent} requests ok" + (f", {r.failed} failed ({codes})"
+                                                      if r.failed else "")
+                 + (f", {r.cancelled} cancelled by the client" if r.cancelled else "") + ".")
+    fired = [f.title for f in report.findings if f.fired]
+    parts.append("Diagnosis: " + ("; ".join(fired) if fired else "no rule fired") + ".")
+    return " ".join(parts)
 
 
 def _window(run: Run) -> str:

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, above, at_least, group, require, setting, within
+from records.declare import (
+    Leaf,
+    Names,
+    Settings,
+    above,
+    at_least,
+    group,
+    require,
+    setting,
+    within,
+)
 
 MODES = ("fixed", "stress", "mixed", "closed")
 ARRIVALS = ("poisson", "constant", "gamma")
@@ -233,3 +243,17 @@ class LoadSettings(Settings):
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
         require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
                 "aio sends open-loop schedules only: use it with --mode fixed or mixed")
+
+
+# A setting whose help begins "SCOPE: ..." applies only where SCOPE holds; the others always do.
+# The report's config table (and anything else that shows settings) shows only those that apply.
+SCOPES = {"openai": lambda s: s.target.target == "openai",
+          "triton": lambda s: s.target.target == "triton",
+          "stress": lambda s: s.traffic.mode == "stress",
+          "mixed": lambda s: s.traffic.mode == "mixed",
+          "gamma arrivals": lambda s: s.traffic.arrival == "gamma"}
+
+
+def applies(leaf: Leaf, settings: LoadSettings) -> bool:
+    scope = leaf.spec.help.split(":", 1)[0]
+    return SCOPES[scope](settings) if scope in SCOPES else True

@@ -90,6 +90,18 @@ def test_report_prints_recorded_percentiles_and_writes_files(tmp_path):
 
     report = (run_dir / "report.md").read_text()
     assert report.startswith("# Run report: first")
+    opening = report.split("\n\n")[1]  # the answer first: load, latency, outcome, diagnosis
+    assert opening.startswith("Offered 4 requests/s (fixed, poisson) to the moe server at "
+                              "127.0.0.1:50051, measured over 25 s: achieved 3.90 requests/s and "
+                              "120.5 output tokens/s. TTFT p50 500")
+    assert "1000 of 1002 requests ok, 2 failed (RESOURCE_EXHAUSTED 2)." in opening
+    assert "Diagnosis: " in opening
+    # fixed mode, poisson, the moe target: no stress, mixed, gamma or openai settings
+    config = report.split("## Config")[1].split("##")[0]
+    assert "| rate |" in config and "| host |" in config
+    for ignored in ("rate_start", "classes", "rate-profile", "burstiness", "endpoint",
+                    "triton_backend", "profile"):
+        assert f"| {ignored} |" not in config, ignored
     assert "![latency CDF](latency_cdf.png)" in report
     assert "generator CPU above 80%" in report
     # Experts over the window: [70, 30, 10, 10] - [10, 10, 10, 10] -> expert 0 takes 60 of 80.

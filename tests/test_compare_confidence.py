@@ -173,7 +173,7 @@ def test_same_distribution_is_no_significant_difference(tmp_path):
         write_run(tmp_path / name, lognormal(seed, 500, 300.0), lognormal(seed + 100, 500, 25.0))
     done = run_cli(tmp_path / "one", tmp_path / "two", "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
-    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    headline = full(done)
     for metric in METRICS:
         two = by_run(headline, metric.key)["two"]["vs_baseline"]
         assert two["verdict"] == bootstrap.SAME, (metric.key, two)
@@ -242,7 +242,7 @@ def test_workload_difference_is_warned_but_compared(tmp_path):
     done = run_cli(tmp_path / "slow", tmp_path / "fast", "--out", tmp_path / "out",
                    "--baseline", "fast")
     assert done.returncode == 0, done.stderr
-    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    headline = full(done)
     assert headline["baseline"] == "fast"
     assert ([w.split(": ", 1)[1] for w in headline["warnings"]]
             == ["rate: slow=10.0, fast=8.0", "seed: slow=0, fast=3"])
@@ -380,7 +380,7 @@ def test_server_difference_is_warned_but_compared(tmp_path):
                   summary={"server": server})
     done = run_cli(*(tmp_path / name for name in servers), "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
-    headline = json.loads(done.stdout.strip().splitlines()[-1])
+    headline = full(done)
     assert headline["warnings"] == [
         "the servers differ, so the comparison mixes server settings and policy: "
         "max_batch_size: fcfs=8, static=32",
@@ -429,3 +429,9 @@ def test_bad_input_exits_2_naming_file_or_flag(tmp_path):
                          (["--resamples", "5"], "--resamples")):
         done = run_cli(tmp_path / "a", *flags, "--out", tmp_path / "out")
         assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
+
+
+def full(done) -> dict:
+    """compare.json, named by the short headline compare prints last."""
+    return json.loads(Path(json.loads(done.stdout.strip().splitlines()[-1])["compare_json"])
+                      .read_text())
