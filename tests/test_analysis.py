@@ -162,7 +162,10 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     out = tmp_path / "cmp"
     done = analysis("compare", tmp_path / "fcfs", tmp_path / "static", "--out", out)
     assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
+    last = json.loads(done.stdout.strip().splitlines()[-1])  # short: the paths, significant ones
+    assert set(last) == {"compare_md", "compare_png", "compare_json", "baseline", "warnings",
+                         "significant"}
+    rows = json.loads(Path(last["compare_json"]).read_text())["runs"]
     assert [r["policy"] for r in rows] == ["fcfs", "static"]
     assert rows[0]["ttft_p50_ms"] == pytest.approx(500, rel=0.01)
     # window steps only
