@@ -20,12 +20,14 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
+from loadgen.recorder import Recorder
 from loadgen.run import Run
 from loadgen.rundir import write_run_dir
 from loadgen.settings import check, with_run_dir
 from loadgen.summary import histogram_encodings
 from loadgen.target import Target, target_of
 from loadgen.timing import StreamTiming
+from loadgen.web_tab import add_tab
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -58,10 +60,12 @@ class RunListener:
     def __init__(self, environment):
         self.environment = environment
         self.run: Run | None = None  # this process's schedule, while a test runs
+        self.recorder: Recorder | None = None  # the current or last test's, for the web UI
         self.master: MasterState | None = None
         self.rank = 0  # a worker's place among the workers
         self.server_start: ServerStats | None = None
         self.request_type = ""  # Locust's statistics name requests by the target's protocol
+        add_tab(environment, lambda: self.recorder)
         events = environment.events
         events.test_start.add_listener(self.start)
         events.test_stopping.add_listener(self.stop_schedule)
@@ -127,6 +131,7 @@ class RunListener:
                            f"{settings.recording.run_dir}/worker-{self.rank}")
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test)
+        self.recorder = self.run.recorder
         log.info("%s", describe(settings))
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
@@ -153,26 +158,18 @@ class RunListener:
         self.master = MasterState(settings, target, len(ranks), stats)
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
-        """Each request into Locust's own statistics too: failures by status, TTFT, TPOT, E2E."""
-        fire = self.environment.events.request.fire
-        kind = self.request_type
-        if result.status == CLIENT_CANCELLED:  # on purpose: no failure in Locust's statistics
-            return
-        if not result.ok:
-            elapsed_ms = (result.recv_ns[-1] - result.sent_ns) / 1e6 if result.recv_ns else 0
-            fire(request_type=kind, name="Generate", response_time=elapsed_ms,
-                 response_length=sum(result.tokens),
-                 exception=RuntimeError(f"{result.status}: {result.details}"), context={})
-            return
-        if timing is None:  # warm-up
-            return
-        fire(request_type=kind, name="TTFT", response_time=timing.ttft_us / 1000,
-             response_length=0, exception=None, context={})
-        if timing.tpot_us is not None:
-            fire(request_type=kind, name="TPOT", response_time=timing.tpot_us / 1000,
-                 response_length=0, exception=None, context={})
-        fire(request_type=kind, name="E2E", response_time=timing.e2e_us / 1000,
-             response_length=timing.output_tokens, exception=None, context={})
+        """Each request once into Locust's own statistics, so its request rate and failures are
+        the run's: named by its class ("generate" without classes), its time the end-to-end
+        latency from the scheduled send, its size the output tokens; a failure by its status.
+        TTFT, TPOT and ITL are in the web UI's Latency (HDR) tab (loadgen/web_tab.py)."""
+        end_ns = result.recv_ns[-1] if result.recv_ns else time.monotonic_ns()
+        failed = not result.ok and result.status != CLIENT_CANCELLED  # cancelled on purpose
+        self.environment.events.request.fire(
+            request_type=self.request_type, name=result.klass or "generate",
+            response_time=(end_ns - result.scheduled_ns) / 1e6,
+            response_length=sum(result.tokens),
+            exception=RuntimeError(f"{result.status}: {result.details}") if failed else None,
+            context={})
 
     def stop_schedule(self, **_) -> None:
         if self.run is not None:

@@ -6,8 +6,9 @@
            --mode fixed --rate 4 --prompt-tokens 64 --max-tokens 32 --run-dir runs/first
 
 --rate alone sets the offered load (open loop): users only dispatch the schedule, each over
-its own connection, so -u/-r are not needed. TTFT, TPOT and E2E also appear in Locust's own
-statistics; the truthful numbers (HDR, from the scheduled send) go to --run-dir. The options
+its own connection, so -u/-r are not needed. Locust's own statistics count each request once
+(its end-to-end time from the scheduled send); TTFT, TPOT and ITL are in the web UI's Latency
+(HDR) tab; the truthful numbers (HDR, from the scheduled send) go to --run-dir. The options
 are the load settings of records/load_settings.py; loadgen/listener.py does the rest.
 """
 

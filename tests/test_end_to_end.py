@@ -90,7 +90,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert len(rows) == req["sent"] and all(json.loads(r)["output_tokens"] == 8 for r in rows)
     histograms = json.loads((run_dir / "histograms.json").read_text())
     assert set(histograms) >= {"ttft", "tpot", "itl", "e2e"}
-    assert "E2E" in done.stdout and "TTFT" in done.stdout  # Locust's own statistics
+    # Locust's own statistics: one entry per request, named for its class
+    assert "moe      generate" in done.stdout and "moe      TTFT" not in done.stdout
 
     # Interval logs: HdrHistogram's own reader gets back every value, interval by interval.
     for name in ("ttft", "tpot", "itl", "e2e", "send_lag"):
@@ -175,15 +176,26 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
             run_dir = tmp_path / "web"
             post("/swarm", user_count=1, spawn_rate=1, host=f"127.0.0.1:{port}", rate=8,
                  max_tokens=4, prompt_tokens=8, run_dir=str(run_dir))
-            time.sleep(2)
+            time.sleep(5)
+            live = json.loads(urllib.request.urlopen(base + "/stats/requests", timeout=5).read())
             post("/stop")
             assert wait_for(lambda: (run_dir / "summary.json").exists())
+            page = urllib.request.urlopen(base, timeout=5).read().decode()
         finally:
             stop_process(ui)
             out = ui.stdout.read()
     assert "--rate: must be above 0" in out and "Traceback" not in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["requests"]["ok"] == summary["requests"]["sent"] >= 8
+    # Locust's own table: one entry per request, so its rate is the offered one
+    assert [e["name"] for e in live["stats"] if e["name"] != "Aggregated"] == ["generate"]
+    assert 5 <= live["total_rps"] <= 11, live["total_rps"]
+    # the Latency (HDR) tab: the run's own histograms, live
+    tab = {row["metric"]: row for row in live["extended_stats"][0]["data"]}
+    assert live["extended_stats"][0]["key"] == "moe-latency"
+    assert tab["TTFT"]["count"] >= 20 and 0 < tab["TTFT"]["p50"] <= tab["TTFT"]["p99"]
+    assert tab["TPOT"]["count"] >= 20
+    assert "Latency (HDR)" in page  # the tab is declared to the page
 
 
 def wait_for(predicate, timeout_s: float = 30) -> bool:
