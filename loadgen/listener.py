@@ -129,10 +129,12 @@ class RunListener:
             self.rank = ranks[runner.client_id]
             self.run = Run(settings, target, self.report, len(ranks), self.rank,
                            f"{settings.recording.run_dir}/worker-{self.rank}")
+            log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
+                     describe(settings, len(ranks)))
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test)
+            log.info("%s", describe(settings))
         self.recorder = self.run.recorder
-        log.info("%s", describe(settings))
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
         # a refused test must not pass on the last one's
@@ -243,14 +245,18 @@ def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]
     return "", stats
 
 
-def describe(settings: LoadSettings) -> str:
-    """The run in one line for the log."""
+def describe(settings: LoadSettings, workers: int = 1) -> str:
+    """The run in one line for the log (a worker's share of the rate where there are several)."""
     w, t = settings.workload, settings.traffic
     prompt = (f"{w.prompt_tokens}-{w.prompt_tokens_max}" if w.prompt_tokens_max
               else str(w.prompt_tokens))
+    shape = (f"request classes {w.classes}" if t.mode == "mixed" and not w.dataset
+             else f"dataset {w.dataset}" if w.dataset
+             else f"{prompt} prompt + {w.max_tokens} output tokens")
     where = settings.recording.run_dir
     if t.mode == "closed":
         return (f"closed loop: each user sends its next request when the last ends; "
-                f"{prompt} prompt + {w.max_tokens} output tokens, results to {where}")
-    return (f"open loop: {t.rate:.3g} requests/s ({t.arrival}), {prompt} prompt + "
-            f"{w.max_tokens} output tokens, results to {where}")
+                f"{shape}, results to {where}")
+    rate = (f"{t.rate / workers:.3g} of {t.rate:.3g} requests/s" if workers > 1
+            else f"{t.rate:.3g} requests/s")
+    return f"open loop: {rate} ({t.arrival}), {shape}, results to {where}"

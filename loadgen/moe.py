@@ -29,6 +29,8 @@ from records.load_settings import LoadSettings  # noqa: E402
 def add_options(parser):
     # Locust's web UI lists only the parser's own options
     add_arguments(parser, LoadSettings, REGISTRIES, locust=True)
+    # the web UI starts and stops load tests: this machine only, unless --web-host says otherwise
+    parser.set_defaults(web_host="127.0.0.1")
 
 
 @events.init.add_listener

@@ -215,7 +215,7 @@ class Recording(Settings):
     warmup_s: float = setting(0.0, "requests scheduled in the first seconds are sent but not "
                               "measured", check=at_least(0), compared=False)
     run_dir: str = setting("", "where summary.json and histograms go (default "
-                           "runs/<UTC time>-<mode>)", compared=False)
+                           "runs/YYYYmmdd-HHMMSS-MODE, UTC)", compared=False)
     interval_s: float = setting(1.0, "period of the .hlog interval histograms and of "
                                 "server_stats.jsonl samples", check=at_least(0.1),
                                 compared=False)

@@ -217,7 +217,7 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
         workers = [subprocess.Popen([locust_bin, "-f", "loadgen/moe.py", "--worker",
                                      "--master-host", "127.0.0.1",
                                      "--master-port", str(master_port)], cwd=REPO,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                    for _ in range(2)]
         try:
             done = locust(port, run_dir, "--master", "--master-bind-host", "127.0.0.1",
@@ -227,7 +227,10 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
         finally:
             for w in workers:
                 stop_process(w)
+            logs = "".join(w.stdout.read() for w in workers)
     assert done.returncode == 0, done.stdout
+    # each worker logs its share of the rate, not the total
+    assert logs.count("open loop: 4 of 8 requests/s (constant)") == 2, logs
     summary = json.loads((run_dir / "summary.json").read_text())
     parts = json.loads((run_dir / "workers.json").read_text())
     assert sorted(p["worker"] for p in parts) == [0, 1]
@@ -257,3 +260,14 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
     assert (sum(i.hist.get_total_count() for i in intervals)
             == HdrHistogram.decode(merged["ttft"]).get_total_count())
     assert server_series(read_samples(run_dir)) is not None
+
+
+def test_the_web_ui_listens_on_this_machine_only_by_default():
+    ui = subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py", "--host",
+                           "127.0.0.1:1", "--web-port", str(free_port())], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = next(line for line in ui.stdout if "Starting web interface" in line)
+    finally:
+        stop_process(ui)
+    assert "at http://127.0.0.1:" in line
