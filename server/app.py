@@ -95,7 +95,8 @@ async def start(settings: ServerSettings) -> App:
     metrics_host = settings.security.metrics_host or serving.host
     try:
         if serving.metrics_port is not None:
-            app.metrics_server, app.metrics_port = serve_metrics(scheduler, metrics_host,
+            app.metrics_server, app.metrics_port = serve_metrics(scheduler, settings,
+                                                                 metrics_host,
                                                                  serving.metrics_port)
         if serving.http_port is not None:
             app.http, app.http_port = await start_http(generations, model.preset, serving.host,

@@ -23,7 +23,7 @@ from server.expert_cache import CacheCounters
 from server.faults import Injector
 from server.policies import StepPlan, View
 from server.routing import request_key
-from server.telemetry import StepLog, Telemetry
+from server.telemetry import COUNT_BOUNDS, StepLog, Telemetry, count_bounds
 from server.tokenizer import EOS_ID
 
 LENGTH, STOP = "LENGTH", "STOP"
@@ -122,6 +122,7 @@ class Batcher:
 
     def new_telemetry(self) -> Telemetry:
         return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
+                         count_bounds(getattr(self.policy, "max_batch_size", COUNT_BOUNDS[-1])),
                          cache_baseline=self.cache_counters())
 
     def cache_counters(self) -> list[CacheCounters]:
@@ -215,6 +216,11 @@ class Batcher:
                               queue_us=(req.admitted_ns - req.received_ns) // 1000,
                               prefill_us=req.prefill_us,
                               decode_us=(t1 - req.first_token_ns) // 1000)
+                n = len(req.output_ids)
+                self.telemetry.record_request(
+                    usage.queue_us / 1000, usage.prefill_us / 1000,
+                    (req.first_token_ns - req.received_ns) / 1e6,
+                    usage.decode_us / 1000 / (n - 1) if n > 1 else None)
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
         self.telemetry.requests_finished += finished

@@ -1,15 +1,26 @@
-"""Prometheus metrics (--metrics-port): the GetStats telemetry, read from a snapshot at
-scrape time so the engine step does no extra work. Counters restart from zero after
-ResetStats, which Prometheus treats as a counter reset."""
+"""Prometheus metrics (--metrics-port): the engine's telemetry since the server started, read
+at scrape time so the engine step does no extra work. Counters and histograms only ever grow:
+ResetStats starts a new GetStats window and leaves them alone (Prometheus counters must not go
+back). Gauges are now. Imbalance is left to the query (max over mean of
+rate(moe_expert_tokens_total[1m]) per layer: deploy/grafana-dashboard.json), so it describes
+the recent past, not the average since start. moe_server_info carries the settings that tell
+runs apart as labels."""
 
 from __future__ import annotations
 
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 
-from server.telemetry import Histogram, gpu_stats, imbalance
+from records.declare import flat, text
+from records.server_settings import ServerSettings
+from server.telemetry import Histogram, gpu_stats
 
 
 def histogram_family(name: str, doc: str, h: Histogram, scale: float = 1.0,
@@ -24,23 +35,32 @@ def histogram_family(name: str, doc: str, h: Histogram, scale: float = 1.0,
     return family
 
 
+INFO_LABELS = ("preset", "policy", "device", "dtype", "moe_kernel", "router", "routing_skew",
+               "expert_cache", "max_batch_size", "kv_slots")
+
+
 class EngineCollector:
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, settings: ServerSettings):
         self.scheduler = scheduler
+        self.info = {name: text(value) for name, value in flat(settings).items()
+                     if name in INFO_LABELS}
 
     def collect(self):
         snap = self.scheduler.snapshot()
-        t = snap.telemetry
+        t = self.scheduler.lifetime()
+        info = InfoMetricFamily("moe_server", "The server's model and batching settings")
+        info.add_metric([], self.info)
+        yield info
         requests = CounterMetricFamily("moe_requests", "Requests by outcome", labels=["outcome"])
         for outcome in ("admitted", "finished", "aborted", "rejected"):
             requests.add_metric([outcome], getattr(t, f"requests_{outcome}"))
         yield requests
         for name, doc in (("steps", "Engine steps"), ("tokens_generated", "Output tokens"),
-                          ("prompt_tokens", "Prompt tokens prefilled"),
+                          ("prompt_tokens", "Prompt tokens of the requests admitted"),
                           ("kv_positions_useful", "Decode attention: cached positions needed"),
                           ("kv_positions_computed",
                            "Decode attention: positions computed, padding included"),
-                          ("prefill_tokens", "Prompt tokens prefilled"),
+                          ("prefill_tokens", "Prompt tokens prefilled, chunk by chunk"),
                           ("prefill_padded_tokens", "Padding added by batched prefill attention"),
                           ("expert_bytes_read", "Weight bytes of the experts that computed")):
             yield CounterMetricFamily(f"moe_{name}", doc, value=getattr(t, name))
@@ -68,27 +88,21 @@ class EngineCollector:
         active = CounterMetricFamily("moe_active_experts_steps",
                                      "Steps in which n experts computed",
                                      labels=["layer", "experts"])
-        max_mean = GaugeMetricFamily("moe_expert_imbalance_max_over_mean",
-                                     "Routed tokens, max/mean", labels=["layer"])
-        cv = GaugeMetricFamily("moe_expert_imbalance_cv", "Routed tokens, coefficient of variation",
-                               labels=["layer"])
         for layer, row in enumerate(t.expert_tokens.tolist()):
             for expert, n in enumerate(row):
                 routed.add_metric([str(layer), str(expert)], n)
                 dropped.add_metric([str(layer), str(expert)], int(t.dropped[layer, expert]))
             for n_active, steps in enumerate(t.active_steps[layer].tolist()):
                 active.add_metric([str(layer), str(n_active)], steps)
-            ratio, variation = imbalance(row)
-            max_mean.add_metric([str(layer)], ratio)
-            cv.add_metric([str(layer)], variation)
-        yield from (routed, dropped, active, max_mean, cv)
+        yield from (routed, dropped, active)
 
-        if snap.cache:
+        cache = self.scheduler.batcher.cache_counters()  # since start: the caches' own
+        if cache:
             families = {k: CounterMetricFamily(f"moe_cache_{k}",
                                                f"Expert cache {k.replace('_', ' ')}",
                                                labels=["layer"])
                         for k in ("hits", "misses", "evictions", "bytes_copied", "copy_seconds")}
-            for layer, c in enumerate(snap.cache):
+            for layer, c in enumerate(cache):
                 for k in ("hits", "misses", "evictions", "bytes_copied"):
                     families[k].add_metric([str(layer)], getattr(c, k))
                 families["copy_seconds"].add_metric([str(layer)], c.copy_ms / 1e3)
@@ -102,6 +116,13 @@ class EngineCollector:
         yield histogram_family("moe_step_seconds", "Engine step wall time", t.step_ms, 1e-3)
         yield histogram_family("moe_batch_size", "Requests per step", t.batch_size)
         yield histogram_family("moe_tokens_per_step", "Tokens per forward pass", t.tokens_per_step)
+        phases = HistogramMetricFamily(
+            "moe_request_seconds", "Finished requests, the server's own times: queue (received "
+            "-> admitted), prefill, ttft (received -> first token), tpot (per token after the "
+            "first)", labels=["phase"])
+        for phase, h in t.request_ms.items():
+            histogram_family("", "", h, 1e-3, {"phase": phase}, phases)
+        yield phases
         utilization, memory = gpu_stats(self.scheduler.engine.device)
         if utilization >= 0:
             yield GaugeMetricFamily("moe_gpu_utilization_percent", "GPU utilisation",
@@ -111,10 +132,10 @@ class EngineCollector:
                                     value=memory)
 
 
-def serve_metrics(scheduler, host: str, port: int):
+def serve_metrics(scheduler, settings: ServerSettings, host: str, port: int):
     """Starts the /metrics HTTP server; returns it (call .shutdown() to stop) and its port."""
     registry = CollectorRegistry()
-    registry.register(EngineCollector(scheduler))
+    registry.register(EngineCollector(scheduler, settings))
     ProcessCollector(registry=registry)  # process CPU seconds and resident memory
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port

@@ -40,6 +40,7 @@ class Scheduler:
         self.started_ns = time.monotonic_ns()
         self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
         self.batcher = Batcher(engine, policy, max_queue, step_log=step_log, faults=self.faults)
+        self.before = self.batcher.new_telemetry()  # the windows ResetStats ended, added up
         # called on the engine thread if a step raises
         self.on_failure: Callable[[], None] | None = None
         self._cond = threading.Condition()
@@ -104,8 +105,15 @@ class Scheduler:
                              self.engine.kv_slots - self.engine.free_slots, cache)
 
     def reset_stats(self) -> None:
+        """A new GetStats window; the lifetime figures (/metrics) keep the old one's."""
         with self._cond:
+            self.before = self.before.plus(self.batcher.telemetry)
             self.batcher.telemetry = self.batcher.new_telemetry()
+
+    def lifetime(self) -> Telemetry:
+        """Every counter since the server started, ResetStats or not."""
+        with self._cond:
+            return self.before.plus(self.batcher.telemetry)
 
     def _run(self) -> None:
         b = self.batcher

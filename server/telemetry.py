@@ -22,6 +22,11 @@ from server.stages import STAGES
 
 MS_BOUNDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 COUNT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+REQUEST_PHASES = ("queue", "prefill", "ttft", "tpot")
+COUNTERS = ("requests_admitted", "requests_finished", "requests_aborted", "requests_rejected",
+            "tokens_generated", "prompt_tokens", "kv_positions_useful", "kv_positions_computed",
+            "prefill_tokens", "prefill_padded_tokens", "expert_bytes_read", "expert_tokens",
+            "dropped", "active_steps")
 
 
 @dataclass
@@ -48,6 +53,16 @@ class Histogram:
     def mean(self) -> float:
         return self.sum / self.count if self.count else 0.0
 
+    def plus(self, other: Histogram) -> Histogram:
+        return Histogram(self.bounds, [a + b for a, b in zip(self.counts, other.counts,
+                                                             strict=True)],
+                         self.count + other.count, self.sum + other.sum, max(self.max, other.max))
+
+
+def count_bounds(limit: int) -> tuple[int, ...]:
+    """Powers of two up to limit, and limit: buckets that fit a count that cannot exceed it."""
+    return tuple(sorted({*(b for b in COUNT_BOUNDS if b < limit), limit}))
+
 
 def imbalance(tokens: list[int]) -> tuple[float, float]:
     """(max / mean, coefficient of variation) of one layer's per-expert token counts."""
@@ -62,6 +77,7 @@ def imbalance(tokens: list[int]) -> tuple[float, float]:
 class Telemetry:
     n_layers: int
     n_experts: int
+    batch_bounds: tuple[int, ...] = COUNT_BOUNDS  # of batch_size: up to --max-batch-size
     requests_admitted: int = 0
     requests_finished: int = 0
     requests_aborted: int = 0
@@ -76,8 +92,12 @@ class Telemetry:
     step_ms: Histogram = field(default_factory=lambda: Histogram(MS_BOUNDS))
     stage_ms: dict[str, Histogram] = field(default_factory=lambda: {s: Histogram(MS_BOUNDS)
                                                                     for s in STAGES})
-    batch_size: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
+    batch_size: Histogram = None
     tokens_per_step: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
+    # per finished request, the server's own times: received -> admitted, its prefill steps,
+    # received -> first token, and time per output token after the first
+    request_ms: dict[str, Histogram] = field(default_factory=lambda: {
+        phase: Histogram(MS_BOUNDS) for phase in REQUEST_PHASES})
     expert_tokens: torch.Tensor = None  # [L, E] (token, expert) pairs routed
     dropped: torch.Tensor = None  # [L, E] pairs over capacity
     active_steps: torch.Tensor = None  # [L, E + 1] steps in which that many experts computed
@@ -86,6 +106,7 @@ class Telemetry:
     cpu_start_s: float = 0.0
 
     def __post_init__(self):
+        self.batch_size = self.batch_size or Histogram(self.batch_bounds)
         shape = (self.n_layers, self.n_experts)
         self.expert_tokens = torch.zeros(shape, dtype=torch.long)
         self.dropped = torch.zeros(shape, dtype=torch.long)
@@ -115,6 +136,26 @@ class Telemetry:
             self.dropped += result.dropped
         self.active_steps[torch.arange(self.n_layers), torch.tensor(result.active)] += 1
         self.expert_bytes_read += sum(result.active) * expert_bytes
+
+    def record_request(self, queue_ms: float, prefill_ms: float, ttft_ms: float,
+                       tpot_ms: float | None) -> None:
+        for phase, ms in zip(REQUEST_PHASES, (queue_ms, prefill_ms, ttft_ms, tpot_ms),
+                             strict=True):
+            if ms is not None:
+                self.request_ms[phase].record(ms)
+
+    def plus(self, other: Telemetry) -> Telemetry:
+        """Every counter and histogram of both windows added: the lifetime figures /metrics
+        reports (a ResetStats ends a window, never a Prometheus counter)."""
+        total = copy.deepcopy(other)
+        for name in COUNTERS:
+            setattr(total, name, getattr(self, name) + getattr(other, name))
+        for name in ("step_ms", "batch_size", "tokens_per_step"):
+            setattr(total, name, getattr(self, name).plus(getattr(other, name)))
+        for hists in ("stage_ms", "request_ms"):
+            setattr(total, hists, {k: h.plus(getattr(other, hists)[k])
+                                   for k, h in getattr(self, hists).items()})
+        return total
 
     @property
     def steps(self) -> int:

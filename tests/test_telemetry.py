@@ -5,6 +5,7 @@ import json
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proto import moe_pb2
 from records.declare import leaves
@@ -80,17 +81,40 @@ def test_reset_zeroes_counters_including_the_cache(busy):
     assert s.steps == 3 and s.layers[0].cache.hits + s.layers[0].cache.misses > 0
 
 
-def test_prometheus_endpoint_serves_the_same_counts(busy):
+def scrape(port: int) -> dict[tuple, float]:
+    """(sample name, labels) -> value of one /metrics scrape."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_prometheus_counters_only_grow_and_follow_conventions(busy):
     served, _, _ = busy
-    s = served.stub.GetStats(moe_pb2.GetStatsRequest())
-    url = f"http://127.0.0.1:{served.app.metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    assert f'moe_requests_total{{outcome="finished"}} {float(s.requests_finished)}' in text
-    assert f"moe_steps_total {float(s.steps)}" in text
-    assert 'moe_stage_seconds_bucket{le="+Inf",stage="attention"}' in text
-    assert ('moe_cache_misses_total{layer="0"}' in text
-            and 'moe_expert_tokens_total{expert="0",layer="0"}' in text)
-    assert "process_resident_memory_bytes" in text
+    list(served.stub.Generate(Req(prompt="count me", max_tokens=3, ignore_eos=True)))
+    before = scrape(served.app.metrics_port)
+    served.stub.ResetStats(moe_pb2.ResetStatsRequest())  # a new GetStats window ...
+    list(served.stub.Generate(Req(prompt="and me", max_tokens=3, ignore_eos=True)))
+    after = scrape(served.app.metrics_port)
+    window = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    counters = [key for key in before if key[0].endswith(("_total", "_count", "_sum", "_bucket"))
+                and not key[0].startswith("process_")]
+    assert len(counters) > 50
+    for key in counters:  # ... never a counter reset in Prometheus
+        assert after[key] >= before[key], key
+    steps = after[("moe_steps_total", ())]
+    assert steps > window.steps == 3  # lifetime, beyond the window
+    finished = after[("moe_requests_total", (("outcome", "finished"),))]
+    assert finished == before[("moe_requests_total", (("outcome", "finished"),))] + 1
+    # the server's own per-request times, and the settings as an info metric
+    assert after[("moe_request_seconds_count", (("phase", "ttft"),))] == finished
+    assert after[("moe_request_seconds_count", (("phase", "queue"),))] == finished
+    info = next(dict(k[1]) for k in after if k[0] == "moe_server_info")
+    assert info["preset"] == "tiny" and info["policy"] == "fcfs" and info["expert_cache"] == "2"
+    # batch-size buckets end at --max-batch-size (32 by default), not at 8192
+    bounds = sorted(float(dict(k[1])["le"]) for k in after if k[0] == "moe_batch_size_bucket")
+    assert bounds == [1, 2, 4, 8, 16, 32, float("inf")]
+    assert ("moe_cache_misses_total", (("layer", "0"),)) in after
+    assert ("process_resident_memory_bytes", ()) in after
 
 
 def test_step_log_has_one_line_per_step(busy):
