@@ -2,15 +2,17 @@
 capacity, the expert cache and every counter switched on."""
 
 import json
+import re
 import urllib.request
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto import moe_pb2
 from records.declare import leaves
 from records.server_settings import ServerSettings
-from tests.conftest import running_server
+from tests.conftest import REPO, running_server
 
 Req = moe_pb2.GenerateRequest
 
@@ -126,3 +128,14 @@ def test_step_log_has_one_line_per_step(busy):
     assert {"t_unix_s", "t_monotonic_s", "batch", "tokens", "stage_ms", "active_experts",
             "expert_tokens"} <= set(first)
     assert len(first["active_experts"]) == s.num_layers and "dropped" in first
+
+
+def test_every_metric_the_dashboard_queries_exists_in_a_live_scrape(busy):
+    served, _, _ = busy
+    dashboard = json.loads((REPO / "deploy/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {name for e in exprs for name in re.findall(r"\b(?:moe|process)_[a-z_]+\b", e)}
+    live = {name for name, _ in scrape(served.app.metrics_port)}
+    assert len(named) >= 15 and named <= live, named - live
+    config = yaml.safe_load((REPO / "deploy/prometheus.yml").read_text())
+    assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9100"]
