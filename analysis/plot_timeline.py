@@ -10,13 +10,22 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from analysis.diagnosis import IMBALANCE_MAX_OVER_MEAN
 from analysis.plot import log_scale
 from analysis.samples import ServerSeries
 from analysis.timeseries import ClientSeries
 
 
+@dataclass(frozen=True)
+class Imbalance:
+    """What the diagnosis judged of expert imbalance, drawn with the per-interval values."""
+
+    judged: np.ndarray  # per interval, as the diagnosis reads it: nan where too few tokens
+    run_wide: float | None  # the worst layer's max/mean over the whole run
+
+
 def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, phases: Phases,
-                   path: Path) -> None:
+                   path: Path, imbalance: Imbalance | None = None) -> None:
     fig = Figure(figsize=(12, 10), layout="constrained")
     axes = fig.subplots(3, 2, sharex=True).ravel()
     rates, tokens, ttft, tpot, queue, experts = axes
@@ -43,12 +52,7 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, pha
     if server is not None:
         queue.plot(server.t_s, server.waiting, "o-", ms=3, label="waiting")
         queue.plot(server.t_s, server.running, "s-", ms=3, label="running")
-        experts.plot(server.t_s, server.imbalance, "o-", ms=3, color="C3",
-                     label="imbalance (max/mean, worst layer)")
-        experts.axhline(1.0, color="grey", lw=0.8, ls=":")
-        if np.isfinite(server.imbalance).any():
-            # room above the line for the legends
-            experts.set_ylim(0.9, np.nanmax(server.imbalance) * 1.2)
+        _imbalance(experts, server, imbalance)
         if server.cache_misses.any():
             misses = experts.twinx()
             misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s,
@@ -80,6 +84,28 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, pha
     shaded += ["orange: the drain after the last send"] if phases.drain_from_s is not None else []
     fig.suptitle("Over time" + (f" ({'; '.join(shaded)})" if shaded else ""))
     fig.savefig(path, dpi=90)
+
+
+def _imbalance(ax, server: ServerSeries, imbalance: Imbalance | None) -> None:
+    """Per interval, the worst layer's max/mean; intervals the diagnosis left out (too few
+    routed tokens for a ratio to mean much) hollow; its threshold, and the whole run's figure
+    the diagnosis judges."""
+    values = server.imbalance
+    judged = imbalance.judged if imbalance is not None else values
+    sparse = np.isfinite(values) & ~np.isfinite(judged)
+    ax.plot(server.t_s, judged, "o-", ms=3, color="C3",
+            label="per interval (max/mean, worst layer)")
+    if sparse.any():
+        ax.plot(server.t_s[sparse], values[sparse], "o", ms=4, mfc="none", color="grey",
+                label="too few routed tokens: left out")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.axhline(IMBALANCE_MAX_OVER_MEAN, color="C3", lw=0.8, ls="--",
+               label=f"diagnosis threshold {IMBALANCE_MAX_OVER_MEAN:g}")
+    if imbalance is not None and imbalance.run_wide is not None:
+        ax.axhline(imbalance.run_wide, color="k", lw=1, ls="-.",
+                   label=f"whole run {imbalance.run_wide:.2f} (what the diagnosis judges)")
+    top = np.nanmax(values) if np.isfinite(values).any() else IMBALANCE_MAX_OVER_MEAN
+    ax.set_ylim(0.9, max(top, IMBALANCE_MAX_OVER_MEAN) * 1.25)  # room for the legends
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from analysis.plot import plot_latency_cdf
 from analysis.plot_breakdown import plot_ttft_split
 from analysis.plot_experts import plot_experts
 from analysis.plot_stress import plot_stress
-from analysis.plot_timeline import Phases, plot_over_time, plot_stages
+from analysis.plot_timeline import Imbalance, Phases, plot_over_time, plot_stages
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
 from analysis.rundir import Run, load_run
 from analysis.samples import ServerSeries
@@ -48,13 +48,18 @@ class Report:
     client: ClientSeries | None  # from the interval logs
     series: ServerSeries | None  # from server_stats.jsonl
     findings: list[Finding]  # the diagnosis rules, fired or not
+    imbalance: Imbalance | None = None  # what the diagnosis judged, for the over-time figure
 
     @classmethod
     def of(cls, run: Run) -> "Report":
         latency = {name: stats_ms(run.histograms.get(name)) for name in LATENCY_ROWS}
         signals = signals_of(run)  # shared with the diagnosis
-        return cls(run, latency, server_view(run.summary.server), ttft_split(run.rows),
-                   client_series(run), signals.series, rules(signals))
+        view = server_view(run.summary.server)
+        tokens = view.expert_tokens if view is not None else None
+        run_wide = (float((tokens.max(axis=1) / tokens.mean(axis=1)).max())
+                    if tokens is not None and tokens.mean() > 0 else None)
+        return cls(run, latency, view, ttft_split(run.rows), client_series(run), signals.series,
+                   rules(signals), Imbalance(signals.imbalance, run_wide))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -67,7 +72,7 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
         phases = Phases(config.recording.warmup_s, run.summary.duration_s,
                         config.traffic.mode == "closed")
         drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases,
-                                                           path)
+                                                           path, report.imbalance)
     if report.series and report.series.stage_ms:
         drawn[STAGES_PNG] = lambda path: plot_stages(report.series, path)
     if report.server and report.server.expert_tokens is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from analysis.intervals import Interval, merged
 from analysis.latency import US_PER_MS
 from analysis.rows import column
-from analysis.rundir import Run
+from analysis.rundir import Run, read_summary
 from records.requests import RequestRow
 
 
@@ -80,6 +80,14 @@ def client_series(run: Run, window_s: float | None = None) -> ClientSeries | Non
                                 if row.status == "OK" and row.e2e_ms is not None]
         finished_s = (column(ok, "scheduled_ms") + column(ok, "e2e_ms")) / 1000
         achieved = np.histogram(finished_s, bins=edges)[0] / safe_length
+        summary = read_summary(run.path)
+        if summary is not None and summary.requests.rows_omitted:
+            # requests.jsonl stopped at its row cap: past the last row it holds, the rows say
+            # nothing of what was offered, and completions come from the interval logs
+            capped_s = max(finished_s.max(initial=0.0), column(rows, "scheduled_ms").max() / 1000)
+            after = start >= capped_s
+            offered = np.where(after, np.nan, offered)
+            achieved = np.where(after, finished / safe_length, achieved)
     else:
         offered, achieved = np.full(len(ttft), np.nan), finished / safe_length
     return ClientSeries(

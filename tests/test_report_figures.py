@@ -27,6 +27,7 @@ from tests.rundirs import (
     write_hlog,
     write_rows,
     write_samples,
+    write_summary,
 )
 from tests.test_analysis import write_run
 
@@ -211,3 +212,17 @@ def test_a_distributed_runs_worker_logs_are_added_period_by_period(tmp_path):
     done = analysis("report", tmp_path / "run")
     assert ("2 workers (interval logs in worker-<i>/): worker 0 sent 5, CPU 3%; "
             "worker 1 sent 10, CPU 4%") in done.stdout
+
+
+def test_rates_past_the_request_rows_cap_come_from_the_interval_logs(tmp_path):
+    # 20 one-second intervals, one request finishing in each; requests.jsonl kept the first 8
+    write_hlog(tmp_path / "ttft.hlog", [[100] for _ in range(20)])
+    write_rows(tmp_path / "requests.jsonl",
+               [request_row(i, 100, 20, 700) | {"scheduled_ms": 100.0 + 1000 * i}
+                for i in range(8)])
+    write_summary(tmp_path, requests={"sent": 20, "ok": 20, "failed": 0, "not_sent": 0,
+                                      "failed_by_code": {}, "warmup": 0, "rows_omitted": 12})
+    series = client_series(Run(tmp_path), window_s=0)
+    assert series.offered_rps[:8].tolist() == [1.0] * 8
+    assert np.isnan(series.offered_rps[9:]).all()  # unknown past the cap, not 0
+    assert series.achieved_rps.tolist() == [1.0] * 20
