@@ -145,7 +145,9 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
         runs = comparisons[metric.key]["runs"]
         y = np.arange(len(runs))
         values = [r["value"] or 0.0 for r in runs]
-        ax.barh(y, values, color=[colours[r["vs_baseline"]["verdict"]] for r in runs])
+        # a rough interval (too few samples past the percentile): hatched, and "~" by its ratio
+        ax.barh(y, values, color=[colours[r["vs_baseline"]["verdict"]] for r in runs],
+                hatch=["//" if r["rough_interval"] else "" for r in runs], edgecolor="white")
         right = max([*values, *(r["ci"][1] for r in runs
                                 if r["ci"] and math.isfinite(r["ci"][1]))], default=0) or 1
         for yi, r, value in zip(y, runs, values, strict=True):
@@ -153,6 +155,7 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
                 ax.plot(r["ci"], [yi, yi], color="black", marker="|", markersize=10)
             ratio = r["vs_baseline"]["ratio"]
             label = "" if r["run"] == baseline or ratio is None else bootstrap.fmt_ratio(ratio)
+            label += " ~ rough" if r["rough_interval"] else ""
             ax.text(max(value, r["ci"][1] if r["ci"] else 0) + 0.02 * right, yi, label,
                     va="center", fontsize="small")
         ax.set_yticks(y, [r["run"] for r in runs])
@@ -164,8 +167,10 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
         ax.grid(True, axis="x", alpha=0.3)
     names = {"baseline": f"baseline ({baseline})", "better": "better", "worse": "worse",
              bootstrap.SAME: "no significant difference", None: "no verdict"}
-    fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()],
-               loc="outside lower center", ncols=5)
+    rough = Patch(facecolor="lightgray", hatch="//", edgecolor="white",
+                  label="~ rough: few samples beyond the percentile")
+    fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()]
+               + [rough], loc="outside lower center", ncols=6)
     fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval "
                  "(whiskers), ratio to baseline")
     fig.savefig(path)
@@ -275,8 +280,9 @@ def short(headline: dict) -> dict:
     """The last line printed: where everything is, and the verdicts that are significant (the
     whole figures are in compare.json)."""
     significant = {f"{run['run']} {metric}": run["vs_baseline"]["verdict"]
+                   + (" (rough)" if run["rough_interval"] else "")
                    for metric, c in headline["comparisons"].items() for run in c["runs"]
                    if run.get("vs_baseline") and run["vs_baseline"]["verdict"]
-                   not in (None, bootstrap.SAME)}
+                   not in (None, bootstrap.SAME, "baseline")}
     return {key: headline[key] for key in ("compare_md", "compare_png", "compare_json",
                                            "baseline", "warnings")} | {"significant": significant}

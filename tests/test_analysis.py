@@ -165,6 +165,7 @@ def test_compare_puts_runs_side_by_side(tmp_path):
     last = json.loads(done.stdout.strip().splitlines()[-1])  # short: the paths, significant ones
     assert set(last) == {"compare_md", "compare_png", "compare_json", "baseline", "warnings",
                          "significant"}
+    assert not [v for v in last["significant"].values() if v.startswith("baseline")]
     rows = json.loads(Path(last["compare_json"]).read_text())["runs"]
     assert [r["policy"] for r in rows] == ["fcfs", "static"]
     assert rows[0]["ttft_p50_ms"] == pytest.approx(500, rel=0.01)
