@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
@@ -32,7 +33,7 @@ from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
 from records.server_stats import ServerStats
-from records.summary import ServerSnapshots
+from records.summary import ServerSnapshots, Summary
 
 log = logging.getLogger("loadgen")
 
@@ -61,11 +62,12 @@ class RunListener:
         self.environment = environment
         self.run: Run | None = None  # this process's schedule, while a test runs
         self.recorder: Recorder | None = None  # the current or last test's, for the web UI
+        self.written: tuple[Summary, Path] | None = None  # the last test's summary and run dir
         self.master: MasterState | None = None
         self.rank = 0  # a worker's place among the workers
         self.server_start: ServerStats | None = None
         self.request_type = ""  # Locust's statistics name requests by the target's protocol
-        add_tab(environment, lambda: self.recorder)
+        add_tab(environment, lambda: self.recorder, lambda: self.written)
         events = environment.events
         events.test_start.add_listener(self.start)
         events.test_stopping.add_listener(self.stop_schedule)
@@ -202,6 +204,7 @@ class RunListener:
         if run.stress is not None:
             run.stress.write_csv(path)
         print_summary(summary, path)
+        self.written = (summary, path)
 
     # --- a distributed master ---
 
@@ -227,6 +230,7 @@ class RunListener:
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
                                      server)
         print_summary(summary, path)
+        self.written = (summary, path)
 
 
 def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:

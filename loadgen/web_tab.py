@@ -6,19 +6,22 @@ matters for LLM serving is here. Built on Locust's extended tabs (its extend_web
 the tab's table and an `extended_stats` entry added to /stats/requests.
 
 In a distributed run the master holds no histograms until the workers send them at the end:
-the tab says so.
+the tab says so. The "Last run" tab shows, once a test stops, its run directory, headline
+figures and the command that writes its report.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from flask import request
 
 from loadgen.recorder import Recorder
+from records.summary import Summary
 
-TAB = "moe-latency"
+TAB, RUN_TAB = "moe-latency", "moe-run"
 METRICS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL (per message)",
            "itl_token": "ITL (per token)", "e2e": "end-to-end", "send_lag": "send lag"}
 COLUMNS = {"metric": "Metric", "count": "Requests or gaps", "p50": "p50 (ms)", "p90": "p90 (ms)",
@@ -40,20 +43,51 @@ def rows(recorder: Recorder | None) -> list[dict]:
     return out
 
 
-def add_tab(environment, recorder: Callable[[], Recorder | None]) -> None:
-    """The tab, where the web UI runs; recorder() gives the current (or last) test's."""
+def run_rows(written: tuple[Summary, Path] | None) -> list[dict]:
+    """The last test that ended: where its results are, its headline figures, what to run next."""
+    if written is None:
+        return [{"item": "results", "value": "none yet: they appear here when a test stops"}]
+    summary, path = written[0], str(written[1])
+    r, t, m = summary.requests, summary.throughput, summary.metrics
+    codes = ", ".join(f"{code} {n}" for code, n in r.failed_by_code.items())
+
+    def p50_p99(name: str) -> str:
+        stats = m.get(name)
+        return (f"p50 {stats.p50:.1f} ms, p99 {stats.p99:.1f} ms" if stats and stats.count
+                else "no samples")
+
+    return [{"item": "run directory", "value": path},
+            {"item": "requests", "value": f"sent {r.sent} = ok {r.ok} + failed {r.failed}"
+                                          + (f" ({codes})" if codes else "")
+                                          + (f" + cancelled {r.cancelled}" if r.cancelled
+                                             else "")},
+            {"item": "throughput", "value": f"{t.requests_per_s:.2f} requests/s, "
+                                            f"{t.output_tokens_per_s:.1f} output tokens/s"},
+            {"item": "TTFT", "value": p50_p99("ttft_ms")},
+            {"item": "TPOT", "value": p50_p99("tpot_ms")},
+            {"item": "report", "value": f"python -m analysis report {path}"}]
+
+
+def add_tab(environment, recorder: Callable[[], Recorder | None],
+            written: Callable[[], tuple[Summary, Path] | None]) -> None:
+    """The tabs, where the web UI runs: recorder() gives the current (or last) test's
+    histograms, written() the last finished test's summary and run directory."""
     web_ui = environment.web_ui
     if web_ui is None:
         return
-    web_ui.template_args["extended_tabs"] = [{"title": "Latency (HDR)", "key": TAB}]
+    web_ui.template_args["extended_tabs"] = [{"title": "Latency (HDR)", "key": TAB},
+                                             {"title": "Last run", "key": RUN_TAB}]
     web_ui.template_args["extended_tables"] = [
         {"key": TAB, "structure": [{"key": key, "title": title}
-                                   for key, title in COLUMNS.items()]}]
+                                   for key, title in COLUMNS.items()]},
+        {"key": RUN_TAB, "structure": [{"key": "item", "title": ""},
+                                       {"key": "value", "title": ""}]}]
 
     @web_ui.app.after_request
     def with_latency(response):
         if request.path != "/stats/requests" or not response.is_json:
             return response
-        extended = [{"key": TAB, "data": rows(recorder())}]
+        extended = [{"key": TAB, "data": rows(recorder())},
+                    {"key": RUN_TAB, "data": run_rows(written())}]
         response.set_data(json.dumps({**response.json, "extended_stats": extended}))
         return response

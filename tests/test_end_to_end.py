@@ -181,6 +181,8 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
             post("/stop")
             assert wait_for(lambda: (run_dir / "summary.json").exists())
             page = urllib.request.urlopen(base, timeout=5).read().decode()
+            ended = json.loads(urllib.request.urlopen(base + "/stats/requests",
+                                                      timeout=5).read())["extended_stats"]
         finally:
             stop_process(ui)
             out = ui.stdout.read()
@@ -195,7 +197,11 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
     assert live["extended_stats"][0]["key"] == "moe-latency"
     assert tab["TTFT"]["count"] >= 20 and 0 < tab["TTFT"]["p50"] <= tab["TTFT"]["p99"]
     assert tab["TPOT"]["count"] >= 20
-    assert "Latency (HDR)" in page  # the tab is declared to the page
+    assert "Latency (HDR)" in page and "Last run" in page  # the tabs are declared to the page
+    last = {row["item"]: row["value"] for row in ended[1]["data"]}
+    assert last["run directory"] == str(run_dir)
+    assert last["requests"].startswith(f"sent {summary['requests']['sent']} = ok ")
+    assert last["report"] == f"python -m analysis report {run_dir}"
 
 
 def wait_for(predicate, timeout_s: float = 30) -> bool:

@@ -109,12 +109,12 @@ def http_post(port: int, token: str):
 
 
 def test_a_full_queue_says_when_to_retry_over_http():
-    # the engine stalls 3 s at its first step: one request holds the slot, one the queue
+    # the engine stalls 4 s at its first step: one request holds the slot, one the queue
     with running_server(max_batch_size=1, kv_slots=1, max_queue=1, http_port=0,
-                        fault_stall_s=3) as s:
+                        fault_stall_s=4) as s:
         running = s.stub.Generate(Req(prompt="a", max_tokens=20, ignore_eos=True), timeout=30)
         queued = s.stub.Generate(Req(prompt="a", max_tokens=20, ignore_eos=True), timeout=30)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while s.stub.GetStats(moe_pb2.GetStatsRequest(), timeout=5).waiting < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
