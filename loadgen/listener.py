@@ -28,7 +28,7 @@ from loadgen.settings import check, with_run_dir
 from loadgen.summary import histogram_encodings
 from loadgen.target import Target, target_of
 from loadgen.timing import StreamTiming
-from loadgen.web_tab import add_tab
+from loadgen.web_tab import add_tab, write_latency_csv
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -203,6 +203,8 @@ class RunListener:
                              histogram_encodings(run.recorder), run.recorder.rows)
         if run.stress is not None:
             run.stress.write_csv(path)
+        write_latency_csv(getattr(self.environment.parsed_options, "csv_prefix", None),
+                          run.recorder)
         print_summary(summary, path)
         self.written = (summary, path)
 
