@@ -109,11 +109,11 @@ def http_post(port: int, token: str):
 
 
 def test_a_full_queue_says_when_to_retry_over_http():
-    # the engine stalls 4 s at its first step: one request holds the slot, one the queue
-    with running_server(max_batch_size=1, kv_slots=1, max_queue=1, http_port=0,
-                        fault_stall_s=4) as s:
-        running = s.stub.Generate(Req(prompt="a", max_tokens=20, ignore_eos=True), timeout=30)
-        queued = s.stub.Generate(Req(prompt="a", max_tokens=20, ignore_eos=True), timeout=30)
+    # static batching waits a minute for a second request to fill its batch of 2: the first
+    # holds the queue's only place
+    with running_server(policy="static", max_batch_size=2, max_wait_ms=60_000, max_queue=1,
+                        http_port=0) as s:
+        queued = s.stub.Generate(Req(prompt="a", max_tokens=4, ignore_eos=True), timeout=30)
         deadline = time.monotonic() + 10
         while s.stub.GetStats(moe_pb2.GetStatsRequest(), timeout=5).waiting < 1:
             assert time.monotonic() < deadline
@@ -121,4 +121,4 @@ def test_a_full_queue_says_when_to_retry_over_http():
         status, _, text = http_post(s.app.http_port, "")
         assert status[0] == 429 and int(status[1]) >= 1
         assert "--max-queue" in json.loads(text)["error"]["message"]
-        running.cancel(), queued.cancel()
+        queued.cancel()
