@@ -26,18 +26,29 @@ def worker_message(index: int, run) -> dict:
             "cpu_percent": run.cpu_percent, "notes": list(run.notes)}
 
 
+def merged_window_s(parts: list[dict], warmup_s: float) -> float:
+    """The measured window of the whole run: from the earliest worker's end of warm-up to the
+    latest worker's end of schedule. Workers start apart (--processes forks them one by one),
+    and each counts completions inside its own window, so the run's rate is over the union of
+    the windows, never their mean."""
+    start = min(p["started_at"] for p in parts) + warmup_s
+    end = max(p["started_at"] + p["duration_s"] for p in parts)
+    return max(end - start, max(p["window_s"] for p in parts))
+
+
 def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
                 server: ServerSnapshots) -> tuple[Summary, Recorder]:
     """The run's summary and merged recorder from the workers' messages."""
     merged = Recorder.for_settings(settings, 0)
     for part in parts:
         merged.absorb(part["export"])
-    window_s = sum(p["window_s"] for p in parts) / len(parts)  # each worker's window, nearly equal
+    window_s = merged_window_s(parts, settings.recording.warmup_s)
     missing = [f"only {len(parts)} of {expected} workers reported results: the run is incomplete"] \
         if len(parts) < expected else []
     notes = dict.fromkeys(note for p in parts for note in p["notes"])  # once each, in order
-    summary = summarize(settings, merged, min(p["started_at"] for p in parts),
-                        max(p["duration_s"] for p in parts), window_s,
+    started_at = min(p["started_at"] for p in parts)
+    duration_s = max(p["started_at"] + p["duration_s"] for p in parts) - started_at
+    summary = summarize(settings, merged, started_at, max(duration_s, window_s), window_s,
                         max(p["cpu_percent"] for p in parts), (*missing, *notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]

@@ -135,3 +135,14 @@ def test_a_snapshot_that_failed_is_written_as_its_error_alone():
 def test_request_rows_hold_the_servers_whole_usage():
     usage = {f"server_{name}" for name in moe_pb2.Usage.DESCRIPTOR.fields_by_name}
     assert usage == {f.name for f in dataclasses.fields(RequestRow) if f.name.startswith("server_")}
+
+
+def test_a_distributed_run_is_measured_over_the_union_of_its_workers_windows():
+    from loadgen.distributed import merged_window_s
+
+    # two workers started 0.9 s apart (--processes forks them one by one), 7 s schedules
+    parts = [{"started_at": 100.0, "duration_s": 7.0, "window_s": 6.0},
+             {"started_at": 100.9, "duration_s": 6.1, "window_s": 5.1}]
+    assert merged_window_s(parts, warmup_s=1.0) == 6.0  # 101.0 -> 107.0, not the mean 5.55
+    parts[1]["duration_s"] = 7.0  # the later one ends later
+    assert merged_window_s(parts, warmup_s=1.0) == pytest.approx(6.9)
