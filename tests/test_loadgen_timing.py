@@ -1,5 +1,5 @@
 """Load generator logic with scripted clocks: metric definitions, arrival schedules,
-histogram clamping, request accounting, SLO shares and when a stress step counts as short of
+histogram clamping and queries (equal to hdrhistogram's own), request accounting, SLO shares and when a stress step counts as short of
 its arrivals."""
 
 import itertools
@@ -63,6 +63,20 @@ def test_out_of_range_values_are_clamped_and_counted():
     h.record(HIGHEST_US * 10)
     h.record(1500)
     assert h.count == 3 and h.clamped == 2
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 20_000])
+def test_histogram_queries_equal_hdrhistogram_s_own(n):
+    rng = random.Random(n)
+    h = Histogram()
+    for _ in range(n):  # sub-millisecond to minutes, across many buckets
+        h.record(rng.lognormvariate(9, 3) if rng.random() < 0.8 else rng.uniform(0, 100))
+    other = Histogram()  # and after a merge, as a distributed master queries
+    other.record(rng.uniform(0, 5e6))
+    h.merge(other.encode(), 0)
+    percentiles = [0.1, 50.0, 90.0, 99.0, 99.9, 100.0]
+    assert h.percentiles_us(percentiles) == h.hdr.get_percentile_to_value_dict(percentiles)
+    assert h.mean_us() == pytest.approx(h.hdr.get_mean_value(), rel=1e-12)
 
 
 def test_every_request_is_accounted_for_and_warmup_is_not_measured():
