@@ -26,9 +26,9 @@ from analysis.server_stats import ServerView, server_view
 from analysis.spikes import signals_of
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.timeseries import ClientSeries, client_series
-from records.declare import flat, leaves
+from records.declare import applies, flat, leaves
 from records.jsonform import dumps
-from records.load_settings import LoadSettings, applies
+from records.load_settings import LoadSettings
 from records.summary import Stats
 
 LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service")
@@ -195,8 +195,8 @@ def headline(report: Report) -> dict:
 
 
 def applying(config: LoadSettings) -> dict:
-    """The run's settings that apply to its mode, arrivals and target (records/load_settings.py
-    SCOPES), by name."""
+    """The run's settings that apply to its mode, arrivals and target (each setting's `when` in
+    records/load_settings.py), by name."""
     values = flat(config)
     return {leaf.name: values[leaf.name] for leaf in leaves(LoadSettings)
             if applies(leaf, config)}

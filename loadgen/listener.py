@@ -21,14 +21,17 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
+from loadgen.html_report import add_to_report
+from loadgen.latency_table import write_latency_csv
 from loadgen.recorder import Recorder
 from loadgen.run import Run
 from loadgen.rundir import write_run_dir
 from loadgen.settings import check, with_run_dir
 from loadgen.summary import histogram_encodings
 from loadgen.target import Target, target_of
+from loadgen.timeline import Timeline
 from loadgen.timing import StreamTiming
-from loadgen.web_tab import add_tab, write_latency_csv
+from loadgen.web_tab import add_tab
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -62,16 +65,18 @@ class RunListener:
         self.environment = environment
         self.run: Run | None = None  # this process's schedule, while a test runs
         self.recorder: Recorder | None = None  # the current or last test's, for the web UI
+        self.timeline: Timeline | None = None  # ... and its periods so far
         self.written: tuple[Summary, Path] | None = None  # the last test's summary and run dir
         self.master: MasterState | None = None
         self.rank = 0  # a worker's place among the workers
         self.server_start: ServerStats | None = None
         self.request_type = ""  # Locust's statistics name requests by the target's protocol
-        add_tab(environment, lambda: self.recorder, lambda: self.written)
+        add_tab(environment, lambda: self.recorder, lambda: self.timeline, lambda: self.written)
         events = environment.events
         events.test_start.add_listener(self.start)
         events.test_stopping.add_listener(self.stop_schedule)
         events.test_stop.add_listener(self.finish)
+        events.quit.add_listener(self.extend_html_report)
         runner = environment.runner
         if isinstance(runner, MasterRunner):
             runner.register_message(MESSAGE, lambda msg, **_: self.receive_part(msg.data))
@@ -136,7 +141,7 @@ class RunListener:
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test)
             log.info("%s", describe(settings))
-        self.recorder = self.run.recorder
+        self.recorder, self.timeline = self.run.recorder, self.run.timeline
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
         # a refused test must not pass on the last one's
@@ -203,10 +208,20 @@ class RunListener:
                              histogram_encodings(run.recorder), run.recorder.rows)
         if run.stress is not None:
             run.stress.write_csv(path)
-        write_latency_csv(getattr(self.environment.parsed_options, "csv_prefix", None),
-                          run.recorder)
+        self.ended(summary, path)
+
+    def ended(self, summary: Summary, path: Path) -> None:
+        """A test's results are written: the console, --csv's latency file, the Last run tab."""
+        write_latency_csv(getattr(self.environment.parsed_options, "csv_prefix", None), summary)
         print_summary(summary, path)
         self.written = (summary, path)
+
+    def extend_html_report(self, **_) -> None:
+        """Locust writes its --html report as the process quits, just before this: the truthful
+        figures join it (loadgen/html_report.py)."""
+        html_file = getattr(self.environment.parsed_options, "html_file", None)
+        if html_file and self.written is not None and Path(html_file).exists():
+            add_to_report(Path(html_file), *self.written, self.timeline)
 
     # --- a distributed master ---
 
@@ -231,8 +246,7 @@ class RunListener:
                                  end=master.target.stats(master.settings.sender.host))
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
                                      server)
-        print_summary(summary, path)
-        self.written = (summary, path)
+        self.ended(summary, path)
 
 
 def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:

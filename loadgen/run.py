@@ -27,6 +27,7 @@ from loadgen.stress import Stress
 from loadgen.summary import summarize
 from loadgen.target import Target
 from loadgen.text_tokens import TextCounter
+from loadgen.timeline import Timeline
 from loadgen.timing import StreamTiming
 from loadgen.workload import Workload
 from records.jsonform import dumps, to_json
@@ -39,7 +40,6 @@ log = logging.getLogger("loadgen")
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 
 
-
 def generator_rss_bytes() -> int:
     """The load generator's resident memory: this process and its own (the aio sender's)."""
     me = psutil.Process()
@@ -50,6 +50,7 @@ def generator_rss_bytes() -> int:
         except psutil.Error:  # gone since it was listed
             pass
     return total
+
 
 class Run:
     def __init__(self, settings: LoadSettings, target: Target,
@@ -78,6 +79,7 @@ class Run:
         self._cpu_start_s = time.process_time()
         run_dir = Path(run_dir or settings.recording.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
+        self.timeline = Timeline(settings.recording.interval_s)  # the web UI's chart
         self.server_log = open(run_dir / SAMPLES, "w")
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
@@ -166,6 +168,7 @@ class Run:
         now_s = time.time()
         interval = self.recorder.take_interval()
         self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
+        self.timeline.add(now_s - self.started_at, interval)
         stats = self.target.stats(self.sender.host)
         if stats is None:
             return

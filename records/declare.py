@@ -1,7 +1,8 @@
 """Settings declared once. A setting is a field of a frozen dataclass made with `setting()`:
 its default, help text, flag and check travel with it, and everything else is derived from
 the declaration: command-line options, validation whose errors name the flag, the flat
-name -> value form used in JSON and GetStats, and the option tables in the README.
+name -> value form used in JSON and GetStats, the option tables in the README, and the web
+UI's form (its plain label, and when the setting applies at all).
 
 Groups of settings are dataclasses nested in a top-level one. They organise the code and
 the help; everywhere else settings are flat, by field name, so names are unique across
@@ -49,14 +50,22 @@ class Spec:
     check: Check | None
     compared: bool  # runs whose values differ measure different things (the comparison warns)
     secret: bool  # an API key or the like: masked wherever the settings are written down
+    label: str  # a few plain words for a form; "" = the flag
+    # The setting applies only where each named setting holds one of its values (the form
+    # hides it otherwise, reports leave it out); () = always.
+    when: tuple[tuple[str, tuple], ...]
 
 
 def setting(default, help: str, *, flag: str = "", option: bool = True,
             choices: tuple[str, ...] | Names | None = None, check: Check | None = None,
-            compared: bool = True, secret: bool = False):
+            compared: bool = True, secret: bool = False, label: str = "",
+            when: Mapping[str, Any] | None = None):
     """A settings field: `default` as the dataclass default, the rest as its metadata. A setting
-    of type tuple[str, ...] is a repeatable flag (`--header A --header B`)."""
-    spec = Spec(help, flag, option, choices, check, compared, secret)
+    of type tuple[str, ...] is a repeatable flag (`--header A --header B`). when: other
+    settings by name -> the value, or a tuple of the values, under which this one applies."""
+    conditions = tuple((name, allowed if isinstance(allowed, tuple) else (allowed,))
+                       for name, allowed in (when or {}).items())
+    spec = Spec(help, flag, option, choices, check, compared, secret, label, conditions)
     return dataclasses.field(default=default, metadata={"spec": spec})
 
 
@@ -129,6 +138,10 @@ class Leaf:
     def dest(self) -> str:
         return self.flag.replace("-", "_")
 
+    @property
+    def label(self) -> str:
+        return self.spec.label or self.flag
+
 
 def flag_of(name: str, spec: Spec) -> str:
     return spec.flag or name.replace("_", "-")
@@ -196,6 +209,12 @@ def check_names(settings, registries: Mapping[str, Registry]) -> None:
                     raise SettingsError(f"--{leaf.flag}: {e}") from None
             elif problem := _choice_problem(tuple(registry), values[leaf.name]):
                 raise SettingsError(f"--{leaf.flag}: {problem}")
+
+
+def applies(leaf: Leaf, settings) -> bool:
+    """Whether the setting matters under these settings (its `when`)."""
+    values = flat(settings)
+    return all(values[name] in allowed for name, allowed in leaf.spec.when)
 
 
 def compared_names(cls: type) -> list[str]:
@@ -271,7 +290,7 @@ def add_arguments(parser, cls: type, registries: Mapping[str, Registry] | None =
         if not leaf.spec.option:
             continue
         if not locust and leaf.group not in sections:
-            sections[leaf.group] = parser.add_argument_group(_title(leaf.group))
+            sections[leaf.group] = parser.add_argument_group(group_title(leaf.group))
         target = parser if locust else sections[leaf.group]
         extra = {"is_secret": leaf.spec.secret} if locust else {}
         # append's list starts empty
@@ -315,7 +334,7 @@ def _argparse_type(leaf: Leaf) -> dict:
     return out
 
 
-def _title(cls: type) -> str:
+def group_title(cls: type) -> str:
     return (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
 
 
@@ -326,7 +345,7 @@ def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None,
     """The README's option tables: one per group (or one for all), flag, default, meaning."""
     tables: dict[str, list[str]] = {}
     for leaf in leaves(cls):
-        title = _title(leaf.group) if grouped else ""
+        title = group_title(leaf.group) if grouped else ""
         rows = tables.setdefault(title, ["| flag | default | meaning |", "| --- | --- | --- |"])
         default = "" if leaf.default in (None, "") else f"`{text(leaf.default)}`"
         meaning = leaf.spec.help

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from records.declare import (
-    Leaf,
     Names,
     Settings,
     above,
@@ -24,6 +23,13 @@ MODES = ("fixed", "stress", "mixed", "closed")
 ARRIVALS = ("poisson", "constant", "gamma")
 CLIENTS = ("gevent", "aio")
 DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
+# Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
+OPEN_LOOP_MODES = ("fixed", "stress", "mixed")
+OPEN_LOOP = {"mode": OPEN_LOOP_MODES}
+ONE_SHAPE = {"mode": ("fixed", "stress", "closed"), "dataset": ""}  # not classes, not a dataset
+STRESS = {"mode": "stress"}
+OPENAI = {"target": "openai"}
+TRITON = {"target": "triton"}
 
 
 def _host_port(value: str) -> str | None:
@@ -50,47 +56,64 @@ class TargetSettings(Settings):
     """Target"""
 
     target: str = setting("moe", "the server's protocol (docs/targets.md)",
-                          choices=Names("targets"))
+                          choices=Names("targets"),
+                          label="Server protocol")
     endpoint: str = setting("/v1/completions", "openai: /v1/completions or /v1/chat/completions",
-                            check=_path, compared=False)
+                            check=_path, compared=False,
+                            label="OpenAI endpoint path", when=OPENAI)
     model: str = setting("", "openai: the model to ask for (default: the first /v1/models "
-                         "lists); triton: the model to call", compared=False)
+                         "lists); triton: the model to call", compared=False,
+                         label="Model name", when={"target": ("openai", "triton")})
     api_key: str = setting("", "openai: sent as a bearer token (default: $OPENAI_API_KEY)",
-                           compared=False, secret=True)
+                           compared=False, secret=True,
+                           label="OpenAI API key", when=OPENAI)
     headers: tuple[str, ...] = setting((), "openai: an extra HTTP header NAME:VALUE",
-                                       flag="header", check=_header, compared=False, secret=True)
+                                       flag="header", check=_header, compared=False, secret=True,
+                                       label="Extra HTTP header (NAME:VALUE)", when=OPENAI)
     exact_length: bool = setting(True, "openai: ask for exactly --max-tokens output tokens with "
                                  "ignore_eos and min_tokens (vLLM, SGLang and this project's "
                                  "server take them); --no-exact-length for servers that refuse "
-                                 "fields they do not know")
+                                 "fields they do not know",
+                                 label="Ask for exactly the output tokens", when=OPENAI)
     token_ids: bool = setting(False, "openai: ask for each chunk's token ids (return_token_ids: "
                               "vLLM 0.10.2+ and this project's server), so output tokens are "
-                              "counted exactly without --tokenizer", compared=False)
+                              "counted exactly without --tokenizer", compared=False,
+                              label="Ask for token ids", when=OPENAI)
     tokenizer: str = setting("", "a Hugging Face tokenizer.json that counts the output tokens of "
                              "targets that stream text (openai; triton's trtllm backend); "
                              "without it they are estimated and the run says how",
-                             compared=False)
+                             compared=False,
+                             label="Tokenizer file (tokenizer.json)",
+                             when={"target": ("openai", "triton")})
     triton_backend: str = setting("vllm", "triton: the model's request shape, vllm (the vLLM "
                                   "backend) or trtllm (TensorRT-LLM's ensemble or BLS model)",
-                                  choices=("vllm", "trtllm"), compared=False)
+                                  choices=("vllm", "trtllm"), compared=False,
+                                  label="Triton backend", when=TRITON)
     triton_input: str = setting("text_input", "triton: the prompt's input tensor",
-                                compared=False)
+                                compared=False,
+                                label="Triton input tensor", when=TRITON)
     triton_output: str = setting("text_output", "triton: the generated text's output tensor",
-                                 compared=False)
+                                 compared=False,
+                                 label="Triton output tensor", when=TRITON)
     tls: bool = setting(False, "connect over TLS, trusting the system's CAs unless --tls-ca "
                         "(implied by --tls-ca and --tls-client-cert; openai: an https:// "
                         "--host)",
-                        compared=False)
+                        compared=False,
+                        label="TLS")
     tls_ca: str = setting("", "PEM CA bundle that signed the server's certificate",
-                          compared=False)
+                          compared=False,
+                          label="TLS CA bundle (PEM)")
     # Locust's own --tls-cert/--tls-key serve its web UI over https
     tls_cert: str = setting("", "mutual TLS: this client's PEM certificate chain (with "
-                            "--tls-client-key)", flag="tls-client-cert", compared=False)
+                            "--tls-client-key)", flag="tls-client-cert", compared=False,
+                            label="TLS client certificate (PEM)")
     tls_key: str = setting("", "the PEM private key of --tls-client-cert",
-                           flag="tls-client-key", compared=False)
+                           flag="tls-client-key", compared=False,
+                           label="TLS client key (PEM)")
     auth_token: str = setting("", "bearer token sent with every call (gRPC metadata "
                               "authorization, the HTTP Authorization header); default "
-                              "$MOE_AUTH_TOKEN", compared=False, secret=True)
+                              "$MOE_AUTH_TOKEN", compared=False, secret=True,
+                              label="Bearer token")
 
     def __post_init__(self):
         super().__post_init__()
@@ -111,39 +134,52 @@ class Traffic(Settings):
                         "request classes drawn by weight (--classes), each reported on its own and "
                         "together, at a rate shaped by --rate-profile. closed: Locust's own model, "
                         "-u users each sending the next request when the last ends (it "
-                        "under-states queueing, and the run says so)", choices=MODES)
+                        "under-states queueing, and the run says so)", choices=MODES,
+                        label="Mode")
     rate: float = setting(1.0, "offered requests/s, total across users and workers",
-                          check=above(0, " requests/s"))
+                          check=above(0, " requests/s"),
+                          label="Offered rate (requests/s)", when=OPEN_LOOP)
     arrival: str = setting("poisson", "gaps between sends: poisson (exponential), constant, or "
-                           "gamma (see --burstiness)", choices=ARRIVALS)
+                           "gamma (see --burstiness)", choices=ARRIVALS,
+                           label="Arrivals", when=OPEN_LOOP)
     burstiness: float = setting(1.0, "gamma arrivals: shape of the gap distribution (same mean); "
-                                "below 1 burstier than Poisson, 1 is Poisson", check=above(0))
+                                "below 1 burstier than Poisson, 1 is Poisson", check=above(0),
+                                label="Gamma shape (burstiness)",
+                                when={"mode": OPEN_LOOP_MODES, "arrival": "gamma"})
     profile: str = setting("", "mixed: sinusoid:PERIOD_S:AMPLITUDE, bursts:EVERY_S:LENGTH_S:FACTOR "
                            "(a Poisson process shaped by it), or trace:FILE (replay send times in "
                            "seconds, one per line); a constant rate when empty",
-                           flag="rate-profile", choices=Names("profiles"))
-    seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat")
+                           flag="rate-profile", choices=Names("profiles"),
+                           label="Rate profile", when={"mode": "mixed"})
+    seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat",
+                        label="Seed")
 
 
 @dataclass(frozen=True)
 class Workload(Settings):
     """Requests"""
 
-    prompt_tokens: int = setting(64, "prompt length of each request, in tokens", check=at_least(1))
+    prompt_tokens: int = setting(64, "prompt length of each request, in tokens", check=at_least(1),
+                                 label="Prompt tokens", when=ONE_SHAPE)
     prompt_tokens_max: int = setting(0, "above 0: prompt lengths uniform between --prompt-tokens "
-                                     "and this", check=at_least(0))
+                                     "and this", check=at_least(0),
+                                     label="Prompt tokens, up to (0: all the same)", when=ONE_SHAPE)
     max_tokens: int = setting(32, "output tokens per request (exact where the target can ask "
-                              "for it: docs/targets.md)", check=at_least(1))
+                              "for it: docs/targets.md)", check=at_least(1),
+                              label="Output tokens")
     classes: str = setting(DEFAULT_CLASSES, "mixed: request classes "
                            "name:weight:prompt_tokens:max_tokens, comma-separated",
-                           choices=Names("classes"))
+                           choices=Names("classes"),
+                           label="Request classes", when={"mode": "mixed", "dataset": ""})
     dataset: str = setting("", "a ShareGPT-style JSON file: each request is a conversation's first "
                            "human turn, its output length the reply's (capped by --max-tokens)",
-                           choices=Names("datasets"))
+                           choices=Names("datasets"),
+                           label="Dataset (ShareGPT-style JSON)")
     cancel_share: float = setting(0.0, "share of requests the client cancels part-way, after a "
                                   "random number of output tokens (1 to max_tokens - 1): counted "
                                   "as CLIENT_CANCELLED, neither ok nor failed (a soak checks that "
-                                  "the server frees what they held)", check=within(0, 1))
+                                  "the server frees what they held)", check=within(0, 1),
+                                  label="Share cancelled by the client")
 
     def __post_init__(self):
         super().__post_init__()
@@ -157,18 +193,26 @@ class Stress(Settings):
     """Stress mode"""
 
     rate_start: float = setting(0.0, "stress: the first step's requests/s; 0 = --rate",
-                                check=at_least(0, note=" (0 = --rate)"), compared=False)
+                                check=at_least(0, note=" (0 = --rate)"), compared=False,
+                                label="First step's rate (requests/s; 0: the offered rate)",
+                                when=STRESS)
     rate_step: float = setting(0.0, "stress: requests/s added each step", check=at_least(0),
-                               compared=False)
+                               compared=False,
+                               label="Rate added each step (requests/s)", when=STRESS)
     rate_mult: float = setting(0.0, "stress: or multiply the rate by this each step",
-                               check=at_least(0), compared=False)
-    step_s: float = setting(10.0, "stress: seconds per step", check=above(0), compared=False)
+                               check=at_least(0), compared=False,
+                               label="Or rate multiplied each step by", when=STRESS)
+    step_s: float = setting(10.0, "stress: seconds per step", check=above(0), compared=False,
+                            label="Seconds per step", when=STRESS)
     max_steps: int = setting(20, "stress: most steps before giving up", check=at_least(1),
-                             compared=False)
+                             compared=False,
+                             label="Most steps", when=STRESS)
     saturation_share: float = setting(0.9, "stress: a step whose achieved rate is below this share "
                                       "of the offered rate saturated",
                                       check=lambda v: None if 0 < v <= 1 else
-                                      f"must be in (0, 1], got {v}", compared=False)
+                                      f"must be in (0, 1], got {v}", compared=False,
+                                      label="Saturated below this share of the offered rate",
+                                      when=STRESS)
 
 
 @dataclass(frozen=True)
@@ -178,11 +222,14 @@ class Slo(Settings):
     slo_ttft_ms: float | None = setting(None, "TTFT objective: goodput counts requests meeting "
                                         "every objective given; the share meeting each is in "
                                         "summary.json (slo) and on the console", check=above(0),
-                                        compared=False)
+                                        compared=False,
+                                        label="TTFT objective (ms)")
     slo_tpot_ms: float | None = setting(None, "TPOT objective for goodput", check=above(0),
-                                        compared=False)
+                                        compared=False,
+                                        label="TPOT objective (ms)")
     slo_e2e_ms: float | None = setting(None, "end-to-end latency objective for goodput",
-                                       check=above(0), compared=False)
+                                       check=above(0), compared=False,
+                                       label="End-to-end objective (ms)")
 
 
 @dataclass(frozen=True)
@@ -190,22 +237,28 @@ class Sender(Settings):
     """Sending"""
 
     host: str = setting("127.0.0.1:50051", "the server, HOST:PORT (http://HOST:PORT for openai)",
-                        option=False, check=_host_port, compared=False)
+                        option=False, check=_host_port, compared=False,
+                        label="Host")
     client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own "
                           "greenlets, or aio, a plain asyncio process (grpc.aio, aiohttp) started "
                           "beside each Locust process (open-loop modes), which keeps message "
                           "timestamps exact to higher rates (see make bench-loadgen)",
-                          choices=CLIENTS, compared=False)
+                          choices=CLIENTS, compared=False,
+                          label="Sender (gevent or aio)", when={"mode": ("fixed", "mixed")})
     request_timeout_s: float = setting(120.0, "deadline of each request", check=above(0),
-                                       compared=False)
+                                       compared=False,
+                                       label="Request deadline (s)")
     max_in_flight: int = setting(1000, "open requests per process; arrivals beyond it are counted "
-                                 "as not sent", check=at_least(1), compared=False)
+                                 "as not sent", check=at_least(1), compared=False,
+                                 label="Most requests in flight")
     drain_s: float = setting(30.0, "after the run, seconds in-flight requests get to finish before "
-                             "being cut off", check=at_least(0), compared=False)
+                             "being cut off", check=at_least(0), compared=False,
+                             label="Drain after the run (s)")
     fail_fast: bool = setting(False, "stop the run when a request fails UNAVAILABLE (the server "
                               "went away) instead of counting the failures and going on until "
                               "it is back; a server not ready at the start always stops it",
-                              compared=False)
+                              compared=False,
+                              label="Stop when the server goes away")
 
 
 @dataclass(frozen=True)
@@ -213,15 +266,19 @@ class Recording(Settings):
     """Recording"""
 
     warmup_s: float = setting(0.0, "requests scheduled in the first seconds are sent but not "
-                              "measured", check=at_least(0), compared=False)
+                              "measured", check=at_least(0), compared=False,
+                              label="Warm-up, not measured (s)")
     run_dir: str = setting("", "where summary.json and histograms go (default "
-                           "runs/YYYYmmdd-HHMMSS-MODE, UTC)", compared=False)
+                           "runs/YYYYmmdd-HHMMSS-MODE, UTC)", compared=False,
+                           label="Run directory")
     interval_s: float = setting(1.0, "period of the .hlog interval histograms and of "
                                 "server_stats.jsonl samples", check=at_least(0.1),
-                                compared=False)
+                                compared=False,
+                                label="Interval of logs and samples (s)")
     max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests "
                                     "(the count of the rest is in summary.json)", check=at_least(0),
-                                    compared=False)
+                                    compared=False,
+                                    label="Most rows in requests.jsonl")
 
 
 @dataclass(frozen=True)
@@ -243,17 +300,3 @@ class LoadSettings(Settings):
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
         require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
                 "aio sends open-loop schedules only: use it with --mode fixed or mixed")
-
-
-# A setting whose help begins "SCOPE: ..." applies only where SCOPE holds; the others always do.
-# The report's config table (and anything else that shows settings) shows only those that apply.
-SCOPES = {"openai": lambda s: s.target.target == "openai",
-          "triton": lambda s: s.target.target == "triton",
-          "stress": lambda s: s.traffic.mode == "stress",
-          "mixed": lambda s: s.traffic.mode == "mixed",
-          "gamma arrivals": lambda s: s.traffic.arrival == "gamma"}
-
-
-def applies(leaf: Leaf, settings: LoadSettings) -> bool:
-    scope = leaf.spec.help.split(":", 1)[0]
-    return SCOPES[scope](settings) if scope in SCOPES else True

@@ -5,6 +5,7 @@ UI driven over HTTP; a master with two workers merging exactly; and a graceful S
 streams are open."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     with server_process(tmp_path) as (_, port):
         done = locust(port, run_dir, "-t", "6s", "--mode", "fixed", "--rate", "5",
                       "--arrival", "constant", "--prompt-tokens", "16", "--max-tokens", "8",
-                      "--warmup-s", "1", "--slo-ttft-ms", "5000", "--csv", str(tmp_path / "lc"))
+                      "--warmup-s", "1", "--slo-ttft-ms", "5000", "--csv", str(tmp_path / "lc"),
+                      "--html", str(tmp_path / "report.html"))
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS  # the schema the README documents
@@ -62,6 +64,12 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     latency = (tmp_path / "lc_latency.csv").read_text().splitlines()
     ttft = next(line for line in latency if line.startswith('"TTFT"')).split(",")
     assert int(ttft[1]) == summary["metrics"]["ttft_ms"]["count"]
+    # ... and its --html report opens with them, and their chart over time
+    html = (tmp_path / "report.html").read_text()
+    section = html[html.index("<section id='moe-loadlab'"):html.index('<div id="root">')]
+    count = summary["metrics"]["ttft_ms"]["count"]
+    assert re.search(rf"<td[^>]*>TTFT</td><td[^>]*>{count}</td>", section)
+    assert str(run_dir) in section and section.count("<polyline") >= 6  # p50, p99 x 3 metrics
     assert set(summary["metrics"]) == {f"{m}_ms" for m in CLIENT_METRICS}
     assert set(summary["requests"]) == {"sent", "ok", "failed", "not_sent", "failed_by_code",
                                         "warmup", "rows_omitted"}
@@ -182,9 +190,12 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
                  max_tokens=4, prompt_tokens=8, run_dir=str(run_dir))
             time.sleep(5)
             live = json.loads(urllib.request.urlopen(base + "/stats/requests", timeout=5).read())
+            chart = urllib.request.urlopen(base + "/moe/timeline.svg", timeout=5).read().decode()
             post("/stop")
             assert wait_for(lambda: (run_dir / "summary.json").exists())
             page = urllib.request.urlopen(base, timeout=5).read().decode()
+            script = urllib.request.urlopen(base + "/moe/web_ui.js", timeout=5).read().decode()
+            report = urllib.request.urlopen(base + "/stats/report", timeout=5).read().decode()
             ended = json.loads(urllib.request.urlopen(base + "/stats/requests",
                                                       timeout=5).read())["extended_stats"]
             csv = urllib.request.urlopen(base + "/moe/latency.csv", timeout=5).read().decode()
@@ -203,6 +214,13 @@ def test_web_ui_refuses_a_bad_rate_then_runs_with_rate_alone(tmp_path):
     assert tab["TTFT"]["count"] >= 20 and 0 < tab["TTFT"]["p50"] <= tab["TTFT"]["p99"]
     assert tab["TPOT"]["count"] >= 20
     assert "Latency (HDR)" in page and "Last run" in page  # the tabs are declared to the page
+    # the page loads the form's arrangement and our script before Locust's app
+    spec = json.loads(re.search(r"window\.moeWebUi = (\{.*?\});</script>", page).group(1))
+    assert spec["form"]["order"][:2] == ["mode", "rate"] and "window.moeWebUi" in script
+    assert page.index("window.moeWebUi") > page.index("window.templateArgs")
+    assert chart.startswith("<svg") and chart.count("<polyline") >= 2  # TTFT p50 and p99 so far
+    # the UI's report download opens with the run's own figures
+    assert "<section id='moe-loadlab'" in report and str(run_dir) in report
     assert csv.startswith('"Metric",') and '"TTFT",' in csv
     last = {row["item"]: row["value"] for row in ended[1]["data"]}
     assert last["run directory"] == str(run_dir)

@@ -1,6 +1,6 @@
 """Load generator logic with scripted clocks: metric definitions, arrival schedules,
-histogram clamping and queries (equal to hdrhistogram's own), request accounting, SLO shares and when a stress step counts as short of
-its arrivals."""
+histogram clamping and queries (equal to hdrhistogram's own), request accounting, SLO shares
+and when a stress step counts as short of its arrivals."""
 
 import itertools
 import random
