@@ -152,13 +152,25 @@ class Faults(Settings):
 class Model(Settings):
     """Model"""
 
-    preset: str = setting("small", "model shape: tiny for tests, small for CPU load tests (20-50 "
-                          "tokens/s per stream), mixtral-8x7b and qwen1.5-moe-a2.7b are real "
-                          "shapes for GPUs", choices=Names("presets"))
+    preset: str = setting("small", "model shape, its weights random from --seed: tiny for tests, "
+                          "small for CPU load tests (20-50 tokens/s per stream), fine for CPU "
+                          "load tests with fine-grained experts (64, top-8, and a shared one); "
+                          "the others are real models' shapes, for GPUs",
+                          choices=Names("presets"))
+    checkpoint: str = setting("", "serve this Hugging Face checkpoint directory instead of a "
+                              "preset: config.json, *.safetensors (an index or not) and "
+                              "tokenizer.json of a Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE or "
+                              "OLMoE model (docs/checkpoints.md)", flag="model")
+    # GetStats' max_seq_len is the context the model runs with, this or the model's own
+    context_len: int = setting(0, "context per sequence, the positions the KV cache holds; 0 = "
+                               "the model's (the preset's, or the checkpoint's "
+                               "max_position_embeddings)", flag="max-seq-len",
+                               check=at_least(0, note=" (0 = the model's)"))
     device: str | None = setting(None, "cpu, cuda or cuda:N; cuda when present", check=_device)
-    dtype: str | None = setting(None, "float32, bfloat16 or float16; bfloat16 on cuda, float32 on "
-                                "cpu (where bfloat16 is 10-70x slower)", choices=Names("dtypes"))
-    seed: int = setting(0, "seed of the random weights (nothing is downloaded)")
+    dtype: str | None = setting(None, "float32, bfloat16 or float16; float32 on cpu, on cuda the "
+                                "checkpoint's own or bfloat16", choices=Names("dtypes"))
+    seed: int = setting(0, "seed of the random weights (nothing is downloaded); with --model, of "
+                        "what the checkpoint does not hold (a noisy router's noise weights)")
     torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when "
                                  "server and load generator share 2 cores)", check=at_least(0))
 

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2
 
 from records.declare import SettingsError
 from records.server_settings import ServerSettings
+from server.checkpoint import open_checkpoint
 from server.engine import Engine
 from server.generation import Generations, Limits
 from server.http_api import start_http
@@ -72,9 +73,12 @@ async def start(settings: ServerSettings) -> App:
     model, serving = settings.model, settings.serving
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
-    log.info("building %s on %s (%s), seed %d", model.preset, model.device, model.dtype, model.seed)
-    engine = Engine(model.preset, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed,
-                    settings.moe)
+    name = model.checkpoint or model.preset
+    log.info("building %s on %s (%s), seed %d", name, model.device, model.dtype, model.seed)
+    source = open_checkpoint(model.checkpoint, model.context_len) if model.checkpoint \
+        else model.preset
+    engine = Engine(source, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed,
+                    settings.moe, model.context_len)
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
@@ -99,7 +103,7 @@ async def start(settings: ServerSettings) -> App:
                                                                  metrics_host,
                                                                  serving.metrics_port)
         if serving.http_port is not None:
-            app.http, app.http_port = await start_http(generations, model.preset, serving.host,
+            app.http, app.http_port = await start_http(generations, name, serving.host,
                                                        serving.http_port, serving.grace_s,
                                                        settings.limits.max_message_bytes, guard)
     except OSError as exc:  # taken since server/settings.py checked the ports
@@ -107,12 +111,11 @@ async def start(settings: ServerSettings) -> App:
         flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"
         raise SettingsError(f"--{flag}: cannot listen: {exc.strerror or exc}; pick another "
                             f"--{flag} (0 = any free port)") from None
-    log.info("serving %s with policy %s on %s:%d", model.preset, settings.batching.policy,
+    log.info("serving %s with policy %s on %s:%d", name, settings.batching.policy,
              serving.host, port)
     if app.metrics_port is not None:
         log.info("Prometheus metrics on http://%s:%d/metrics", metrics_host, app.metrics_port)
     if app.http_port is not None:
         log.info("OpenAI-compatible API on %s://%s:%d/v1 (model %s)",
-                 "https" if guard.ssl_context else "http", serving.host, app.http_port,
-                 model.preset)
+                 "https" if guard.ssl_context else "http", serving.host, app.http_port, name)
     return app

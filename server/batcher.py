@@ -24,7 +24,6 @@ from server.faults import Injector
 from server.policies import StepPlan, View
 from server.routing import request_key
 from server.telemetry import COUNT_BOUNDS, StepLog, Telemetry, count_bounds
-from server.tokenizer import EOS_ID
 
 LENGTH, STOP = "LENGTH", "STOP"
 LIFETIME_PRIOR_S = 1.0  # a request's lifetime before any has finished
@@ -201,7 +200,7 @@ class Batcher:
                     continue  # a prompt chunk: its logits are not a token yet
                 req.first_token_ns = t1
             req.output_ids.append(token)
-            stops = (token == EOS_ID and not req.ignore_eos
+            stops = (token in self.engine.tokenizer.eos_ids and not req.ignore_eos
                      and len(req.output_ids) > req.min_tokens)
             finish = LENGTH if len(req.output_ids) >= req.max_tokens else STOP if stops else None
             usage = None

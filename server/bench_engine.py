@@ -67,8 +67,9 @@ def hf_loop_forward(moe: MoELayer, x: Tensor) -> Tensor:
     for e in range(moe.n_experts):  # empty experts included, as HF does
         idx, top_x = torch.where(expert_mask[e])
         h = x[top_x]
-        w1, w3, w2 = (w[e] for w in moe.experts.weights)
-        y = F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2)
+        w13, w2 = (w[e] for w in moe.experts.weights)
+        gate, up = F.linear(h, w13).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2)
         out.index_add_(0, top_x, y * weights[top_x, idx, None])
     return out
 
@@ -116,7 +117,7 @@ def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generato
                 kernels: list[str]) -> list[dict]:
     """Per T: the loop and each kernel on cold weights, plus the roofline's two rates, all in the
     same rounds, so the bound is measured under the same noise as what it bounds."""
-    device = moe.experts.w1.device
+    device = moe.experts.w2.device
     # HF routes without skew
     layers = {name: variant(moe, kernel=KERNELS[name], skew_bias=None) for name in kernels}
     flush = torch.empty(FLUSH_BYTES // 4, device=device)
@@ -124,7 +125,7 @@ def bench_layer(moe: MoELayer, norm: Callable, repeats: int, gen: torch.Generato
     dst = torch.empty_like(src)
     rows = []
     for t in TOKENS:
-        x = norm(torch.randn(t, moe.experts.w1.shape[2], generator=gen, device=device))
+        x = norm(torch.randn(t, moe.experts.w2.shape[1], generator=gen, device=device))
         expected = hf_loop_forward(moe, x)
         fns = {"loop": lambda x=x: hf_loop_forward(moe, x)}
         for name in kernels:
@@ -153,7 +154,7 @@ def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int],
     if skew.kind != "affinity":
         return None
     return torch.stack([skew.request_bias(n_layers, moe.n_experts, key, seed) for key in keys]).to(
-        moe.experts.w1.device)
+        moe.experts.w2.device)
 
 
 def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
@@ -163,7 +164,7 @@ def routed_experts(moe: MoELayer, x: Tensor, bias: Tensor | None) -> list[int]:
 
 def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
                     seed: int) -> list[dict]:
-    e, k, d = moe.n_experts, moe.top_k, moe.experts.w1.shape[2]
+    e, k, d = moe.n_experts, moe.top_k, moe.experts.w2.shape[1]
     rows = []
     for spec in SKEWS:
         skew = Skew.parse(spec)
@@ -172,7 +173,7 @@ def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Gen
             counts = []
             for s in range(ROUTING_SAMPLES):  # B fresh requests per batch
                 keys = [request_key(f"activated-{b}-{s}-{i}", seed) for i in range(b)]
-                x = norm(torch.randn(b, d, generator=gen, device=moe.experts.w1.device))
+                x = norm(torch.randn(b, d, generator=gen, device=moe.experts.w2.device))
                 bias = token_bias(skew, moe, n_layers, keys, seed)
                 counts.append(len(routed_experts(skewed, x, bias)))
             rows.append({"skew": spec, "batch": b, "mean_active": statistics.fmean(counts),
@@ -182,12 +183,12 @@ def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Gen
 
 def skew_bias(skew: Skew, moe: MoELayer, seed: int) -> Tensor | None:
     bias = skew.layer_bias(moe.n_experts, moe.top_k, moe.layer, seed)
-    return None if bias is None else bias.to(moe.experts.w1.device)
+    return None if bias is None else bias.to(moe.experts.w2.device)
 
 
 def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
                 seed: int) -> list[dict]:
-    device = moe.experts.w1.device
+    device = moe.experts.w2.device
     weights = tuple(w.detach() for w in moe.experts.weights)
     # as the engine does
     host = weights if device.type == "cpu" else tuple(w.cpu().pin_memory() for w in weights)
@@ -203,7 +204,7 @@ def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generat
                              cache=cache)
             # the real layer, so the cache sees the engine's visiting order
             for _ in range(CACHE_STEPS):
-                x = norm(torch.randn(CACHE_REQUESTS, host[0].shape[2], generator=gen,
+                x = norm(torch.randn(CACHE_REQUESTS, host[1].shape[1], generator=gen,
                                      device=device))
                 cached(x, step_context(x, bias))
             cache.settle()
@@ -217,7 +218,7 @@ def roofline(rows: list[dict], moe: MoELayer, expert_bytes: int, variants: list[
     """Per T: the bound = max(A experts' weights at the copy rate, the step's FLOPs at the rate of
     one expert's SwiGLU on m = ceil(T k / A) rows with its weights warm), and each variant against
     it. The copy rate counts the bytes copied, not read + written."""
-    _, i, d = moe.experts.w1.shape
+    _, d, i = moe.experts.w2.shape
     out = []
     for r in rows:
         copy_gb_s = COPY_BYTES / r["copy_ms"] / 1e6
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     skipped = grouped_mm_unsupported((margs.expert_dim, margs.dim), device, torch.float32)
     kernels = ["sorted"] if skipped else ["sorted", "grouped_mm"]
     variants = ["loop", *kernels]
-    expert_bytes = 3 * margs.dim * margs.expert_dim * moe.experts.w1.element_size()
+    expert_bytes = 3 * margs.dim * margs.expert_dim * moe.experts.w2.element_size()
     machine = {"torch": torch.__version__, "threads": args.threads, "device": str(device),
                "dtype": "float32", "preset": args.preset, "dim": margs.dim,
                "experts": margs.n_experts, "top_k": margs.top_k, "expert_dim": margs.expert_dim,

@@ -7,17 +7,20 @@ what the step did: routing counts, drops, active experts, stage times.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import KW_ONLY, dataclass
 
 import torch
 from torch import Tensor
 
 from records.server_settings import MoE
+from server.checkpoint import Checkpoint
 from server.expert_cache import LayerCache
 from server.model import PRESETS, KVCache, StepLayout, Transformer
 from server.moe import StepContext
 from server.routing import Skew
 from server.stages import StageTimer
+from server.tokenizer import ByteTokenizer
 
 
 @dataclass
@@ -47,14 +50,22 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
-                 moe: MoE = MoE()):
-        self.args = args = PRESETS[preset]
+    def __init__(self, model: str | Checkpoint, kv_slots: int, device: str, dtype: torch.dtype,
+                 seed: int, moe: MoE = MoE(), max_seq_len: int = 0):
+        """model: a preset's name (random weights from seed, the byte-level tokenizer) or a
+        checkpoint (its weights and tokenizer); max_seq_len above 0 sets a preset's context."""
+        checkpoint = model if isinstance(model, Checkpoint) else None
+        args = checkpoint.args if checkpoint else PRESETS[model]
+        if max_seq_len and not checkpoint:
+            args = dataclasses.replace(args, max_seq_len=max_seq_len)
+        self.args = args
+        self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
         self.device = torch.device(device)
         self.dtype = dtype
         self.seed = seed
         self.model = Transformer(args, moe, seed, self.device, dtype)
-        self.model.init_random(seed)
+        self.model.init_random(seed, checkpoint.load_into(self.model) if checkpoint
+                               else frozenset())
         self.model.eval()
         self.kernel_name = self.model.kernel_name
         self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers
@@ -76,7 +87,7 @@ class Engine:
 
     @property
     def expert_bytes(self) -> int:
-        """Weight bytes of one expert (w1, w3, w2)."""
+        """Weight bytes of one expert (its gate, up and down projections)."""
         a = self.args
         return 3 * a.dim * a.expert_dim * self.dtype.itemsize
 

@@ -2,10 +2,11 @@
 
 Per MoE layer at most `capacity` experts are resident in fast memory (GPU memory on CUDA;
 a separate resident buffer on a CPU); all experts live in host memory (pinned on CUDA).
-A miss copies the expert's three weight matrices in for real and evicts a resident expert
-not needed by the same call, chosen by the policy: lru, lfu (ties to the least recently
-used) or random (seeded). The MoE layer visits a step's resident experts before the
-missing ones, so a miss never evicts an expert the step still needs while others would do.
+A miss copies the expert's weights (its fused gate-up and its down projection) in for real
+and evicts a resident expert not needed by the same call, chosen by the policy: lru, lfu
+(ties to the least recently used) or random (seeded). The MoE layer visits a step's
+resident experts before the missing ones, so a miss never evicts an expert the step still
+needs while others would do.
 
 Copies run on the compute stream (non-blocking from pinned memory on CUDA), so the time
 compute waits for them equals their copy time; on a CPU the copy is synchronous and the
@@ -40,11 +41,11 @@ class LayerCache:
     """One MoE layer's resident experts. rng: the random policy's draws (the layers of a model
     share one, seeded)."""
 
-    def __init__(self, host: tuple[Tensor, Tensor, Tensor], capacity: int, device: torch.device,
+    def __init__(self, host: tuple[Tensor, ...], capacity: int, device: torch.device,
                  policy: str = "lru", rng: random.Random | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown cache policy {policy!r}; choose from {', '.join(POLICIES)}")
-        self.host = host  # w1 [E, I, D], w3 [E, I, D], w2 [E, D, I] in host memory
+        self.host = host  # w13 [E, 2I, D], w2 [E, D, I] in host memory
         self.resident = tuple(torch.empty((capacity, *w.shape[1:]), dtype=w.dtype, device=device)
                               for w in host)
         self.capacity = capacity

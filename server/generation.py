@@ -9,7 +9,6 @@ request counts the same in the telemetry whichever door it came in by.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import collections
 import math
 import time
@@ -17,11 +16,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from server import tokenizer
 from server.batcher import FailureEvent, Request, TokenEvent, Usage
 from server.errors import InvalidRequestError, QueueFullError, ServerError, UnavailableError
 from server.faults import Fate
 from server.scheduler import Scheduler
+from server.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -58,13 +57,13 @@ class Batch:
     error: Exception | None = None  # the request failed: a ServerError, or the engine's own
 
 
-def prompt_ids_of(ask: Ask, limits: Limits) -> list[int]:
+def prompt_ids_of(ask: Ask, limits: Limits, tokenizer: Tokenizer) -> list[int]:
     """The request's prompt as token ids, or InvalidRequestError saying what to change. A
-    prompt too long for the context is refused before any work on it: every character of
-    text is at least one token."""
+    prompt too long for the context is refused before any work on it where the tokenizer can
+    tell (the byte-level one: every character is at least one token)."""
     if ask.prompt and ask.prompt_ids:
         raise InvalidRequestError("set either prompt or prompt_token_ids, not both")
-    at_least = len(ask.prompt_ids) or len(ask.prompt) + 1  # BOS
+    at_least = len(ask.prompt_ids) or tokenizer.fewest_tokens(ask.prompt)
     if at_least >= limits.max_seq_len:
         raise InvalidRequestError(
             f"prompt is at least {at_least} tokens but the model context is "
@@ -79,7 +78,10 @@ def prompt_ids_of(ask: Ask, limits: Limits) -> list[int]:
         return list(ask.prompt_ids)
     if not ask.prompt:
         raise InvalidRequestError("prompt is empty: set prompt (text) or prompt_token_ids")
-    return tokenizer.encode(ask.prompt)
+    ids = tokenizer.encode(ask.prompt)
+    if not ids:
+        raise InvalidRequestError("the prompt is no tokens at all to this model's tokenizer")
+    return ids
 
 
 def validate(ask: Ask, prompt_len: int, limits: Limits) -> None:
@@ -129,7 +131,7 @@ class Stream:
             self.generations.closed(self.request.client)
 
     async def batches(self) -> AsyncIterator[Batch]:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder = self.generations.tokenizer.decoder()
         while not self.finished:
             events = [await self.events.get()]
             while not self.events.empty():  # a slow reader gets several tokens a message
@@ -141,11 +143,11 @@ class Stream:
                 return
             tokens: list[TokenEvent] = events
             ids = [e.token_id for e in tokens]
-            text = decoder.decode(tokenizer.token_bytes(ids))
+            text = decoder.decode(ids)
             last = tokens[-1]
             if last.finish_reason:
                 self.finished = True
-                text += decoder.decode(b"", final=True)
+                text += decoder.flush()
             if self.fate.slow_s:
                 await asyncio.sleep(self.fate.slow_s)
             yield Batch(ids, text, last.finish_reason, last.usage)
@@ -160,6 +162,7 @@ class Generations:
     def __init__(self, scheduler: Scheduler, limits: Limits):
         self.scheduler = scheduler
         self.limits = limits
+        self.tokenizer = scheduler.engine.tokenizer
         self.draining = False  # set on SIGTERM: new requests are refused as UNAVAILABLE
         self.open = 0  # streams submitted and not yet closed
         self.open_by_client: collections.Counter[str] = collections.Counter()
@@ -210,7 +213,7 @@ class Generations:
                 raise UnavailableError("server is shutting down; "
                                        "send the request to another replica")
             self.check_quota(client)
-            prompt_ids = prompt_ids_of(ask, self.limits)
+            prompt_ids = prompt_ids_of(ask, self.limits, self.tokenizer)
             validate(ask, len(prompt_ids), self.limits)
             request = Request(request_id=ask.request_id or uuid.uuid4().hex,
                               prompt_ids=prompt_ids, max_tokens=ask.max_tokens, sink=sink,

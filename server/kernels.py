@@ -1,9 +1,10 @@
 """Expert kernels: each expert's SwiGLU over its tokens, the tokens already sorted by expert.
 
 Every kernel takes (xs [M, D] sorted by group, counts: tokens per group (host ints),
-index: the weight row of each group, w1 [S, I, D], w3 [S, I, D], w2 [S, D, I]) and returns
-ys [M, D] in the same order. A group is one expert; S is the number of experts, or of
-resident slots when the expert cache is on.
+index: the weight row of each group, w13 [S, 2I, D] (gate then up projection, fused as
+transformers keeps them, so one matmul computes both), w2 [S, D, I]) and returns ys [M, D] in
+the same order. A group is one expert; S is the number of experts, or of resident slots when
+the expert cache is on.
 """
 
 from __future__ import annotations
@@ -18,44 +19,49 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 
-Kernel = Callable[[Tensor, Sequence[int], Sequence[int], Tensor, Tensor, Tensor], Tensor]
+Kernel = Callable[[Tensor, Sequence[int], Sequence[int], Tensor, Tensor], Tensor]
 
 
-def swiglu(h: Tensor, w1: Tensor, w3: Tensor, w2: Tensor) -> Tensor:
-    return (F.silu(h @ w1.T) * (h @ w3.T)) @ w2.T
+def gated(gate_up: Tensor) -> Tensor:
+    """SwiGLU's middle: silu(gate) * up, from the fused projection's output [M, 2I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
-def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor, w3: Tensor,
+def swiglu(h: Tensor, w13: Tensor, w2: Tensor) -> Tensor:
+    return gated(h @ w13.T) @ w2.T
+
+
+def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13: Tensor,
                    w2: Tensor) -> Tensor:
     """One matmul chain per non-empty group over its contiguous slice."""
     ys = torch.empty_like(xs)
     start = 0
     for n, row in zip(counts, index, strict=True):
         if n:
-            ys[start:start + n] = swiglu(xs[start:start + n], w1[row], w3[row], w2[row])
+            ys[start:start + n] = swiglu(xs[start:start + n], w13[row], w2[row])
         start += n
     return ys
 
 
-def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor,
-                       w3: Tensor, w2: Tensor) -> Tensor:
-    """All groups in three torch._grouped_mm calls; groups must cover w's rows in order."""
-    if list(index) != list(range(w1.shape[0])):
+def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13: Tensor,
+                       w2: Tensor) -> Tensor:
+    """All groups in two torch._grouped_mm calls; groups must cover w's rows in order."""
+    if list(index) != list(range(w13.shape[0])):
         raise ValueError("grouped_mm needs one group per weight row, in row order")
     offs = torch.tensor(counts, dtype=torch.int32, device=xs.device).cumsum(0, dtype=torch.int32)
-    h = F.silu(torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)) * torch._grouped_mm(
-        xs, w3.transpose(1, 2), offs=offs)
+    h = gated(torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs))
     return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
 
 
-def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w1: Tensor,
-                      w3: Tensor, w2: Tensor) -> Tensor:
+def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13: Tensor,
+                      w2: Tensor) -> Tensor:
     """Row by row: slow, the reference for tests."""
     ys = torch.empty_like(xs)
     start = 0
     for n, row in zip(counts, index, strict=True):
         for m in range(start, start + n):
-            ys[m] = swiglu(xs[m:m + 1], w1[row], w3[row], w2[row])[0]
+            ys[m] = swiglu(xs[m:m + 1], w13[row], w2[row])[0]
         start += n
     return ys
 
@@ -72,10 +78,10 @@ def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device,
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
     i, d = shape
-    w1 = torch.zeros(1, i, d, device=device, dtype=dtype)
+    w13 = torch.zeros(1, 2 * i, d, device=device, dtype=dtype)
     w2 = torch.zeros(1, d, i, device=device, dtype=dtype)
     try:
-        grouped_mm_experts(torch.zeros(2, d, device=device, dtype=dtype), [2], range(1), w1, w1, w2)
+        grouped_mm_experts(torch.zeros(2, d, device=device, dtype=dtype), [2], range(1), w13, w2)
     except (RuntimeError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     return None

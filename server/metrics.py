@@ -35,8 +35,8 @@ def histogram_family(name: str, doc: str, h: Histogram, scale: float = 1.0,
     return family
 
 
-INFO_LABELS = ("preset", "policy", "device", "dtype", "moe_kernel", "router", "routing_skew",
-               "expert_cache", "max_batch_size", "kv_slots")
+INFO_LABELS = ("preset", "checkpoint", "policy", "device", "dtype", "moe_kernel", "router",
+               "routing_skew", "expert_cache", "max_batch_size", "kv_slots")
 
 
 class EngineCollector:

@@ -1,11 +1,15 @@
-"""A decoder-only Mixture-of-Experts transformer with seeded random weights.
+"""A decoder-only Mixture-of-Experts transformer: seeded random weights for the presets, or a
+Hugging Face checkpoint's (server/checkpoint.py). The shapes and the variations the supported
+families need (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) are ModelArgs fields: head size, q/k/v
+biases, q/k normalisation, clipping, a shared expert, tied embeddings, a sliding window.
 
 One forward pass serves a whole engine step: the tokens of every sequence in the step are
 flattened into one row, so prefill chunks and single decode tokens share every matmul and
 the MoE layer (server/moe.py) sees all of the step's tokens at once.
 
 Shape letters: N tokens in the step, D model dim, H query heads, G kv heads, K head dim,
-E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L layers.
+E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L layers,
+Q = H x K and C = G x K the query and key widths.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from records.declare import flat
 from records.server_settings import MoE
 from server.expert_cache import LayerCache
 from server.kernels import KERNELS, resolve_kernel
-from server.moe import Experts, MoELayer, StepContext
+from server.moe import Experts, MoELayer, SharedExpert, StepContext
 from server.routing import Skew, router_class, router_options
 from server.tokenizer import VOCAB_SIZE
 
@@ -42,16 +46,37 @@ class ModelArgs:
     norm_eps: float = 1e-5
     # router weights renormalised over the chosen k (Mixtral); Qwen1.5-MoE does not
     renormalize: bool = True
+    head_dim: int = 0  # 0 = dim // n_heads (Qwen3-MoE sets its own)
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2-MoE)
+    out_bias: bool = False  # ... and on the output projection
+    qk_norm: str = ""  # "head": RMSNorm of each head of q and k (Qwen3-MoE); "full": of the
+    #                    whole q and k projections (OLMoE); "": none
+    clip_qkv: float | None = None  # q, k and v clamped to +-this (OLMoE's option)
+    shared_expert_dim: int = 0  # a SwiGLU every token passes, gated by sigmoid(x . g) (Qwen2-MoE)
+    tie_embeddings: bool = False  # the output projection is the embedding matrix
+    sliding_window: int = 0  # attend to at most this many latest positions (Mixtral); 0 = all
 
     def __post_init__(self):
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError("dim must divide by n_heads and n_heads by n_kv_heads")
+        if not self.head_dim:
+            if self.dim % self.n_heads:
+                raise ValueError("dim must divide by n_heads (or give head_dim)")
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must divide by n_kv_heads")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (rotary halves), got {self.head_dim}")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k must be in 1..{self.n_experts}, got {self.top_k}")
+        if self.qk_norm not in ("", "head", "full"):
+            raise ValueError(f"qk_norm must be '', 'head' or 'full', got {self.qk_norm!r}")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
 
 
 PRESETS: dict[str, ModelArgs] = {
@@ -60,13 +85,27 @@ PRESETS: dict[str, ModelArgs] = {
     # CPU load tests: 20-50 tokens/s per stream, saturating around a batch of 8-16 streams.
     "small": ModelArgs(dim=768, n_layers=6, n_heads=12, n_kv_heads=4, n_experts=8, top_k=2,
                        expert_dim=1536, max_seq_len=1024),
+    # CPU load tests with fine-grained experts (Qwen-MoE-like: many small experts, several per
+    # token, and a shared one), so policies and the expert cache meet realistic expert counts: a
+    # decode step of 8 streams takes tens of ms on 2 CPU cores, as small's does.
+    "fine": ModelArgs(dim=512, n_layers=6, n_heads=8, n_kv_heads=4, n_experts=64, top_k=8,
+                      expert_dim=256, shared_expert_dim=1024, max_seq_len=1024),
     # Real shapes, for GPUs.
     "mixtral-8x7b": ModelArgs(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                               n_experts=8, top_k=2, expert_dim=14336, max_seq_len=4096,
                               rope_base=1e6),
     "qwen1.5-moe-a2.7b": ModelArgs(vocab_size=151936, dim=2048, n_layers=24, n_heads=16,
                                    n_kv_heads=16, n_experts=60, top_k=4, expert_dim=1408,
-                                   max_seq_len=4096, rope_base=1e6, renormalize=False),
+                                   max_seq_len=4096, rope_base=1e6, renormalize=False,
+                                   qkv_bias=True, shared_expert_dim=5632, norm_eps=1e-6),
+    # Fine-grained experts: many small ones, several per token.
+    "qwen3-30b-a3b": ModelArgs(vocab_size=151936, dim=2048, n_layers=48, n_heads=32,
+                               n_kv_heads=4, head_dim=128, n_experts=128, top_k=8,
+                               expert_dim=768, max_seq_len=4096, rope_base=1e6, qk_norm="head",
+                               norm_eps=1e-6),
+    "olmoe-1b-7b": ModelArgs(vocab_size=50304, dim=2048, n_layers=16, n_heads=16, n_kv_heads=16,
+                             n_experts=64, top_k=8, expert_dim=1024, max_seq_len=4096,
+                             qk_norm="full", renormalize=False),
 }
 
 
@@ -175,20 +214,37 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs, device, dtype):
         super().__init__()
         self.args = args
-        kv_dim = args.n_kv_heads * args.head_dim
-        self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=False, device=device,
-                              dtype=dtype)
-        self.wo = nn.Linear(args.dim, args.dim, bias=False, device=device, dtype=dtype)
+        self.wqkv = nn.Linear(args.dim, args.q_dim + 2 * args.kv_dim, bias=args.qkv_bias,
+                              device=device, dtype=dtype)
+        self.wo = nn.Linear(args.q_dim, args.dim, bias=args.out_bias, device=device, dtype=dtype)
+        widths = {"head": (args.head_dim, args.head_dim), "full": (args.q_dim, args.kv_dim)}
+        if args.qk_norm:
+            q_width, k_width = widths[args.qk_norm]
+            self.q_norm = RMSNorm(q_width, args.norm_eps, device, dtype)
+            self.k_norm = RMSNorm(k_width, args.norm_eps, device, dtype)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, H, K], k and v [N, G, K], normalised and clipped as the model does, before
+        the rotary embedding."""
+        a = self.args
+        n = x.shape[0]
+        q, k, v = self.wqkv(x).split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+        if a.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if a.clip_qkv is not None:
+            q, k, v = (t.clamp(-a.clip_qkv, a.clip_qkv) for t in (q, k, v))
+        q = q.view(n, a.n_heads, a.head_dim)
+        k = k.view(n, a.n_kv_heads, a.head_dim)
+        if a.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v.view(n, a.n_kv_heads, a.head_dim)
 
     def forward(self, x: Tensor, layout: StepLayout, cos: Tensor, sin: Tensor,
                 k_cache: Tensor, v_cache: Tensor) -> Tensor:
         a = self.args
         n = x.shape[0]
-        kv_dim = a.n_kv_heads * a.head_dim
-        q, k, v = self.wqkv(x).split([a.dim, kv_dim, kv_dim], dim=-1)
-        q = apply_rope(q.view(n, a.n_heads, a.head_dim), cos, sin)  # [N, H, K]
-        k = apply_rope(k.view(n, a.n_kv_heads, a.head_dim), cos, sin)  # [N, G, K]
-        v = v.view(n, a.n_kv_heads, a.head_dim)
+        q, k, v = self.qkv(x)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache[layout.token_slots, :, layout.positions] = k
         v_cache[layout.token_slots, :, layout.positions] = v
 
@@ -197,8 +253,10 @@ class Attention(nn.Module):
             s = layout.decode_max_len
             keys = k_cache[layout.decode_slots, :, :s]  # [Bd, G, S, K]
             values = v_cache[layout.decode_slots, :, :s]
-            mask = (torch.arange(s, device=x.device)[None, :]
-                    < layout.decode_lens[:, None])  # [Bd, S]
+            keys_at = torch.arange(s, device=x.device)[None, :]
+            mask = keys_at < layout.decode_lens[:, None]  # [Bd, S]
+            if a.sliding_window:
+                mask &= keys_at >= layout.decode_lens[:, None] - a.sliding_window
             qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
             o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=mask[:, None, None, :],
                                                enable_gqa=True)
@@ -210,14 +268,16 @@ class Attention(nn.Module):
             values = v_cache[layout.prefill_slots, :, :s]
             rows = (layout.prefill_starts[:, None]
                     + torch.arange(width, device=x.device)[None, :])  # [P, T]
-            mask = (torch.arange(s, device=x.device)[None, None, :]
-                    <= rows[:, :, None])  # [P, T, S] causal
+            keys_at = torch.arange(s, device=x.device)[None, None, :]
+            mask = keys_at <= rows[:, :, None]  # [P, T, S] causal
+            if a.sliding_window:
+                mask &= keys_at > rows[:, :, None] - a.sliding_window
             qp = q[layout.prefill_index].transpose(1, 2)  # [P, H, T, K]
             o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask[:, None],
                                                enable_gqa=True)
             valid = layout.prefill_valid
             out[layout.prefill_index[valid]] = o.transpose(1, 2)[valid]
-        return self.wo(out.reshape(n, a.dim))
+        return self.wo(out.reshape(n, a.q_dim))
 
 
 class Block(nn.Module):
@@ -252,26 +312,35 @@ class Transformer(nn.Module):
             bias = skew.layer_bias(args.n_experts, args.top_k, i, seed)
             cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device),
                                moe.cache_policy, rng) if cached else None
+            shared = (SharedExpert(args.dim, args.shared_expert_dim, device, dtype)
+                      if args.shared_expert_dim else None)
             return MoELayer(layer=i, top_k=args.top_k,
                             router=router(args, i, seed, device, dtype, **options),
                             experts=experts, kernel=KERNELS[self.kernel_name],
                             capacity_factor=moe.capacity_factor,
-                            skew_bias=None if bias is None else bias.to(device), cache=cache)
+                            skew_bias=None if bias is None else bias.to(device), cache=cache,
+                            shared=shared)
 
         self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype)
                                     for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args, device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
-    def init_random(self, seed: int) -> None:
-        """Seeded random weights scaled so activations stay O(1) through the layers."""
+    def init_random(self, seed: int, keep: frozenset[str] = frozenset()) -> None:
+        """Seeded random weights scaled so activations stay O(1) through the layers, biases
+        zero; the parameters named in keep (loaded from a checkpoint) are left as they are."""
         gen = torch.Generator(device=self.output.weight.device).manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name in keep:
+                continue
+            if name.endswith(".bias"):
+                p.zero_()
                 continue
             fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
             # Drawn on the generator's device, so experts kept on the host get the same values.

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from server.expert_cache import LayerCache
-from server.kernels import Kernel, swiglu
+from server.kernels import Kernel, gated, swiglu
 from server.stages import StageTimer
 
 
@@ -43,8 +43,9 @@ class StepContext:
 
 
 class Experts(nn.Module):
-    """One layer's expert weights, stacked: w1, w3 [E, I, D] and w2 [E, D, I]. With an expert
-    cache they stay in host memory (pinned on CUDA) and the cache holds the resident ones."""
+    """One layer's expert weights, stacked: w13 [E, 2I, D] (the gate projection's rows, then
+    the up projection's) and w2 [E, D, I]. With an expert cache they stay in host memory
+    (pinned on CUDA) and the cache holds the resident ones."""
 
     def __init__(self, args, device, dtype, on_host: bool = False):
         super().__init__()
@@ -52,26 +53,41 @@ class Experts(nn.Module):
         where = {"device": device}
         if on_host:
             where = {"device": "cpu", "pin_memory": torch.device(device).type == "cuda"}
-        self.w1 = nn.Parameter(torch.empty(e, i, d, dtype=dtype, **where))
-        self.w3 = nn.Parameter(torch.empty(e, i, d, dtype=dtype, **where))
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=dtype, **where))
         self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=dtype, **where))
 
     @property
-    def weights(self) -> tuple[Tensor, Tensor, Tensor]:
-        return self.w1, self.w3, self.w2
+    def weights(self) -> tuple[Tensor, Tensor]:
+        return self.w13, self.w2
+
+
+class SharedExpert(nn.Module):
+    """An expert every token passes, beside the routed ones, its output scaled by
+    sigmoid(x . g) (Qwen2-MoE's shared expert): w13 [2I, D] fused as the routed experts' are,
+    w2 [D, I], gate [1, D]."""
+
+    def __init__(self, dim: int, hidden: int, device, dtype):
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False, device=device, dtype=dtype)
+        self.w2 = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
+        self.gate = nn.Linear(dim, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(self.gate(x)) * self.w2(gated(self.w13(x)))
 
 
 class MoELayer(nn.Module):
     """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
-    layer-wide routing bias and expert cache never change afterwards."""
+    layer-wide routing bias, expert cache and shared expert never change afterwards."""
 
     def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
                  kernel: Kernel, capacity_factor: float | None = None,
-                 skew_bias: Tensor | None = None, cache: LayerCache | None = None):
+                 skew_bias: Tensor | None = None, cache: LayerCache | None = None,
+                 shared: SharedExpert | None = None):
         super().__init__()
         self.layer = layer
         self.top_k = top_k
-        self.n_experts = experts.w1.shape[0]
+        self.n_experts = experts.w13.shape[0]
         self.router = router
         self.experts = experts
         self.kernel = kernel
@@ -79,6 +95,7 @@ class MoELayer(nn.Module):
         # [E] layer-wide routing bias
         self.register_buffer("skew_bias", skew_bias, persistent=False)
         self.cache = cache
+        self.shared = shared
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)
@@ -106,9 +123,12 @@ class MoELayer(nn.Module):
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
         ys = self.compute(self.dispatch(x, token_of), kept_host)
+        shared = self.shared(x) if self.shared is not None else None
         step.timer.mark("expert_compute")
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)
+        if shared is not None:
+            out += shared
         step.timer.mark("combine")
         return out
 
@@ -154,4 +174,4 @@ class MoELayer(nn.Module):
                 e = int(experts[t, j])
                 y = swiglu(x[t:t + 1], *(w[e] for w in self.experts.weights))
                 out[t] += weights[t, j].to(x.dtype) * y[0]
-        return out
+        return out if self.shared is None else out + self.shared(x)

@@ -10,9 +10,10 @@ import socket
 import torch
 
 from records.declare import Registry, SettingsError, check_names, require
-from records.server_settings import ServerSettings
+from records.server_settings import Model, ServerSettings
 from server import expert_cache, kernels, routing
-from server.model import PRESETS
+from server.checkpoint import open_checkpoint
+from server.model import PRESETS, ModelArgs
 from server.policies import POLICIES, build_policy
 from server.security import check_exposure, guard_of
 
@@ -37,7 +38,7 @@ def check(settings: ServerSettings) -> None:
             "http-port-file", "needs --http-port (the HTTP API is off without it)")
     require(not (model.device or "").startswith("cuda") or torch.cuda.is_available(), "device",
             "cuda requested but torch sees no CUDA device; use --device cpu")
-    args = PRESETS[model.preset]
+    args = model_args(model)
     try:
         routing.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
     except ValueError as e:
@@ -85,14 +86,27 @@ def try_bind(flag: str, host: str, port: int) -> None:
                             f"it, or pick another --{flag} (0 = any free port)") from None
 
 
+def model_args(model: Model) -> ModelArgs:
+    """The shapes the server builds: the preset's, or the checkpoint's (its config read and
+    checked; the weights are read when the engine is built)."""
+    if model.checkpoint:
+        return open_checkpoint(model.checkpoint, model.context_len).args
+    args = PRESETS[model.preset]
+    return dataclasses.replace(args, max_seq_len=model.context_len) if model.context_len else args
+
+
 def resolve(settings: ServerSettings) -> ServerSettings:
-    """The settings with the defaults that depend on the machine or the preset filled in, as
-    the server runs them and GetStats reports them."""
+    """The settings with the defaults that depend on the machine or the model filled in, as
+    the server runs them and GetStats reports them (no preset when it serves a checkpoint)."""
     model, batching, moe = settings.model, settings.batching, settings.moe
     device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = model.dtype or ("float32" if device == "cpu" else "bfloat16")
-    renormalize = PRESETS[model.preset].renormalize if moe.renormalize is None else moe.renormalize
+    checkpoint = open_checkpoint(model.checkpoint) if model.checkpoint else None
+    own = next(name for name, kind in DTYPES.items()
+               if kind == (checkpoint.dtype if checkpoint else torch.bfloat16))
+    dtype = model.dtype or ("float32" if device == "cpu" else own)
+    renormalize = model_args(model).renormalize if moe.renormalize is None else moe.renormalize
+    preset = "" if checkpoint else model.preset
     return dataclasses.replace(
-        settings, model=dataclasses.replace(model, device=device, dtype=dtype),
+        settings, model=dataclasses.replace(model, preset=preset, device=device, dtype=dtype),
         batching=dataclasses.replace(batching, kv_slots=settings.kv_slots),
         moe=dataclasses.replace(moe, renormalize=renormalize))

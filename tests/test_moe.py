@@ -36,7 +36,7 @@ E, K = TINY.n_experts, TINY.top_k
 def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(shape, generator=g) / shape[-1] ** 0.5
-                 for shape in ((e, i, d), (e, i, d), (e, d, i)))
+                 for shape in ((e, 2 * i, d), (e, d, i)))
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 9, 0], [0, 1, 0, 0], [4, 4, 4, 4]],

@@ -20,6 +20,7 @@ from server.engine import StepResult
 from server.policies import POLICIES, build_policy, length_bucket
 from server.routing import request_key
 from server.stages import STAGES
+from server.tokenizer import ByteTokenizer
 from tests.conftest import running_server
 
 MS = 1_000_000
@@ -41,6 +42,7 @@ class FakeEngine:
     args = SimpleNamespace(n_layers=N_LAYERS, n_experts=N_EXPERTS, top_k=2)
     caches = []
     expert_bytes = 1
+    tokenizer = ByteTokenizer()
 
     def __init__(self, clock: FakeClock, kv_slots: int):
         self.clock = clock

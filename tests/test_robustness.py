@@ -13,8 +13,8 @@ import pytest
 
 from proto import moe_pb2, moe_pb2_grpc
 from records.server_settings import Limits
-from server import tokenizer
 from server.service import server_options
+from server.tokenizer import ByteTokenizer
 from tests.cli import analysis
 from tests.conftest import (
     REPO,
@@ -62,7 +62,7 @@ def test_undecodable_request_bytes_are_invalid_argument_without_a_traceback(serv
 def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(server,
                                                                              monkeypatch):
     encoded = []
-    monkeypatch.setattr(tokenizer, "encode", lambda text: encoded.append(text) or [0])
+    monkeypatch.setattr(ByteTokenizer, "encode", lambda self, text: encoded.append(text) or [0])
     with pytest.raises(grpc.RpcError) as err:
         list(server.stub.Generate(Req(prompt="x" * 3_000_000, max_tokens=4)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from proto import moe_pb2
-from server import tokenizer
+from server.tokenizer import ByteTokenizer
 from tests.conftest import running_server
 
 Req = moe_pb2.GenerateRequest
@@ -49,7 +49,7 @@ def test_greedy_is_deterministic_and_token_ids_match_text(server):
     stub = server.stub
     a = [t for m in stub.Generate(Req(prompt="abc", max_tokens=6, ignore_eos=True))
          for t in m.token_ids]
-    b = [t for m in stub.Generate(Req(prompt_token_ids=tokenizer.encode("abc"), max_tokens=6,
+    b = [t for m in stub.Generate(Req(prompt_token_ids=ByteTokenizer().encode("abc"), max_tokens=6,
                                       ignore_eos=True))
          for t in m.token_ids]
     assert a == b and len(a) == 6
