@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from records.declare import flat
 from records.server_settings import MoE
 from server.expert_cache import LayerCache
-from server.kernels import KERNELS, resolve_kernel
+from server.kernels import KERNELS, project, resolve_kernel
 from server.moe import Experts, MoELayer, SharedExpert, StepContext
 from server.routing import Skew, router_class, router_options
 from server.tokenizer import VOCAB_SIZE
@@ -228,7 +228,7 @@ class Attention(nn.Module):
         the rotary embedding."""
         a = self.args
         n = x.shape[0]
-        q, k, v = self.wqkv(x).split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+        q, k, v = project(self.wqkv, x).split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
         if a.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if a.clip_qkv is not None:
@@ -277,7 +277,7 @@ class Attention(nn.Module):
                                                enable_gqa=True)
             valid = layout.prefill_valid
             out[layout.prefill_index[valid]] = o.transpose(1, 2)[valid]
-        return self.wo(out.reshape(n, a.q_dim))
+        return project(self.wo, out.reshape(n, a.q_dim))
 
 
 class Block(nn.Module):
@@ -360,4 +360,4 @@ class Transformer(nn.Module):
                                     cache.k[i], cache.v[i])
             step.timer.mark("attention")
             x = x + layer.moe(layer.ffn_norm(x), step)  # marks routing, expert_compute, combine
-        return self.output(self.norm(x[layout.last_index])).float()
+        return project(self.output, self.norm(x[layout.last_index])).float()

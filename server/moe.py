@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from server.expert_cache import LayerCache
-from server.kernels import Kernel, gated, swiglu
+from server.kernels import Kernel, gated, project, swiglu
 from server.stages import StageTimer
 
 
@@ -73,7 +73,7 @@ class SharedExpert(nn.Module):
         self.gate = nn.Linear(dim, 1, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.sigmoid(self.gate(x)) * self.w2(gated(self.w13(x)))
+        return torch.sigmoid(self.gate(x)) * project(self.w2, gated(project(self.w13, x)))
 
 
 class MoELayer(nn.Module):

@@ -33,7 +33,9 @@ class Served:
 @contextmanager
 def running_server(**overrides):
     """Yields a real server in this process, drained on exit."""
-    settings = build(ServerSettings, {"preset": "tiny", "port": 0, "torch_threads": 1} | overrides)
+    # float32 pinned: a CPU's default dtype depends on the machine (server/settings.py cpu_dtype)
+    settings = build(ServerSettings, {"preset": "tiny", "port": 0, "torch_threads": 1,
+                                      "dtype": "float32"} | overrides)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -57,7 +59,7 @@ def server():
 def server_process(tmp_path, *flags: str):
     """Yields (process, port) of `python -m server` as a subprocess on 127.0.0.1:0."""
     return port_file_process(tmp_path, "server", "--preset", "tiny", "--port", "0",
-                             "--torch-threads", "1", *flags)
+                             "--torch-threads", "1", "--dtype", "float32", *flags)
 
 
 def delay_server_process(tmp_path, *flags: str):

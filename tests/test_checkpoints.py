@@ -35,12 +35,15 @@ GREEDY = 32
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """name -> (directory, transformers model) per family; mixtral's experts saved fused."""
+    """name -> (directory, transformers model) per family, experts saved one by one (Mixtral's
+    under block_sparse_moe), and mixtral's fused too."""
     root = tmp_path_factory.mktemp("checkpoints")
     made = {}
     for name in ARCHITECTURES:
         directory = root / name
-        made[name] = (directory, write_checkpoint(directory, name, fused=name == "mixtral"))
+        made[name] = (directory, write_checkpoint(directory, name))
+    made["mixtral fused"] = (root / "fused", write_checkpoint(root / "fused", "mixtral",
+                                                             fused=True))
     shard(root / "qwen2_moe")
     return made
 
@@ -61,7 +64,7 @@ def greedy(model, ids: list[int]) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES)
+@pytest.mark.parametrize("name", [*ARCHITECTURES, "mixtral fused"])
 def test_prefill_logits_match_transformers(checkpoints, name):
     directory, model = checkpoints[name]
     engine = Engine(open_checkpoint(str(directory)), kv_slots=2, device="cpu",

@@ -14,7 +14,7 @@ from records.declare import flat
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
 from server.expert_cache import LayerCache
-from server.kernels import KERNELS, grouped_mm_unsupported
+from server.kernels import KERNELS, grouped_mm_unsupported, linear
 from server.model import PRESETS, Transformer
 from server.moe import StepContext, expert_capacity
 from server.routing import (
@@ -272,3 +272,13 @@ def test_renormalisation_follows_the_preset_unless_overridden():
     forced.gate.load_state_dict(plain.gate.state_dict())
     assert torch.equal(forced(x, None, torch.arange(6))[0], qwen_like(x, None, torch.arange(6))[0])
     assert not PRESETS["qwen1.5-moe-a2.7b"].renormalize and PRESETS["mixtral-8x7b"].renormalize
+
+
+@pytest.mark.parametrize("rows, out", [(1, 3072), (4, 768), (64, 1536), (65, 3072), (3, 200),
+                                       (2, 8)])
+def test_split_linear_equals_the_plain_matmul(rows, out):
+    # few rows on a CPU: a batched matmul over blocks of the weight (more rows, odd or small
+    # shapes: the plain product)
+    g = torch.Generator().manual_seed(rows)
+    h, w = torch.randn(rows, 96, generator=g), torch.randn(out, 96, generator=g)
+    torch.testing.assert_close(linear(h, w), h @ w.T, rtol=1e-5, atol=1e-4)
