@@ -168,9 +168,9 @@ class Model(Settings):
                                check=at_least(0, note=" (0 = the model's)"))
     device: str | None = setting(None, "cpu, cuda or cuda:N; cuda when present", check=_device)
     dtype: str | None = setting(None, "float32, bfloat16 or float16; on cuda the checkpoint's own "
-                                "or bfloat16; on a cpu bfloat16 where a probe at start-up finds "
-                                "it at least 1.25x as fast as float32 here (AVX512-BF16, AMX), "
-                                "else float32", choices=Names("dtypes"))
+                                "or bfloat16; float32 on a cpu (bfloat16 is 10-70x slower "
+                                "without AVX-512 and, with AVX512-BF16, no faster at decode "
+                                "sizes: make bench-engine)", choices=Names("dtypes"))
     seed: int = setting(0, "seed of the random weights (nothing is downloaded); with --model, of "
                         "what the checkpoint does not hold (a noisy router's noise weights)")
     torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when "

@@ -93,8 +93,8 @@ FAMILIES = {
 # transformers 5 names the MoE block `mlp` in every family when it saves experts fused
 FUSED_MOE = "mlp"
 
-# Where a checkpoint tensor goes: our parameter, and the part of it (None: all of it; an int:
-# one expert's row; a name: the rows of that projection in a fused weight).
+# Where a checkpoint tensor goes: our parameter, the expert whose row of it (None: the whole
+# parameter), and the projection whose rows of a fused weight (q, k, v; gate, up; None: all).
 Place = tuple[str, int | str | None, str | None]
 
 
@@ -223,7 +223,8 @@ class Checkpoint:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise CheckpointError(f"--model: tensor {missing[0]} is missing from "
                                   f"{self.directory}{more}; does config.json match the weights?")
-        extra = sorted(n for n in names - set(places) if not n.endswith(IGNORED))
+        tied = {"lm_head.weight"} if self.args.tie_embeddings else set()  # a copy of the embedding
+        extra = sorted(n for n in names - set(places) - tied if not n.endswith(IGNORED))
         if extra:
             raise CheckpointError(f"--model: unexpected tensor {extra[0]} in "
                                   f"{shards.file_of[extra[0]].name}; config.json says "

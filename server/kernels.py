@@ -10,8 +10,6 @@ the expert cache is on.
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -121,39 +119,6 @@ def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device,
     except (RuntimeError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     return None
-
-
-BF16_SPEEDUP = 1.25  # bfloat16 must be at least this much faster to be the CPU default
-BF16_TOLERANCE = 2e-2  # ... and its experts' output within this relative error of float32's
-
-
-def cpu_bfloat16(shape: tuple[int, int], repeats: int = 15) -> tuple[bool, str]:
-    """Whether bfloat16 experts are clearly faster than float32 ones on this CPU and close
-    enough to them (CPUs with bfloat16 dot products, such as AVX512-BF16 or AMX, run them
-    faster; others run them many times slower): one expert of this (expert hidden, model)
-    shape at 1 and 16 rows, both dtypes on the same weights; and the figures, in words."""
-    i, d = shape
-    gen = torch.Generator().manual_seed(0)
-    w13, w2 = torch.randn(2 * i, d, generator=gen) / d ** 0.5, torch.randn(d, i, generator=gen)
-    ratios, error = [], 0.0
-    for rows in (1, 16):
-        h = torch.randn(rows, d, generator=gen)
-        times = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            args = [t.to(dtype) for t in (h, w13, w2)]
-            out = swiglu(*args)  # warm-up
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                out = swiglu(*args)
-                samples.append(time.perf_counter() - start)
-            times[dtype] = (statistics.median(samples), out.float())
-        fp32, bf16 = times[torch.float32], times[torch.bfloat16]
-        ratios.append(fp32[0] / bf16[0])
-        error = max(error, float((fp32[1] - bf16[1]).abs().max() / fp32[1].abs().max()))
-    faster = min(ratios) >= BF16_SPEEDUP and error <= BF16_TOLERANCE
-    return faster, (f"bfloat16 experts {min(ratios):.2f}-{max(ratios):.2f}x as fast as float32 "
-                    f"here, relative error {error:.1e}")
 
 
 def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype,

@@ -5,7 +5,6 @@ start-up (the device, dtype, KV slots and router normalisation a default leaves 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import socket
 
 import torch
@@ -18,7 +17,6 @@ from server.model import PRESETS, ModelArgs
 from server.policies import POLICIES, build_policy
 from server.security import check_exposure, guard_of
 
-log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 REGISTRIES: dict[str, Registry] = {
@@ -97,15 +95,6 @@ def model_args(model: Model) -> ModelArgs:
     return dataclasses.replace(args, max_seq_len=model.context_len) if model.context_len else args
 
 
-def cpu_dtype(args: ModelArgs) -> str:
-    """The CPU default: bfloat16 where this CPU runs the model's experts clearly faster in it
-    (and close to float32's results), else float32; the probe's figures are logged."""
-    faster, figures = kernels.cpu_bfloat16((args.expert_dim, args.dim))
-    dtype = "bfloat16" if faster else "float32"
-    log.info("--dtype %s on this CPU: %s", dtype, figures)
-    return dtype
-
-
 def resolve(settings: ServerSettings) -> ServerSettings:
     """The settings with the defaults that depend on the machine or the model filled in, as
     the server runs them and GetStats reports them (no preset when it serves a checkpoint)."""
@@ -115,7 +104,7 @@ def resolve(settings: ServerSettings) -> ServerSettings:
     args = model_args(model)
     own = next(name for name, kind in DTYPES.items()
                if kind == (checkpoint.dtype if checkpoint else torch.bfloat16))
-    dtype = model.dtype or (cpu_dtype(args) if device == "cpu" else own)
+    dtype = model.dtype or ("float32" if device == "cpu" else own)
     renormalize = args.renormalize if moe.renormalize is None else moe.renormalize
     preset = "" if checkpoint else model.preset
     return dataclasses.replace(

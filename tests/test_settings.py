@@ -29,7 +29,6 @@ from records.jsonform import from_json
 from records.load_settings import LoadSettings
 from records.server_settings import ServerSettings
 from records.server_stats import ServerStats
-from server import kernels
 from server.__main__ import parse_args
 from server.settings import check, resolve
 from tests.conftest import REPO
@@ -138,12 +137,3 @@ def test_python_m_loadgen_help_lists_every_load_option_by_group():
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "run a test with: locust -f loadgen/moe.py" in wrong.stderr
 
-
-@pytest.mark.parametrize("faster, dtype", [(True, "bfloat16"), (False, "float32")])
-def test_the_cpu_dtype_is_bfloat16_only_where_the_probe_finds_it_faster(monkeypatch, faster,
-                                                                         dtype):
-    monkeypatch.setattr(kernels, "cpu_bfloat16", lambda shape: (faster, "figures"))
-    resolved = resolve(build(ServerSettings, {"preset": "tiny", "device": "cpu"}))
-    assert resolved.model.dtype == dtype
-    asked = resolve(build(ServerSettings, {"preset": "tiny", "device": "cpu", "dtype": "float16"}))
-    assert asked.model.dtype == "float16"
