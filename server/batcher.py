@@ -75,7 +75,6 @@ class Request:
     prefill_us: int = 0  # engine time of the steps that prefilled it
     signature: torch.Tensor | None = None  # [L, E] experts its last step used
     done: bool = False
-    generator: torch.Generator | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -135,8 +134,6 @@ class Batcher:
         if len(self.waiting) >= self.max_queue:
             raise QueueFullError(f"wait queue full ({self.max_queue} requests, --max-queue); "
                                  "retry later or send at a lower rate")
-        if req.temperature > 0:
-            req.generator = self.engine.new_generator(req.seed)
         req.last_run_ns = req.received_ns
         self.waiting.append(req)
 
@@ -169,12 +166,12 @@ class Batcher:
     def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
         """One engine step for the plan; returns the result and its start and end times."""
         seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled,
-                         temperature=req.temperature, generator=req.generator,
+                         temperature=req.temperature, seed=req.seed,
                          routing_key=request_key(req.request_id, req.seed))
                 for req, n in plan.prefill]
         seqs += [SeqInput(req.slot, req.output_ids[-1:],
                           len(req.prompt_ids) + len(req.output_ids) - 1,
-                          temperature=req.temperature, generator=req.generator)
+                          temperature=req.temperature, seed=req.seed)
                  for req in plan.decode]
         if self.faults is not None:
             self.faults.before_step()

@@ -1,8 +1,9 @@
 """The engine: a model, its KV cache pool, its MoE machinery and a sampler, one step at a time.
 
 It knows sequences as (slot, new tokens, start position, sampling settings, routing key)
-and nothing of requests, queues or gRPC. Each step returns one new token per sequence and
-what the step did: routing counts, drops, active experts, stage times.
+and nothing of requests, queues or gRPC. A sampled sequence's random generator lives with its
+slot, seeded from the request's seed when the sequence starts. Each step returns one new
+token per sequence and what the step did: routing counts, drops, active experts, stage times.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class SeqInput:
     start_pos: int  # position of token_ids[0] in the sequence; 0 = a new sequence
     _: KW_ONLY
     temperature: float = 0.0
-    generator: torch.Generator | None = None  # required when temperature > 0
+    seed: int = 0  # seeds the sequence's sampling when it starts (start_pos 0, temperature > 0)
     routing_key: int = 0  # seeds the request's affinity preference (affinity skew)
 
 
@@ -76,6 +77,7 @@ class Engine:
         self.kv = KVCache(args, kv_slots, self.device, dtype)
         self.kv_slots = kv_slots
         self._free = list(range(kv_slots - 1, -1, -1))
+        self._generators: dict[int, torch.Generator] = {}  # slot -> its sequence's sampler
         self.timer = StageTimer(self.device)
         self._warm_up()
 
@@ -99,10 +101,14 @@ class Engine:
         return self._free.pop()
 
     def free_slot(self, slot: int) -> None:
+        self._generators.pop(slot, None)
         self._free.append(slot)
 
-    def new_generator(self, seed: int) -> torch.Generator:
-        return torch.Generator(device=self.device).manual_seed(seed)
+    def generator(self, s: SeqInput) -> torch.Generator:
+        """The sampler of the sequence in s.slot, new when the sequence starts."""
+        if s.start_pos == 0 or s.slot not in self._generators:
+            self._generators[s.slot] = torch.Generator(device=self.device).manual_seed(s.seed)
+        return self._generators[s.slot]
 
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """Runs one forward pass over all seqs and samples the next token of each."""
@@ -126,7 +132,7 @@ class Engine:
             if s.temperature > 0:
                 # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
                 probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
-                next_ids[i] = torch.multinomial(probs, 1, generator=s.generator)[0]
+                next_ids[i] = torch.multinomial(probs, 1, generator=self.generator(s))[0]
         ids = next_ids.tolist()  # the step's hand-off: every queued kernel and event has completed
         self.timer.mark("decode")
         for cache in self.caches:

@@ -57,11 +57,9 @@ def test_seeded_sampling_repeats():
     engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0)
 
     def sample(seed):
-        gen = engine.new_generator(seed)
-        toks = engine.step([SeqInput(0, [256, 1, 2, 3], 0, temperature=1.0, generator=gen),
+        return engine.step([SeqInput(0, [256, 1, 2, 3], 0, temperature=1.0, seed=seed),
                             SeqInput(1, [256, 1, 2, 3], 0, temperature=1.0,
-                                     generator=engine.new_generator(seed + 1))]).next_ids
-        return toks
+                                     seed=seed + 1)]).next_ids
 
     assert sample(5) == sample(5)
 

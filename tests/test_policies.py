@@ -62,9 +62,6 @@ class FakeEngine:
         assert slot not in self._free, "slot freed twice"
         self._free.append(slot)
 
-    def new_generator(self, seed):
-        return None
-
     def step(self, seqs) -> StepResult:
         used = torch.zeros(len(seqs), N_LAYERS, N_EXPERTS, dtype=torch.bool)
         for i, s in enumerate(seqs):
