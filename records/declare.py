@@ -299,6 +299,23 @@ def add_arguments(parser, cls: type, registries: Mapping[str, Registry] | None =
                             help=help_text(leaf, registries), **_argparse_type(leaf), **extra)
 
 
+def argv_of(settings) -> list[str]:
+    """The command line that gives these settings (the program's own flags only)."""
+    values = flat(settings)
+    out = []
+    for leaf in leaves(type(settings)):
+        value = values[leaf.name]
+        if not leaf.spec.option or value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(f"--{leaf.flag}" if value else f"--no-{leaf.flag}")
+        elif isinstance(value, tuple):
+            out += [part for v in value for part in (f"--{leaf.flag}", v)]
+        else:
+            out += [f"--{leaf.flag}", text(value)]
+    return out
+
+
 def from_options(cls: type, options: argparse.Namespace | Any, **given):
     """cls from parsed options (values may be text, as a web form sends them), plus the
     settings given here by name (those whose flag belongs to another program)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, at_least, group, require, setting, within
+from records.declare import Names, Settings, above, at_least, group, require, setting, within
 
 
 def _device(value: str | None) -> str | None:
@@ -173,6 +173,10 @@ class Model(Settings):
                                 "sizes: make bench-engine)", choices=Names("dtypes"))
     seed: int = setting(0, "seed of the random weights (nothing is downloaded); with --model, of "
                         "what the checkpoint does not hold (a noisy router's noise weights)")
+    n_experts: int = setting(0, "experts per MoE layer instead of the preset's (its expert size "
+                             "and top-k kept, so the active parameters per token stay the "
+                             "same); 0 = the preset's; not with --model", flag="experts",
+                             check=at_least(0, note=" (0 = the preset's)"))
     torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when "
                                  "server and load generator share 2 cores)", check=at_least(0))
 
@@ -232,6 +236,52 @@ class MoE(Settings):
                                 choices=Names("cache_policies"))
 
 
+EP_COMMS = ("all-to-all", "allgather-reducescatter")
+EP_PLACEMENTS = ("contiguous", "balanced")
+EP_OVERLAPS = ("none", "two-batch")
+
+
+@dataclass(frozen=True)
+class Parallel(Settings):
+    """Expert parallelism (docs/expert-parallelism.md)"""
+
+    ep: int = setting(1, "ranks (processes) the engine runs as, on torch.distributed (gloo on a "
+                      "CPU, NCCL on CUDA): experts spread over them, each rank's own sequences' "
+                      "attention on it, an all-to-all per MoE layer; 1 = one process, no "
+                      "communication", check=at_least(1))
+    ep_comm: str = setting("all-to-all", "how tokens reach their experts' ranks: all-to-all "
+                           "(each token's hidden state to the ranks of its experts and back) or "
+                           "allgather-reducescatter (every rank gathers every token, computes "
+                           "its experts' part and the sums are reduced back)", choices=EP_COMMS)
+    ep_placement: str = setting("contiguous", "contiguous (rank r holds experts r E/N to "
+                                "(r+1) E/N - 1) or balanced (by measured load, re-planned every "
+                                "--ep-rebalance-steps steps, the hottest experts replicated "
+                                "--ep-redundant times)", choices=EP_PLACEMENTS)
+    ep_redundant: int = setting(0, "balanced: extra replicas of the hottest experts per layer",
+                                check=at_least(0))
+    ep_rebalance_steps: int = setting(200, "balanced: steps between placements, each from the "
+                                      "load measured since the last", check=at_least(1))
+    ep_overlap: str = setting("none", "none, or two-batch: each step's tokens in two "
+                              "micro-batches so one's all-to-all runs while the other computes",
+                              choices=EP_OVERLAPS)
+    ep_timeout_s: float = setting(30.0, "longest wait for a rank in any collective; a rank gone "
+                                  "or hung longer fails the step and stops the server",
+                                  check=above(0), compared=False)
+    link_gbps: float = setting(0.0, "model a link of this many Gbit/s between ranks: each "
+                               "all-to-all's time as the slowest rank pair's latency + bytes / "
+                               "bandwidth, reported beside the measured time; 0 = no model",
+                               check=at_least(0))
+    link_latency_us: float = setting(0.0, "the modelled link's latency per message",
+                                     check=at_least(0))
+    link_emulate: bool = setting(False, "make each all-to-all last at least its modelled time, so "
+                                 "clients see a multi-node deployment's latency")
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(not self.link_emulate or self.link_gbps > 0, "link-emulate",
+                "needs --link-gbps (the link to emulate)")
+
+
 @dataclass(frozen=True)
 class ServerSettings(Settings):
     serving: Serving = group(Serving)
@@ -240,6 +290,7 @@ class ServerSettings(Settings):
     model: Model = group(Model)
     batching: Batching = group(Batching)
     moe: MoE = group(MoE)
+    parallel: Parallel = group(Parallel)
     faults: Faults = group(Faults)
 
     @property

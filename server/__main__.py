@@ -13,6 +13,8 @@ import sys
 from records.declare import SettingsError, add_arguments, from_options
 from records.server_settings import ServerSettings
 from server.app import start
+from server.ep_engine import follow_rank_0
+from server.ep_group import launched
 from server.settings import REGISTRIES, check
 
 log = logging.getLogger("server")
@@ -20,22 +22,24 @@ log = logging.getLogger("server")
 
 def parse_args(argv: list[str] | None = None) -> ServerSettings:
     """The settings from the command line, checked before anything is built; a bad value exits 2
-    naming its flag."""
+    naming its flag. A rank other than 0 of an expert-parallel engine (started by --ep or
+    torchrun) logs as that rank and does not check the ports, which only rank 0 opens."""
     p = argparse.ArgumentParser(prog="python -m server", description=__doc__)
     add_arguments(p, ServerSettings, REGISTRIES)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     options = p.parse_args(argv)
-    logging.basicConfig(level=options.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rank = (launched() or (0, 1))[0]
+    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s "
+                        + (f"rank {rank} " if rank else "") + "%(name)s: %(message)s")
     try:
         settings = from_options(ServerSettings, options)
-        check(settings)
+        check(settings, ports=rank == 0)
     except SettingsError as exc:
         p.error(str(exc))
     return settings
 
 
-async def serve(settings: ServerSettings) -> None:
+async def serve(settings: ServerSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -44,10 +48,15 @@ async def serve(settings: ServerSettings) -> None:
     write_port(settings.serving.http_port_file, app.http_port)
     write_port(settings.serving.port_file, app.port)  # last: once it exists, both serve
 
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(app.failed.wait())
+    await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+    if app.failed.is_set():
+        log.error("a rank of the expert-parallel engine failed: stopping")
     log.info("draining: up to %.1f s for in-flight streams", settings.serving.grace_s)
     await app.drain(settings.serving.grace_s)
     log.info("stopped")
+    return 1 if app.failed.is_set() else 0
 
 
 def write_port(path: str | None, port: int | None) -> None:
@@ -58,12 +67,15 @@ def write_port(path: str | None, port: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
     try:
-        asyncio.run(serve(parse_args(argv)))
+        if (launched() or (0, 1))[0]:
+            follow_rank_0(settings)
+            return 0
+        return asyncio.run(serve(settings))
     except SettingsError as exc:  # a port taken between the check and the bind
         print(f"python -m server: error: {exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -6,17 +6,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import grpc
 import torch
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2
 
-from records.declare import SettingsError
+from records.declare import SettingsError, argv_of
 from records.server_settings import ServerSettings
 from server.checkpoint import open_checkpoint
 from server.engine import Engine
+from server.ep_engine import distributed_engine
+from server.ep_group import launched, spawn
 from server.generation import Generations, Limits
 from server.http_api import start_http
 from server.metrics import serve_metrics
@@ -24,7 +27,7 @@ from server.policies import build_policy
 from server.scheduler import Scheduler
 from server.security import guard_of
 from server.service import SERVICE_NAME, MoEService, create_server, server_options
-from server.settings import DTYPES, check, resolve
+from server.settings import DTYPES, check, model_args, resolve
 from server.telemetry import StepLog
 
 log = logging.getLogger(__name__)
@@ -41,12 +44,18 @@ class App:
     metrics_port: int | None = None
     http: web.AppRunner | None = None  # the OpenAI-compatible API, when on
     http_port: int | None = None
+    # an expert-parallel engine's ranks: stopped after the drain; a failed one stops the server
+    stop_engine: Callable[[], None] | None = None
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def not_serving(self) -> None:
-        """Tells health checks the engine is gone, so load balancers stop sending here."""
+        """Tells health checks the engine is gone, so load balancers stop sending here; an
+        expert-parallel engine cannot go on without its ranks, so the server stops."""
         log.error("engine failed: health set to NOT_SERVING")
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.stop_engine is not None:
+            self.failed.set()
 
     async def drain(self, grace_s: float) -> None:
         """Health checks say NOT_SERVING and both front ends refuse new requests themselves
@@ -64,11 +73,14 @@ class App:
             await self.http.cleanup()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
+        if self.stop_engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.stop_engine)
 
 
 async def start(settings: ServerSettings) -> App:
     """Builds the model and starts serving; call from the event loop that will serve."""
     check(settings)
+    as_given = argv_of(settings)  # what the other ranks are started with
     settings = resolve(settings)
     model, serving = settings.model, settings.serving
     if model.torch_threads:
@@ -76,9 +88,14 @@ async def start(settings: ServerSettings) -> App:
     name = model.checkpoint or model.preset
     log.info("building %s on %s (%s), seed %d", name, model.device, model.dtype, model.seed)
     source = open_checkpoint(model.checkpoint, model.context_len) if model.checkpoint \
-        else model.preset
-    engine = Engine(source, settings.kv_slots, model.device, DTYPES[model.dtype], model.seed,
-                    settings.moe, model.context_len)
+        else model_args(model)
+    parallel = settings.parallel
+    if parallel.ep > 1:  # the other ranks, unless torchrun started them
+        ranks, meet = ([], "env://") if launched() else spawn(parallel.ep, as_given)
+        engine = distributed_engine(settings, ranks, meet)
+    else:
+        engine = Engine(source, settings.kv_slots, model.device, DTYPES[model.dtype],
+                        model.seed, settings.moe)
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
@@ -93,7 +110,7 @@ async def start(settings: ServerSettings) -> App:
     server, port, health_servicer = await create_server(
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)
-    app = App(server, port, service, health_servicer)
+    app = App(server, port, service, health_servicer, stop_engine=getattr(engine, "stop", None))
     loop = asyncio.get_running_loop()
     scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
     metrics_host = settings.security.metrics_host or serving.host

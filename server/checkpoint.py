@@ -232,17 +232,57 @@ class Checkpoint:
                                   f"{self.args.n_experts} experts")
         params = dict(model.named_parameters())
         for name, (param, expert, part) in places.items():
+            held = held_experts(model, param)  # the experts this process holds, in its slots
+            if expert is not None and held is not None and expert not in held:
+                continue  # another rank's
             target = params[param]
             if expert is not None:
-                target = target[expert]
+                target = target[expert if held is None else held.index(expert)]
             target = target[rows(self.args, part, target.shape[0])]
             tensor = shards.get(name)
+            if held is not None and expert is None:  # experts fused: this process's rows
+                wanted = [self.args.n_experts, *target.shape[1:]]
+                if list(tensor.shape) != wanted:
+                    raise CheckpointError(f"--model: tensor {name} in "
+                                          f"{shards.file_of[name].name} has shape "
+                                          f"{list(tensor.shape)}; config.json asks for {wanted}")
+                tensor = tensor[held]
             if tuple(tensor.shape) != tuple(target.shape):
                 raise CheckpointError(f"--model: tensor {name} in {shards.file_of[name].name} "
                                       f"has shape {list(tensor.shape)}; config.json asks for "
                                       f"{list(target.shape)}")
             target.copy_(tensor)
         return frozenset(param for param, _, _ in places.values())
+
+    @torch.no_grad()
+    def expert(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's weights, w13 [2I, D] and w2 [D, I] (a process taking it over)."""
+        shards = Shards(self.directory)
+        places = table(self.family, self.args, set(shards.file_of))
+        i = self.args.expert_dim
+        w13 = torch.empty(2 * i, self.args.dim)
+        w2 = torch.empty(self.args.dim, i)
+        experts = f"layers.{layer}.moe.experts."
+        for name, (param, e, part) in places.items():
+            if not param.startswith(experts) or e not in (expert, None):
+                continue
+            tensor = shards.get(name)
+            tensor = tensor[expert] if e is None else tensor
+            target = w13 if param.endswith("w13") else w2
+            target[rows(self.args, part, target.shape[0])].copy_(tensor)
+        return w13, w2
+
+
+def held_experts(model: torch.nn.Module, param: str) -> list[int] | None:
+    """The experts in the slots of an experts parameter (layers.N.moe.experts.*) when the
+    model holds only some of them (spread over ranks); None for any other parameter, or when
+    it holds them all in order."""
+    if ".moe.experts." not in param:
+        return None
+    layer = int(param.split(".")[1])
+    held = model.layers[layer].moe.experts.held
+    return None if held == list(range(len(held))) and len(held) == model.args.n_experts \
+        else held
 
 
 def open_checkpoint(path: str, max_seq_len: int = 0) -> Checkpoint:

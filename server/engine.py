@@ -8,17 +8,18 @@ token per sequence and what the step did: routing counts, drops, active experts,
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 from torch import Tensor
 
 from records.server_settings import MoE
 from server.checkpoint import Checkpoint
+from server.ep_exchange import Exchanged, ExpertSpread
+from server.ep_placement import Placement
 from server.expert_cache import LayerCache
-from server.model import PRESETS, KVCache, StepLayout, Transformer
-from server.moe import StepContext
+from server.model import PRESETS, KVCache, ModelArgs, StepLayout, Transformer
+from server.moe import StepContext, random_expert
 from server.routing import Skew
 from server.stages import StageTimer
 from server.tokenizer import ByteTokenizer
@@ -48,23 +49,28 @@ class StepResult:
     kv_computed: int  # decode attention: positions computed (padding included)
     prefill_tokens: int  # prompt tokens prefilled
     prefill_padded: int  # padding the batched prefill attention added to them
+    # per MoE layer, with experts spread over ranks: what crossed between them
+    comm: list[Exchanged] = field(default_factory=list)
 
 
 class Engine:
-    def __init__(self, model: str | Checkpoint, kv_slots: int, device: str, dtype: torch.dtype,
-                 seed: int, moe: MoE = MoE(), max_seq_len: int = 0):
-        """model: a preset's name (random weights from seed, the byte-level tokenizer) or a
-        checkpoint (its weights and tokenizer); max_seq_len above 0 sets a preset's context."""
+    def __init__(self, model: str | ModelArgs | Checkpoint, kv_slots: int, device: str,
+                 dtype: torch.dtype, seed: int, moe: MoE = MoE(),
+                 spread: ExpertSpread | None = None, warm_up: bool = True):
+        """model: a preset (by name, or its shapes) with random weights from seed and the
+        byte-level tokenizer, or a checkpoint with its weights and tokenizer. spread: this
+        process is one of the ranks the experts are spread over, holding its share (the ranks
+        warm up together, so warm_up is False then)."""
         checkpoint = model if isinstance(model, Checkpoint) else None
-        args = checkpoint.args if checkpoint else PRESETS[model]
-        if max_seq_len and not checkpoint:
-            args = dataclasses.replace(args, max_seq_len=max_seq_len)
+        args = checkpoint.args if checkpoint else PRESETS.get(model, model)
         self.args = args
+        self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
         self.device = torch.device(device)
         self.dtype = dtype
         self.seed = seed
-        self.model = Transformer(args, moe, seed, self.device, dtype)
+        self.spread = spread
+        self.model = Transformer(args, moe, seed, self.device, dtype, spread)
         self.model.init_random(seed, checkpoint.load_into(self.model) if checkpoint
                                else frozenset())
         self.model.eval()
@@ -79,7 +85,8 @@ class Engine:
         self._free = list(range(kv_slots - 1, -1, -1))
         self._generators: dict[int, torch.Generator] = {}  # slot -> its sequence's sampler
         self.timer = StageTimer(self.device)
-        self._warm_up()
+        if warm_up:
+            self._warm_up()
 
     def _warm_up(self) -> None:
         """One prefill and one decode step, so the first request does not pay torch's
@@ -142,4 +149,25 @@ class Engine:
                           active=ctx.active, seq_experts=torch.stack(ctx.seq_experts, dim=1).cpu(),
                           stage_ms=self.timer.end(), tokens=len(tokens), kv_useful=layout.kv_useful,
                           kv_computed=layout.kv_computed, prefill_tokens=layout.prefill_tokens,
-                          prefill_padded=layout.prefill_padded)
+                          prefill_padded=layout.prefill_padded, comm=ctx.comm)
+
+    @torch.no_grad()
+    def place(self, placement: Placement) -> int:
+        """Holds the experts a new placement gives this rank: each slot whose expert changed
+        takes the new one's weights from where the model's come from (its seed, or the
+        checkpoint); returns how many slots changed."""
+        changed = 0
+        for i, block in enumerate(self.model.layers):
+            experts = block.moe.experts
+            for slot, expert in enumerate(placement.held[i][self.spread.group.rank]):
+                if experts.held[slot] == expert:
+                    continue
+                w13, w2 = (self.checkpoint.expert(i, expert) if self.checkpoint else
+                           random_expert(self.seed, i, expert, self.args.dim,
+                                         self.args.expert_dim))
+                experts.w13[slot].copy_(w13)
+                experts.w2[slot].copy_(w2)
+                experts.held[slot] = expert
+                changed += 1
+            block.moe.exchange.placement(placement, i)
+        return changed

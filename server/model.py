@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from records.declare import flat
 from records.server_settings import MoE
+from server.ep_exchange import ExpertSpread
 from server.expert_cache import LayerCache
 from server.kernels import KERNELS, project, resolve_kernel
-from server.moe import Experts, MoELayer, SharedExpert, StepContext
+from server.moe import Experts, MoELayer, SharedExpert, StepContext, random_expert
 from server.routing import Skew, router_class, router_options
 from server.tokenizer import VOCAB_SIZE
 
@@ -295,7 +296,8 @@ class Transformer(nn.Module):
     `kernel_name`), capacity factor, routing skew and expert cache."""
 
     def __init__(self, args: ModelArgs, moe: MoE = MoE(), seed: int = 0, device="cpu",
-                 dtype=torch.float32):
+                 dtype=torch.float32, spread: ExpertSpread | None = None):
+        """spread: the experts are spread over ranks; this process holds its share."""
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
@@ -308,7 +310,8 @@ class Transformer(nn.Module):
         rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
 
         def moe_layer(i: int) -> MoELayer:
-            experts = Experts(args, device, dtype, on_host=cached)
+            experts = Experts(args, device, dtype, on_host=cached,
+                              held=spread.held(i) if spread else None)
             bias = skew.layer_bias(args.n_experts, args.top_k, i, seed)
             cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device),
                                moe.cache_policy, rng) if cached else None
@@ -319,7 +322,8 @@ class Transformer(nn.Module):
                             experts=experts, kernel=KERNELS[self.kernel_name],
                             capacity_factor=moe.capacity_factor,
                             skew_bias=None if bias is None else bias.to(device), cache=cache,
-                            shared=shared)
+                            shared=shared, n_experts=args.n_experts,
+                            exchange=spread.exchange(i) if spread else None)
 
         self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype)
                                     for i in range(args.n_layers))
@@ -334,18 +338,28 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_random(self, seed: int, keep: frozenset[str] = frozenset()) -> None:
         """Seeded random weights scaled so activations stay O(1) through the layers, biases
-        zero; the parameters named in keep (loaded from a checkpoint) are left as they are."""
-        gen = torch.Generator(device=self.output.weight.device).manual_seed(seed)
+        zero; the parameters named in keep (loaded from a checkpoint) are left as they are.
+        Drawn on the CPU, so a seed means the same model on any device, and each expert from
+        its own generator (server/moe.py random_expert), so the experts a process holds are
+        the same whichever it holds."""
+        gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight") or name in keep:
+            if name.endswith("norm.weight") or name in keep or ".moe.experts." in name:
                 continue
             if name.endswith(".bias"):
                 p.zero_()
                 continue
             fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
-            # Drawn on the generator's device, so experts kept on the host get the same values.
-            p.copy_(torch.randn(p.shape, generator=gen, device=gen.device, dtype=torch.float32)
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32)
                     .mul_(1 / math.sqrt(fan_in)))
+        for i, block in enumerate(self.layers):
+            experts = block.moe.experts
+            if f"layers.{i}.moe.experts.w13" in keep:
+                continue
+            for slot, expert in enumerate(experts.held):
+                w13, w2 = random_expert(seed, i, expert, self.args.dim, self.args.expert_dim)
+                experts.w13[slot].copy_(w13)
+                experts.w2[slot].copy_(w2)
 
     @torch.no_grad()
     def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache,

@@ -40,21 +40,34 @@ class StepContext:
     routed: list[Tensor] = field(default_factory=list)
     dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
     active: list[int] = field(default_factory=list)  # per layer: experts that computed
+    comm: list = field(default_factory=list)  # per layer: its exchange (server/ep_exchange.py)
+
+
+def random_expert(seed: int, layer: int, expert: int, dim: int,
+                  hidden: int) -> tuple[Tensor, Tensor]:
+    """One expert's seeded random weights, fp32 on the CPU, w13 [2I, D] and w2 [D, I]: drawn
+    from its own generator, so an expert is the same whichever process or device holds it."""
+    gen = torch.Generator().manual_seed((seed * 1_000 + layer) * 1_000_000 + expert)
+    return (torch.randn(2 * hidden, dim, generator=gen) / math.sqrt(dim),
+            torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden))
 
 
 class Experts(nn.Module):
-    """One layer's expert weights, stacked: w13 [E, 2I, D] (the gate projection's rows, then
-    the up projection's) and w2 [E, D, I]. With an expert cache they stay in host memory
-    (pinned on CUDA) and the cache holds the resident ones."""
+    """One layer's expert weights, stacked: w13 [S, 2I, D] (the gate projection's rows, then
+    the up projection's) and w2 [S, D, I], slot j holding expert held[j] (every expert, in
+    order, unless the experts are spread over ranks). With an expert cache they stay in host
+    memory (pinned on CUDA) and the cache holds the resident ones."""
 
-    def __init__(self, args, device, dtype, on_host: bool = False):
+    def __init__(self, args, device, dtype, on_host: bool = False,
+                 held: list[int] | None = None):
         super().__init__()
-        e, i, d = args.n_experts, args.expert_dim, args.dim
+        self.held = list(range(args.n_experts)) if held is None else held
+        s, i, d = len(self.held), args.expert_dim, args.dim
         where = {"device": device}
         if on_host:
             where = {"device": "cpu", "pin_memory": torch.device(device).type == "cuda"}
-        self.w13 = nn.Parameter(torch.empty(e, 2 * i, d, dtype=dtype, **where))
-        self.w2 = nn.Parameter(torch.empty(e, d, i, dtype=dtype, **where))
+        self.w13 = nn.Parameter(torch.empty(s, 2 * i, d, dtype=dtype, **where))
+        self.w2 = nn.Parameter(torch.empty(s, d, i, dtype=dtype, **where))
 
     @property
     def weights(self) -> tuple[Tensor, Tensor]:
@@ -78,16 +91,19 @@ class SharedExpert(nn.Module):
 
 class MoELayer(nn.Module):
     """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
-    layer-wide routing bias, expert cache and shared expert never change afterwards."""
+    layer-wide routing bias, expert cache, shared expert and exchange never change afterwards.
+    The exchange (server/ep_exchange.py) carries tokens to experts held by other ranks and
+    back; without one every expert is here."""
 
     def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
                  kernel: Kernel, capacity_factor: float | None = None,
                  skew_bias: Tensor | None = None, cache: LayerCache | None = None,
-                 shared: SharedExpert | None = None):
+                 shared: SharedExpert | None = None, exchange=None,
+                 n_experts: int | None = None):
         super().__init__()
         self.layer = layer
         self.top_k = top_k
-        self.n_experts = experts.w13.shape[0]
+        self.n_experts = n_experts or len(experts.held)
         self.router = router
         self.experts = experts
         self.kernel = kernel
@@ -96,10 +112,27 @@ class MoELayer(nn.Module):
         self.register_buffer("skew_bias", skew_bias, persistent=False)
         self.cache = cache
         self.shared = shared
+        self.exchange = exchange
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)
         flat = experts.flatten()  # [N*k]
+        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.bool, device=x.device)
+        step.seq_experts.append(used.index_put_((step.groups.repeat_interleave(self.top_k), flat),
+                                                torch.ones_like(flat, dtype=torch.bool)))
+        if self.exchange is None:
+            out = self.here(x, weights, flat, step)
+        else:
+            step.routed.append(torch.bincount(flat, minlength=self.n_experts))
+            out = self.exchange.run(self, x, weights, flat, step)
+        if self.shared is not None:
+            out += self.shared(x)
+            step.timer.mark("expert_compute")
+        return out
+
+    def here(self, x: Tensor, weights: Tensor, flat: Tensor, step: StepContext) -> Tensor:
+        """Every expert in this process: sort the pairs by expert, drop what is over capacity,
+        compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
         counts = torch.bincount(flat, minlength=self.n_experts)  # [E]
         keep = None
@@ -115,20 +148,14 @@ class MoELayer(nn.Module):
             kept = counts
         kept_host = kept.tolist()  # the layer's one host sync
         step.routed.append(counts)
-        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.bool, device=x.device)
-        step.seq_experts.append(used.index_put_((step.groups.repeat_interleave(self.top_k), flat),
-                                                torch.ones_like(flat, dtype=torch.bool)))
         step.active.append(sum(1 for n in kept_host if n))
         step.timer.mark("routing")
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
         ys = self.compute(self.dispatch(x, token_of), kept_host)
-        shared = self.shared(x) if self.shared is not None else None
         step.timer.mark("expert_compute")
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)
-        if shared is not None:
-            out += shared
         step.timer.mark("combine")
         return out
 

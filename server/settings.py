@@ -11,7 +11,7 @@ import torch
 
 from records.declare import Registry, SettingsError, check_names, require
 from records.server_settings import Model, ServerSettings
-from server import expert_cache, kernels, routing
+from server import ep_group, expert_cache, kernels, routing
 from server.checkpoint import open_checkpoint
 from server.model import PRESETS, ModelArgs
 from server.policies import POLICIES, build_policy
@@ -30,8 +30,9 @@ REGISTRIES: dict[str, Registry] = {
 }
 
 
-def check(settings: ServerSettings) -> None:
-    """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
+def check(settings: ServerSettings, ports: bool = True) -> None:
+    """Everything the declaration cannot check alone; raises SettingsError naming the flag.
+    ports: the listeners are free (not for a rank that only follows rank 0)."""
     check_names(settings, REGISTRIES)
     model, moe = settings.model, settings.moe
     require(settings.serving.http_port is not None or not settings.serving.http_port_file,
@@ -44,9 +45,37 @@ def check(settings: ServerSettings) -> None:
     except ValueError as e:
         raise SettingsError(f"--routing-skew: {e}") from None
     build_policy(settings.batching)  # a policy checks its own knobs
+    check_parallel(settings, args)
     check_exposure(settings)
     guard_of(settings.security)  # the certificates and tokens can be read
-    check_ports(settings)
+    if ports:
+        check_ports(settings)
+
+
+def check_parallel(settings: ServerSettings, args: ModelArgs) -> None:
+    """What expert parallelism needs of the model and the other settings."""
+    p, moe = settings.parallel, settings.moe
+    launched = ep_group.launched()
+    require(launched is None or launched[1] == p.ep, "ep",
+            f"is {p.ep} but torch.distributed's WORLD_SIZE is {launched and launched[1]}")
+    if p.ep == 1:
+        require(p.ep_placement == "contiguous" and not p.ep_redundant, "ep-placement",
+                "places experts over ranks: needs --ep 2 or more")
+        return
+    slots = args.n_experts + (p.ep_redundant if p.ep_placement == "balanced" else 0)
+    require(slots % p.ep == 0, "ep", f"{args.n_experts} experts"
+            f"{f' + {p.ep_redundant} replicas' if p.ep_placement == 'balanced' else ''} do not "
+            f"divide over {p.ep} ranks")
+    require(not p.ep_redundant or p.ep_placement == "balanced", "ep-redundant",
+            "replicas come with --ep-placement balanced")
+    require(p.ep_overlap == "none" or p.ep_comm == "all-to-all", "ep-overlap",
+            "two-batch overlaps the all-to-all exchanges: use it with --ep-comm all-to-all")
+    require(moe.router == "topk", "router", "draws per step over the whole batch; with --ep "
+            "each rank routes its own tokens, so only topk is supported")
+    require(moe.capacity_factor is None, "capacity-factor", "counts each expert's tokens over "
+            "the whole step; not supported with --ep (drop it: dropless)")
+    require(not moe.expert_cache, "expert-cache", "not supported with --ep (each rank holds "
+            "only its own experts already)")
 
 
 def listeners(settings: ServerSettings) -> list[tuple[str, str, int]]:
@@ -87,12 +116,19 @@ def try_bind(flag: str, host: str, port: int) -> None:
 
 
 def model_args(model: Model) -> ModelArgs:
-    """The shapes the server builds: the preset's, or the checkpoint's (its config read and
-    checked; the weights are read when the engine is built)."""
+    """The shapes the server builds: the preset's (with --max-seq-len and --experts), or the
+    checkpoint's (its config read and checked; the weights are read when the engine is
+    built)."""
+    require(not (model.checkpoint and model.n_experts), "experts",
+            "sets a preset's expert count; a checkpoint has its own")
     if model.checkpoint:
         return open_checkpoint(model.checkpoint, model.context_len).args
     args = PRESETS[model.preset]
-    return dataclasses.replace(args, max_seq_len=model.context_len) if model.context_len else args
+    changes = {"max_seq_len": model.context_len, "n_experts": model.n_experts}
+    try:
+        return dataclasses.replace(args, **{k: v for k, v in changes.items() if v})
+    except ValueError as e:
+        raise SettingsError(f"--experts: {e}") from None
 
 
 def resolve(settings: ServerSettings) -> ServerSettings:

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-STAGES = ("preprocess", "attention", "routing", "expert_compute", "combine", "decode")
+STAGES = ("preprocess", "attention", "routing", "dispatch", "expert_compute", "combine", "decode")
 
 
 class Clock:

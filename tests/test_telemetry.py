@@ -45,8 +45,8 @@ def test_stats_describe_every_step(busy):
     # last tokens are never fed back
     assert s.tokens_per_step.sum == s.prompt_tokens + s.tokens_generated - 5
     stages = {st.stage: st.ms for st in s.stages}
-    assert set(stages) == {"preprocess", "attention", "routing", "expert_compute", "combine",
-                           "decode"}
+    assert set(stages) == {"preprocess", "attention", "routing", "dispatch", "expert_compute",
+                           "combine", "decode"}
     assert all(h.count == s.steps for h in stages.values())
     assert sum(h.sum for h in stages.values()) <= s.step_ms.sum  # stages partition the engine call
     assert 0 < s.kv_positions_useful <= s.kv_positions_computed

@@ -1,0 +1,214 @@
+"""The engine as several ranks (docs/expert-parallelism.md). Rank 0 runs the scheduler and
+this DistributedEngine, which offers the scheduler the one engine's interface: each step it
+sends every rank its own sequences (each rank owns the KV slots of its sequences, attention
+is data-parallel), runs its share, and gathers the others' tokens and counts into one
+StepResult. The other ranks run `follow`: a loop doing what rank 0 says.
+
+A global KV slot s lives on rank s % N as that rank's slot s // N; new sequences go to the
+rank with the most free slots. With balanced placement rank 0 re-plans every
+--ep-rebalance-steps steps from the routing it gathered, and every rank takes over the
+experts the new placement gives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+
+import torch
+
+from records.server_settings import ServerSettings
+from server.checkpoint import open_checkpoint
+from server.engine import Engine, SeqInput, StepResult
+from server.ep_exchange import ExpertSpread
+from server.ep_group import EpGroup, launched
+from server.ep_placement import Placement, balanced, contiguous, imbalance, rank_loads
+from server.errors import UnavailableError
+from server.link import Link
+from server.settings import DTYPES, model_args, resolve
+
+log = logging.getLogger(__name__)
+STEP, PLACE, STOP = "step", "place", "stop"
+
+
+class RankLost(UnavailableError):
+    """A rank died or stopped answering: the step failed, and the server cannot go on (another
+    replica may serve the request)."""
+
+
+def follow(engine: Engine, group: EpGroup) -> None:
+    """A rank other than 0: runs each step rank 0 sends, until it says stop."""
+    while True:
+        kind, payload = group.command()
+        if kind == STOP:
+            return
+        if kind == PLACE:
+            engine.place(payload)
+            continue
+        group.gather(compact(engine.step(payload[group.rank])))
+
+
+def compact(result: StepResult) -> dict:
+    """What rank 0 needs of another rank's step (its own timings and exchanges are rank 0's)."""
+    return {"next_ids": result.next_ids, "routed": result.routed,
+            "seq_experts": result.seq_experts, "tokens": result.tokens,
+            "kv_useful": result.kv_useful, "kv_computed": result.kv_computed,
+            "prefill_tokens": result.prefill_tokens, "prefill_padded": result.prefill_padded}
+
+
+class DistributedEngine:
+    def __init__(self, local: Engine, group: EpGroup, kv_slots: int, placement: Placement,
+                 balanced_every: int = 0, redundant: int = 0,
+                 ranks: list[subprocess.Popen] | None = None):
+        """local: rank 0's own engine; kv_slots: the slots of all ranks together;
+        balanced_every: re-plan the placement every so many steps (0 = never); ranks: the
+        processes of ranks 1.. when this process spawned them (torchrun owns them otherwise)."""
+        self.local, self.group, self.world = local, group, group.world
+        self.args, self.tokenizer, self.device = local.args, local.tokenizer, local.device
+        self.dtype, self.seed, self.kernel_name = local.dtype, local.seed, local.kernel_name
+        self.caches: list = []
+        self.kv_slots = kv_slots
+        self.placement = placement
+        self.balanced_every, self.redundant = balanced_every, redundant
+        self.ranks = ranks or []
+        local_slots = -(-kv_slots // self.world)
+        self._free = [[s * self.world + r for s in range(local_slots - 1, -1, -1)
+                       if s * self.world + r < kv_slots] for r in range(self.world)]
+        self.load = torch.zeros(self.args.n_layers, self.args.n_experts)  # since the last plan
+        self.steps = 0
+        self.replaced = 0  # expert slots that took over another expert, all placements
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        token = self.step([SeqInput(0, [0] * 8, 0)]).next_ids[0]
+        self.step([SeqInput(0, [token], 8)])
+        self.load.zero_()
+        self.steps = 0
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.local.expert_bytes
+
+    @property
+    def free_slots(self) -> int:
+        return sum(len(free) for free in self._free)
+
+    def allocate_slot(self) -> int:
+        rank = max(range(self.world), key=lambda r: (len(self._free[r]), -r))
+        return self._free[rank].pop()
+
+    def free_slot(self, slot: int) -> None:
+        """The slot's rank needs no word: a sequence starting in a slot resets what it kept."""
+        self._free[slot % self.world].append(slot)
+
+    def step(self, seqs: list[SeqInput]) -> StepResult:
+        if self.balanced_every and self.steps and self.steps % self.balanced_every == 0:
+            self._re_place()
+        parts: list[list[SeqInput]] = [[] for _ in range(self.world)]
+        where = []
+        for s in seqs:
+            rank = s.slot % self.world
+            where.append((rank, len(parts[rank])))
+            parts[rank].append(dataclasses.replace(s, slot=s.slot // self.world))
+        try:
+            self.group.command((STEP, parts))
+            mine = self.local.step(parts[0])
+            gathered = self.group.gather(compact(mine))
+        except RuntimeError as exc:  # a collective failed: a rank is gone or hung
+            raise RankLost(self.lost(exc)) from None
+        self.steps += 1
+        return self._merge(mine, gathered, where)
+
+    def _merge(self, mine: StepResult, parts: list[dict], where: list) -> StepResult:
+        routed = sum(p["routed"] for p in parts)
+        self.load += routed
+        return StepResult(
+            next_ids=[parts[r]["next_ids"][i] for r, i in where], routed=routed, dropped=None,
+            active=[int((row > 0).sum()) for row in routed],
+            seq_experts=(torch.stack([parts[r]["seq_experts"][i] for r, i in where])
+                         if where else mine.seq_experts),
+            stage_ms=mine.stage_ms, tokens=sum(p["tokens"] for p in parts),
+            **{k: sum(p[k] for p in parts) for k in ("kv_useful", "kv_computed",
+                                                     "prefill_tokens", "prefill_padded")},
+            comm=mine.comm)
+
+    def _re_place(self) -> None:
+        placement = balanced(self.load, self.world, self.redundant)
+        before = [imbalance(rank_loads(self.placement, i, row)) for i, row
+                  in enumerate(self.load.tolist())]
+        after = [imbalance(rank_loads(placement, i, row)) for i, row
+                 in enumerate(self.load.tolist())]
+        self.group.command((PLACE, placement))
+        self.replaced += self.local.place(placement)
+        log.info("experts re-placed from the load of %d steps: rank imbalance (max/mean) "
+                 "%.2f -> %.2f (worst layer)", self.steps, max(before), max(after))
+        self.placement = placement
+        self.load.zero_()
+
+    def lost(self, exc: Exception) -> str:
+        """Which rank failed the step, where this process can tell (the ranks it spawned)."""
+        gone = [f"rank {r} exited with status {p.returncode}"
+                for r, p in enumerate(self.ranks, start=1) if p.poll() is not None]
+        what = "; ".join(gone) if gone else "a rank stopped answering (see its log)"
+        return f"expert-parallel step failed: {what}: {str(exc).splitlines()[0]}"
+
+    def stop(self) -> None:
+        """Tells the other ranks to exit, and waits for the ones this process started."""
+        try:
+            self.group.command((STOP, None))
+        except RuntimeError:
+            pass  # a rank is gone already
+        for p in self.ranks:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.group.close()
+
+
+def rank_engine(settings: ServerSettings, rank: int, world: int, init_method: str = "env://"
+                ) -> tuple[Engine, EpGroup, Placement]:
+    """This rank's engine, holding its share of the experts (balanced placement starts as if
+    every expert had the same load), and the process group (joined first: every rank waits
+    for all of them)."""
+    model, p = settings.model, settings.parallel
+    device = torch.device(model.device)
+    group = EpGroup(rank, world, p.ep_timeout_s, device, init_method)
+    args = model_args(model)
+    placement = (contiguous(args.n_layers, args.n_experts, world) if p.ep_placement == "contiguous"
+                 else balanced(torch.ones(args.n_layers, args.n_experts), world, p.ep_redundant))
+    link = Link(p.link_gbps, p.link_latency_us) if p.link_gbps else None
+    spread = ExpertSpread(group, placement, p.ep_comm, p.ep_overlap == "two-batch", link,
+                          p.link_emulate)
+    source = open_checkpoint(model.checkpoint, model.context_len) if model.checkpoint else args
+    local_slots = -(-settings.kv_slots // world)
+    engine = Engine(source, local_slots, model.device, DTYPES[model.dtype], model.seed,
+                    settings.moe, spread, warm_up=False)
+    return engine, group, placement
+
+
+def distributed_engine(settings: ServerSettings, ranks: list[subprocess.Popen],
+                       init_method: str = "env://") -> DistributedEngine:
+    """Rank 0's engine over all the ranks (ranks: the processes this one started, if any, and
+    init_method where it meets them)."""
+    p = settings.parallel
+    local, group, placement = rank_engine(settings, 0, p.ep, init_method)
+    every = p.ep_rebalance_steps if p.ep_placement == "balanced" else 0
+    return DistributedEngine(local, group, settings.kv_slots, placement, every, p.ep_redundant,
+                             ranks)
+
+
+def follow_rank_0(settings: ServerSettings) -> None:
+    """The life of a rank other than 0: build its share, follow rank 0 until it says stop."""
+    settings = resolve(settings)
+    if settings.model.torch_threads:
+        torch.set_num_threads(settings.model.torch_threads)
+    rank, world = launched()
+    engine, group, _ = rank_engine(settings, rank, world)
+    log.info("rank %d of %d holds experts %s of layer 0", rank, world,
+             engine.model.layers[0].moe.experts.held)
+    try:
+        follow(engine, group)
+    finally:
+        group.close()
