@@ -22,7 +22,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare soak test test-fast bench-engine bench-loadgen bench lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -46,23 +46,30 @@ serve: install
 load: install
 	$(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$(PORT)
 
-# $(call policy_runs,OUT_DIR,POLICIES,SERVER_FLAGS,LOCUST_FLAGS): for each policy a fresh server
-# on a free port, one headless open-loop run into OUT_DIR/POLICY, its report; then a comparison.
-# A run with failed requests still gets its report; the exit status says it failed.
-define policy_runs
-	@set -eu; rm -rf $(1); mkdir -p $(1); status=0; \
-	for policy in $(2); do \
-	  run=$(1)/$$policy; mkdir -p $$run; \
-	  echo "== $$policy: python -m server --policy $$policy $(3)"; \
-	  $(PY) -m server --policy $$policy $(3) --port 0 --port-file $$run/server.port >$$run/server.log 2>&1 & pid=$$!; \
+# $(call one_run,LOCUST_FLAGS), inside a shell loop that set $$run (the run directory) and $$flags
+# (the server's flags): a fresh server on a free port, one headless open-loop run into $$run, its
+# report. A run with failed requests still gets its report; $$status keeps Locust's exit status.
+define one_run
+	  mkdir -p $$run; \
+	  echo "== python -m server $$flags"; \
+	  $(PY) -m server $$flags --port 0 --port-file $$run/server.port >$$run/server.log 2>&1 & pid=$$!; \
 	  trap "kill $$pid 2>/dev/null" EXIT; \
 	  for i in $$(seq 600); do [ -s $$run/server.port ] && break; \
 	    kill -0 $$pid 2>/dev/null || { cat $$run/server.log; exit 1; }; sleep 0.1; done; \
 	  [ -s $$run/server.port ] || { echo "server did not start: see $$run/server.log"; exit 1; }; \
-	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) --headless --only-summary \
-	    --run-dir $$run $(4) || status=$$?; \
+	  $(VENV)/bin/locust -f loadgen/moe.py --host 127.0.0.1:$$(cat $$run/server.port) --headless \
+	    --only-summary --run-dir $$run $(1) || status=$$?; \
 	  kill -TERM $$pid; wait $$pid; trap - EXIT; \
-	  $(PY) -m analysis report $$run | grep '^report: '; \
+	  $(PY) -m analysis report $$run | grep '^report: ';
+endef
+
+# $(call policy_runs,OUT_DIR,POLICIES,SERVER_FLAGS,LOCUST_FLAGS): each policy's run, then a
+# comparison.
+define policy_runs
+	@set -eu; rm -rf $(1); mkdir -p $(1); status=0; \
+	for policy in $(2); do \
+	  run=$(1)/$$policy; flags="--policy $$policy $(3)"; \
+	  $(call one_run,$(4)) \
 	done; \
 	$(PY) -m analysis compare $(addprefix $(1)/,$(2)); \
 	[ $$status -eq 0 ] || echo "some requests failed (locust exit $$status): see the reports"; exit $$status
@@ -77,6 +84,24 @@ demo: install
 # per-request expert affinity against each policy, same server settings, goodput at stated SLOs.
 compare: install
 	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
+
+# The seed's experiment (its section 4; docs/expert-parallelism.md): 8, 16 and 32 experts of the
+# same size and top-k (the same active parameters per token) over 2 ranks on an emulated link,
+# with and without two-batch overlap, under the same open-loop load; a table beside the seed's.
+SWEEP_DIR ?= runs/sweep-experts
+SWEEP_EXPERTS ?= 8 16 32
+SWEEP_SERVER ?= --preset small --ep 2 --torch-threads 1 --link-gbps 10 --link-latency-us 50 \
+	--link-emulate
+SWEEP_LOAD ?= -t 30s --rate 1.5 --prompt-tokens 32 --max-tokens 32 --warmup-s 5 --seed 1
+
+sweep-experts: install
+	@set -eu; rm -rf $(SWEEP_DIR); mkdir -p $(SWEEP_DIR); status=0; \
+	for experts in $(SWEEP_EXPERTS); do for overlap in none two-batch; do \
+	  run=$(SWEEP_DIR)/$$experts-$$overlap; \
+	  flags="--experts $$experts --ep-overlap $$overlap $(SWEEP_SERVER)"; \
+	  $(call one_run,$(SWEEP_LOAD)) \
+	done; done; \
+	$(PY) -m analysis sweep $(SWEEP_DIR)/*-*; exit $$status
 
 # The soak (docs/faults.md): SOAK_S seconds of mixed-mode load with client cancellations against
 # one server, a fault rehearsal from 45% to 50% of the run, then the report and the soak verdict,

@@ -5,10 +5,10 @@ import argparse
 import os
 import sys
 
-from analysis import capacity, compare, diagnosis, report, soak
+from analysis import capacity, compare, diagnosis, report, soak, sweep
 from analysis.files import RunDirError
 
-COMMANDS = (report, compare, soak, capacity, diagnosis)
+COMMANDS = (report, compare, soak, capacity, diagnosis, sweep)
 
 
 def main(argv: list[str] | None = None) -> int:

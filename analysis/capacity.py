@@ -76,6 +76,8 @@ class Load:
     dropped: np.ndarray  # [I, L, E] measured pairs over capacity (zeros when dropless)
     run_factor: float  # the capacity factor the run ran with; 0 = dropless
     basis: str
+    # with --ep: [L, W] pairs each rank's experts computed over the intervals
+    rank_pairs: np.ndarray | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -123,7 +125,18 @@ def load_from_run(run_dir: Path) -> Load:
              else f"{SUMMARY}: start and end snapshots (one interval, the whole run)")
     return Load(last.top_k, last.num_experts, np.asarray([i.steps for i in intervals], dtype=float),
                 np.stack([i.routed for i in intervals]), np.stack([i.dropped for i in intervals]),
-                intervals[-1].capacity_factor, basis)
+                intervals[-1].capacity_factor, basis, _rank_pairs(last, samples[0].stats))
+
+
+def _rank_pairs(last: ServerStats, first: ServerStats) -> np.ndarray | None:
+    """[L, W] pairs each expert-parallel rank computed between two snapshots; None with one
+    rank."""
+    if not last.layers or not last.layers[0].rank_pairs:
+        return None
+    pairs = np.asarray([layer.rank_pairs for layer in last.layers], dtype=float)
+    if first.layers and first.layers[0].rank_pairs:
+        pairs -= np.asarray([layer.rank_pairs for layer in first.layers], dtype=float)
+    return pairs if pairs.sum() else None
 
 
 def _before(start: ServerStats, first: ServerStats) -> bool:
@@ -248,7 +261,26 @@ def summary_lines(p: Plan) -> list[str]:
     if load.run_factor > 0:
         lines.append(f"the run ran with --capacity-factor {load.run_factor:g}: measured drops "
                      f"{_pct(float(load.dropped.sum() / load.routed.sum()))}% of the pairs")
+    if load.rank_pairs is not None:
+        lines.append(rank_line(p))
     return lines
+
+
+def rank_line(p: Plan) -> str:
+    """Per-rank expert capacity with the experts spread over ranks: every step waits for the
+    rank whose experts computed the most pairs, so a rank is sized for that rank's load."""
+    load = p.load
+    ranks = load.rank_pairs.shape[1]
+    steps = float(load.steps.sum())
+    per_step = load.rank_pairs / steps  # [L, W]
+    mean = load.tokens_per_step * load.top_k / ranks
+    layer, rank = np.unravel_index(int(per_step.argmax()), per_step.shape)
+    busiest = float(per_step[layer, rank])
+    return (f"expert parallelism over {ranks} ranks: a rank's experts computed {mean:.2f} "
+            f"pairs per step on average; the busiest, rank {rank} in layer {layer}, "
+            f"{busiest:.2f} ({busiest / mean:.2f}x): at {100 * p.target_utilisation:g}% target "
+            f"utilisation a rank needs capacity for {busiest / p.target_utilisation:.2f} pairs "
+            f"per step ({load.n_experts // ranks} experts each, or fewer with replicas)")
 
 
 def render_text(p: Plan, title: str) -> str:

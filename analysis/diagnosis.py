@@ -6,8 +6,10 @@ KV pool holds requests back), or the requests in the server grow while it is bus
 (compute-saturated, the knee; in a stress run, the step it stopped on saturation; both in
 analysis/saturation.py); one layer's
 expert load is far above its mean; copying expert weights in takes a large share of step
-time. Latency: windows whose TTFT or TPOT p99 jumps, lined up with a hot expert, a cache-miss
-burst, queue growth or the load generator's own lateness (analysis/spikes.py); and the
+time; the exchanges between expert-parallel ranks wait long or fill the link
+(analysis/expert_parallel.py). Latency: windows whose TTFT or TPOT p99 jumps, lined up with a
+hot expert, a cache-miss burst, queue growth or the load generator's own lateness
+(analysis/spikes.py); and the
 generator's lateness, or its closed loop, over the whole run. Failures: which codes, when, and
 when the server could not be reached (analysis/failures.py); faults the server injected on
 purpose, and when (analysis/faults.py). Reads only run-directory files.
@@ -19,6 +21,7 @@ import argparse
 
 import numpy as np
 
+from analysis.expert_parallel import communication
 from analysis.failures import failures
 from analysis.faults import faults
 from analysis.files import RunDirError
@@ -62,7 +65,8 @@ def diagnose(run: Run) -> list[Finding]:
 def rules(signals: Signals) -> list[Finding]:
     """Every rule on a run's signals (analysis/spikes.py signals_of)."""
     return [failures(signals.run), faults(signals.run), *queue_rules(signals), _imbalance(signals),
-            _data_movement(signals), _spikes(signals), _generator(signals)]
+            _data_movement(signals), communication(signals.run.summary.server), _spikes(signals),
+            _generator(signals)]
 
 
 def _imbalance(d: Signals) -> Finding:
@@ -109,8 +113,8 @@ def _imbalance(d: Signals) -> Finding:
 
 def _data_movement(d: Signals) -> Finding:
     rule = ("data_movement", "Data movement (expert weight copies) share of step time")
-    scope = ("This measures the only data movement the server reports, copying expert weights in "
-             "on cache misses; there is no all-to-all time, as expert parallelism is not built.")
+    scope = ("This measures copying expert weights in on cache misses; the all-to-all exchanges "
+             "of expert parallelism are judged apart (communication).")
     s = d.series
     if s is None or s.step_ms.sum() <= 0:
         return Finding(*rule, False, "server_stats.jsonl has no step time (missing, under two "

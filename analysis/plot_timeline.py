@@ -26,9 +26,12 @@ class Imbalance:
 
 def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, phases: Phases,
                    path: Path, imbalance: Imbalance | None = None) -> None:
-    fig = Figure(figsize=(12, 10), layout="constrained")
-    axes = fig.subplots(3, 2, sharex=True).ravel()
-    rates, tokens, ttft, tpot, queue, experts = axes
+    spread = server is not None and bool(server.ep_bytes.any())  # experts over ranks (--ep)
+    fig = Figure(figsize=(12, 13 if spread else 10), layout="constrained")
+    axes = fig.subplots(4 if spread else 3, 2, sharex=True).ravel()
+    rates, tokens, ttft, tpot, queue, experts = axes[:6]
+    if spread:
+        _exchanges(*axes[6:], server)
     if server is not None:
         tokens.plot(server.t_s - server.length_s / 2, server.tokens / server.length_s, "o-", ms=3,
                     color="C2", label="generated (server)")
@@ -132,6 +135,19 @@ def plot_stages(server: ServerSeries, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize="small", ncols=4)
     fig.savefig(path, dpi=90)
+
+
+def _exchanges(sent, share, server: ServerSeries) -> None:
+    """The expert-parallel ranks' exchanges per interval: bytes between ranks, and the share of
+    step time they took, measured and exposed (what the steps waited for)."""
+    mid = server.t_s - server.length_s / 2
+    sent.plot(mid, server.ep_bytes / server.length_s / 1e6, "o-", ms=3, color="C5",
+              label="dispatch + combine")
+    steps = np.where(server.step_ms > 0, server.step_ms, np.nan)
+    share.plot(mid, server.ep_measured_ms / steps, "o-", ms=3, label="measured")
+    share.plot(mid, server.ep_exposed_ms / steps, "s-", ms=3, label="exposed (waited for)")
+    _titles(sent, "Bytes between expert-parallel ranks", "MB/s")
+    _titles(share, "Exchange time / step time", "share")
 
 
 def _titles(ax, title: str, ylabel: str) -> None:

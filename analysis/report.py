@@ -11,6 +11,8 @@ from analysis.breakdown import PARTS, TtftSplit, ttft_split
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
 from analysis.diagnosis import rules
+from analysis.expert_parallel import EpView, ep_view
+from analysis.expert_parallel import lines as ep_lines
 from analysis.files import RunDirError
 from analysis.finding import Finding
 from analysis.latency import stats_ms
@@ -49,6 +51,7 @@ class Report:
     series: ServerSeries | None  # from server_stats.jsonl
     findings: list[Finding]  # the diagnosis rules, fired or not
     imbalance: Imbalance | None = None  # what the diagnosis judged, for the over-time figure
+    ep: EpView | None = None  # the exchanges between expert-parallel ranks (--ep)
 
     @classmethod
     def of(cls, run: Run) -> "Report":
@@ -59,7 +62,8 @@ class Report:
         run_wide = (float((tokens.max(axis=1) / tokens.mean(axis=1)).max())
                     if tokens is not None and tokens.mean() > 0 else None)
         return cls(run, latency, view, ttft_split(run.rows), client_series(run), signals.series,
-                   rules(signals), Imbalance(signals.imbalance, run_wide))
+                   rules(signals), Imbalance(signals.imbalance, run_wide),
+                   ep_view(run.summary.server))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -125,6 +129,9 @@ def render_text(report: Report) -> str:
         parts.append(text_table(SPLIT_HEADER, _split_rows(report.split)))
     if report.server:
         parts.append("\n".join(server_text(report.server)))
+    if report.ep:
+        parts.append("\n".join(f"expert parallel: {label}: {value}"
+                               for label, value in ep_lines(report.ep)))
     if generator := _generator(run):
         parts.append("\n".join(f"generator: {line}" for line in generator))
     parts.append(diagnosis_text(report.findings))
@@ -171,6 +178,12 @@ def render_markdown(report: Report) -> str:
     if report.server or summary.server_time_ms:
         parts += ["## Server", *server_markdown(report.server, summary.server_time_ms,
                                                 bool(report.series and report.series.stage_ms))]
+    if report.ep:
+        parts += ["## Expert parallelism",
+                  "Bytes counted by the server from the actual routing (hidden states to another "
+                  "rank's experts and back); beside them the usual formula's volume. Exposed: "
+                  "the part of the exchanges' time the steps waited for.",
+                  markdown_table(["figure", "value"], [list(r) for r in ep_lines(report.ep)])]
     if generator := _generator(run):
         parts += ["## Generator", _bullets(generator)]
     return "\n\n".join(parts) + "\n"

@@ -37,6 +37,10 @@ class ServerSeries:
     cache_misses: np.ndarray
     cache_copy_ms: np.ndarray  # time spent copying expert weights in
     step_ms: np.ndarray  # engine step time, summed over the interval's steps
+    # with --ep: bytes between ranks (both directions), exchange time measured and exposed
+    ep_bytes: np.ndarray
+    ep_measured_ms: np.ndarray
+    ep_exposed_ms: np.ndarray
     stage_ms: dict[str, np.ndarray]  # stage -> time summed over the interval's steps
 
     def __len__(self) -> int:
@@ -79,8 +83,25 @@ def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
         "cache_misses": cur.cache_total("misses") - prev.cache_total("misses"),
         "cache_copy_ms": cur.cache_total("copy_ms") - prev.cache_total("copy_ms"),
         "step_ms": step_ms,
+        **_exchanges(cur, prev),
         "stage_ms": {s.stage: _hist_sum(s.ms) - _hist_sum(prev.stage(s.stage)) for s in cur.stages},
     }
+
+
+def _exchanges(cur: ServerStats, prev: ServerStats) -> dict[str, float]:
+    """The interval's exchanges between expert-parallel ranks; zero with one rank."""
+    now, before = cur.expert_parallel, prev.expert_parallel
+    if now is None:
+        return {"ep_bytes": 0.0, "ep_measured_ms": 0.0, "ep_exposed_ms": 0.0}
+
+    def totals(x):
+        if x is None:
+            return 0.0, 0.0, 0.0
+        sent = sum(p.dispatch_bytes + p.combine_bytes for p in x.pairs)
+        return sent, x.dispatch_ms + x.combine_ms, x.dispatch_exposed_ms + x.combine_exposed_ms
+
+    (b1, m1, e1), (b0, m0, e0) = totals(now), totals(before)
+    return {"ep_bytes": b1 - b0, "ep_measured_ms": m1 - m0, "ep_exposed_ms": e1 - e0}
 
 
 def _hist_sum(h: Histogram | None) -> float:

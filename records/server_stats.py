@@ -48,6 +48,8 @@ class CacheStats:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerStats:
+    OPEN: ClassVar[bool] = True  # fields of a newer server are kept in `extra`
+
     # (token, expert) pairs routed, per expert
     expert_tokens: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # pairs over capacity, per expert
@@ -56,6 +58,9 @@ class LayerStats:
     # [a] = steps in which a experts computed
     active_experts_steps: list[int] = field(default_factory=list)
     cache: CacheStats | None = field(None, omit=None)
+    # with --ep: (token, expert) pairs each rank's experts computed
+    rank_pairs: list[int] = field(default_factory=list, omit=[])
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,32 @@ class FaultCounts:
     @property
     def injected(self) -> int:
         return self.steps_failed + self.stalls + self.streams_dropped + self.requests_slowed
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPair:
+    source: int = 0
+    destination: int = 0
+    dispatch_bytes: int = 0  # hidden states sent to the destination's experts
+    combine_bytes: int = 0  # their outputs sent back
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertParallelStats:
+    """The MoE layers' exchanges between the engine's ranks (--ep), summed over layers and
+    steps; times in ms: measured, exposed (the steps waited for them), modelled (the link)."""
+
+    ranks: int = 0
+    pairs: list[RankPair] = field(default_factory=list)
+    dispatch_ms: float = 0.0
+    combine_ms: float = 0.0
+    dispatch_exposed_ms: float = 0.0
+    combine_exposed_ms: float = 0.0
+    dispatch_modelled_ms: float = 0.0
+    combine_modelled_ms: float = 0.0
+    exchanges: int = 0  # MoE layers x steps
+    placements: int = 0
+    experts_moved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +162,8 @@ class ServerStats:
     policy_knobs: dict[str, float] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict, omit={})  # absent before GetStats had it
     faults: FaultCounts | None = field(None, omit=None)  # absent before GetStats had it
+    expert_parallel: ExpertParallelStats | None = field(None, omit=None)  # with --ep 2 or more
+    hidden_size: int = field(0, omit=0)  # the model's D; 0 from a server older than the field
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -121,7 +121,8 @@ class Batcher:
     def new_telemetry(self) -> Telemetry:
         return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
                          count_bounds(getattr(self.policy, "max_batch_size", COUNT_BOUNDS[-1])),
-                         cache_baseline=self.cache_counters())
+                         cache_baseline=self.cache_counters(),
+                         ranks=getattr(self.engine, "world", 1))
 
     def cache_counters(self) -> list[CacheCounters]:
         return [dataclasses.replace(cache.counters) for cache in self.engine.caches]

@@ -49,8 +49,11 @@ class StepResult:
     kv_computed: int  # decode attention: positions computed (padding included)
     prefill_tokens: int  # prompt tokens prefilled
     prefill_padded: int  # padding the batched prefill attention added to them
-    # per MoE layer, with experts spread over ranks: what crossed between them
+    # with experts spread over ranks: per MoE layer, what crossed between them; [W, L, E] the
+    # pairs each rank's tokens routed; expert slots a re-placement before the step changed
     comm: list[Exchanged] = field(default_factory=list)
+    routed_by_rank: Tensor | None = None
+    moved: int = 0
 
 
 class Engine:

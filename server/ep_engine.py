@@ -44,7 +44,7 @@ def follow(engine: Engine, group: EpGroup) -> None:
         if kind == STOP:
             return
         if kind == PLACE:
-            engine.place(payload)
+            group.gather(engine.place(payload))
             continue
         group.gather(compact(engine.step(payload[group.rank])))
 
@@ -77,7 +77,6 @@ class DistributedEngine:
                        if s * self.world + r < kv_slots] for r in range(self.world)]
         self.load = torch.zeros(self.args.n_layers, self.args.n_experts)  # since the last plan
         self.steps = 0
-        self.replaced = 0  # expert slots that took over another expert, all placements
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -103,8 +102,9 @@ class DistributedEngine:
         self._free[slot % self.world].append(slot)
 
     def step(self, seqs: list[SeqInput]) -> StepResult:
+        moved = 0
         if self.balanced_every and self.steps and self.steps % self.balanced_every == 0:
-            self._re_place()
+            moved = self._re_place()
         parts: list[list[SeqInput]] = [[] for _ in range(self.world)]
         where = []
         for s in seqs:
@@ -118,7 +118,7 @@ class DistributedEngine:
         except RuntimeError as exc:  # a collective failed: a rank is gone or hung
             raise RankLost(self.lost(exc)) from None
         self.steps += 1
-        return self._merge(mine, gathered, where)
+        return dataclasses.replace(self._merge(mine, gathered, where), moved=moved)
 
     def _merge(self, mine: StepResult, parts: list[dict], where: list) -> StepResult:
         routed = sum(p["routed"] for p in parts)
@@ -131,20 +131,24 @@ class DistributedEngine:
             stage_ms=mine.stage_ms, tokens=sum(p["tokens"] for p in parts),
             **{k: sum(p[k] for p in parts) for k in ("kv_useful", "kv_computed",
                                                      "prefill_tokens", "prefill_padded")},
-            comm=mine.comm)
+            comm=mine.comm, routed_by_rank=torch.stack([p["routed"] for p in parts]))
 
-    def _re_place(self) -> None:
+    def _re_place(self) -> int:
+        """A new balanced placement from the load since the last; returns the expert slots
+        that changed, over all ranks."""
         placement = balanced(self.load, self.world, self.redundant)
         before = [imbalance(rank_loads(self.placement, i, row)) for i, row
                   in enumerate(self.load.tolist())]
         after = [imbalance(rank_loads(placement, i, row)) for i, row
                  in enumerate(self.load.tolist())]
         self.group.command((PLACE, placement))
-        self.replaced += self.local.place(placement)
+        moved = sum(self.group.gather(self.local.place(placement)))
         log.info("experts re-placed from the load of %d steps: rank imbalance (max/mean) "
-                 "%.2f -> %.2f (worst layer)", self.steps, max(before), max(after))
+                 "%.2f -> %.2f (worst layer), %d expert slots changed",
+                 self.balanced_every, max(before), max(after), moved)
         self.placement = placement
         self.load.zero_()
+        return moved
 
     def lost(self, exc: Exception) -> str:
         """Which rank failed the step, where this process can tell (the ranks it spawned)."""

@@ -108,6 +108,9 @@ class EngineCollector:
                 families["copy_seconds"].add_metric([str(layer)], c.copy_ms / 1e3)
             yield from families.values()
 
+        if t.exchange is not None:
+            yield from exchange_families(t.exchange)
+
         stages = HistogramMetricFamily("moe_stage_seconds", "Engine step time by stage",
                                        labels=["stage"])
         for stage, h in t.stage_ms.items():
@@ -130,6 +133,31 @@ class EngineCollector:
         if memory:
             yield GaugeMetricFamily("moe_gpu_memory_bytes", "GPU memory allocated by torch",
                                     value=memory)
+
+
+def exchange_families(x):
+    """The exchanges between the engine's ranks (--ep), since the server started."""
+    sent = CounterMetricFamily("moe_ep_bytes", "Payload bytes the MoE layers' exchanges sent "
+                               "between ranks", labels=["source", "destination", "phase"])
+    for p, phase in enumerate(("dispatch", "combine")):
+        for s in range(x.ranks):
+            for d in range(x.ranks):
+                if s != d:
+                    sent.add_metric([str(s), str(d), phase], int(x.bytes[p, s, d]))
+    times = CounterMetricFamily("moe_ep_exchange_seconds", "The exchanges' time: measured, "
+                                "exposed (steps waited for it) or modelled (--link-gbps)",
+                                labels=["phase", "kind"])
+    for key, ms in x.ms.items():
+        phase, kind = key.split("_")
+        times.add_metric([phase, kind], ms / 1e3)
+    computed = CounterMetricFamily("moe_ep_rank_pairs", "(token, expert) pairs each rank's "
+                                   "experts computed", labels=["layer", "rank"])
+    for layer, row in enumerate(x.computed.tolist()):
+        for rank, n in enumerate(row):
+            computed.add_metric([str(layer), str(rank)], n)
+    yield from (sent, times, computed)
+    yield CounterMetricFamily("moe_ep_experts_moved", "Expert slots a re-placement changed",
+                              value=x.experts_moved)
 
 
 def serve_metrics(scheduler, settings: ServerSettings, host: str, port: int):

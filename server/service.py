@@ -250,6 +250,8 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
                                    active_experts_steps=t.active_steps[i].tolist())
         if snap.cache:
             layer.cache.CopyFrom(moe_pb2.CacheStats(**vars(snap.cache[i])))
+        if t.exchange is not None:
+            layer.rank_pairs.extend(t.exchange.computed[i].tolist())
         layers.append(layer)
     gpu_util, gpu_mem = gpu_stats(engine.device)
     return moe_pb2.EngineStats(
@@ -263,6 +265,7 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
         kv_slots_total=engine.kv_slots,
         mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
         num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
+        hidden_size=args.dim,
         expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
         max_seq_len=args.max_seq_len, policy_knobs=knobs(scheduler.policy),
         layers=layers,
@@ -277,4 +280,21 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
                                if t.expert_compute_ms else 0.0),
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
         gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem,
-        faults=moe_pb2.FaultCounts(**vars(scheduler.faults.snapshot())))
+        faults=moe_pb2.FaultCounts(**vars(scheduler.faults.snapshot())),
+        expert_parallel=exchange_message(t.exchange))
+
+
+def exchange_message(x) -> moe_pb2.ExpertParallelStats | None:
+    """The exchanges between ranks (server/telemetry.py ExchangeTotals); None with one rank."""
+    if x is None:
+        return None
+    pairs = [moe_pb2.RankPair(source=s, destination=d, dispatch_bytes=int(x.bytes[0, s, d]),
+                              combine_bytes=int(x.bytes[1, s, d]))
+             for s in range(x.ranks) for d in range(x.ranks) if s != d]
+    ms = x.ms
+    return moe_pb2.ExpertParallelStats(
+        ranks=x.ranks, pairs=pairs, dispatch_ms=ms["dispatch_measured"],
+        combine_ms=ms["combine_measured"], dispatch_exposed_ms=ms["dispatch_exposed"],
+        combine_exposed_ms=ms["combine_exposed"], dispatch_modelled_ms=ms["dispatch_modelled"],
+        combine_modelled_ms=ms["combine_modelled"], exchanges=x.exchanges,
+        placements=x.placements, experts_moved=x.experts_moved)

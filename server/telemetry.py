@@ -73,6 +73,54 @@ def imbalance(tokens: list[int]) -> tuple[float, float]:
     return t.max().item() / mean, t.std(correction=0).item() / mean
 
 
+PHASES = ("dispatch", "combine")
+TIMES = ("measured", "exposed", "modelled")
+
+
+@dataclass
+class ExchangeTotals:
+    """What the MoE layers' exchanges between ranks moved and took, summed over layers and
+    steps: payload bytes per rank pair (dispatch and combine), their measured, exposed (the
+    steps waited) and modelled (the link model) times, the (token, expert) pairs each rank's
+    experts computed per layer, and the placements made."""
+
+    n_layers: int
+    ranks: int
+    bytes: torch.Tensor = None  # [phase, source, destination]
+    ms: dict[str, float] = field(default_factory=lambda: {f"{p}_{t}": 0.0 for p in PHASES
+                                                          for t in TIMES})
+    computed: torch.Tensor = None  # [L, W]
+    exchanges: int = 0  # layer exchanges (MoE layers x steps)
+    placements: int = 0
+    experts_moved: int = 0
+
+    def __post_init__(self):
+        if self.bytes is None:
+            self.bytes = torch.zeros(len(PHASES), self.ranks, self.ranks, dtype=torch.long)
+        if self.computed is None:
+            self.computed = torch.zeros(self.n_layers, self.ranks, dtype=torch.long)
+
+    def record(self, comm: list, moved: int) -> None:
+        for layer, x in enumerate(comm):
+            self.bytes[0] += torch.tensor(x.dispatch_bytes)
+            self.bytes[1] += torch.tensor(x.combine_bytes)
+            self.computed[layer] += torch.tensor(x.computed)
+            for phase in PHASES:
+                for kind, times in (("measured", x.measured_ms), ("exposed", x.exposed_ms),
+                                    ("modelled", x.modelled_ms)):
+                    self.ms[f"{phase}_{kind}"] += times[phase]
+        self.exchanges += len(comm)
+        self.placements += moved > 0
+        self.experts_moved += moved
+
+    def plus(self, other: ExchangeTotals) -> ExchangeTotals:
+        return ExchangeTotals(self.n_layers, self.ranks, self.bytes + other.bytes,
+                              {k: v + other.ms[k] for k, v in self.ms.items()},
+                              self.computed + other.computed, self.exchanges + other.exchanges,
+                              self.placements + other.placements,
+                              self.experts_moved + other.experts_moved)
+
+
 @dataclass
 class Telemetry:
     n_layers: int
@@ -102,6 +150,8 @@ class Telemetry:
     dropped: torch.Tensor = None  # [L, E] pairs over capacity
     active_steps: torch.Tensor = None  # [L, E + 1] steps in which that many experts computed
     cache_baseline: list[CacheCounters] = field(default_factory=list)
+    ranks: int = 1  # the engine's ranks (expert parallelism)
+    exchange: ExchangeTotals | None = None  # with 2 ranks or more
     window_start_ns: int = field(default_factory=time.monotonic_ns)
     cpu_start_s: float = 0.0
 
@@ -111,6 +161,8 @@ class Telemetry:
         self.expert_tokens = torch.zeros(shape, dtype=torch.long)
         self.dropped = torch.zeros(shape, dtype=torch.long)
         self.active_steps = torch.zeros(self.n_layers, self.n_experts + 1, dtype=torch.long)
+        if self.ranks > 1 and self.exchange is None:
+            self.exchange = ExchangeTotals(self.n_layers, self.ranks)
         self.cpu_start_s = process_cpu_s()
 
     def record_admitted(self, prompt_lengths: list[int]) -> None:
@@ -136,6 +188,8 @@ class Telemetry:
             self.dropped += result.dropped
         self.active_steps[torch.arange(self.n_layers), torch.tensor(result.active)] += 1
         self.expert_bytes_read += sum(result.active) * expert_bytes
+        if self.exchange is not None:
+            self.exchange.record(result.comm, result.moved)
 
     def record_request(self, queue_ms: float, prefill_ms: float, ttft_ms: float,
                        tpot_ms: float | None) -> None:
@@ -155,6 +209,8 @@ class Telemetry:
         for hists in ("stage_ms", "request_ms"):
             setattr(total, hists, {k: h.plus(getattr(other, hists)[k])
                                    for k, h in getattr(self, hists).items()})
+        if self.exchange is not None:
+            total.exchange = self.exchange.plus(other.exchange)
         return total
 
     @property
@@ -223,6 +279,12 @@ class StepLog:
                   "active_experts": result.active, "expert_tokens": result.routed.tolist()}
         if result.dropped is not None:
             record["dropped"] = int(result.dropped.sum())
+        if result.comm:  # experts over ranks: each layer's exchange, and who routed where
+            record["routed_by_rank"] = result.routed_by_rank.tolist()
+            record["exchanges"] = [{"dispatch_bytes": x.dispatch_bytes,
+                                    "combine_bytes": x.combine_bytes, "computed": x.computed,
+                                    "measured_ms": x.measured_ms, "exposed_ms": x.exposed_ms,
+                                    "modelled_ms": x.modelled_ms} for x in result.comm]
         self.file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

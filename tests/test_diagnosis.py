@@ -363,7 +363,7 @@ def cached(copy_ms: float) -> list[dict]:
 def test_expert_copies_above_a_fifth_of_step_time_fire(tmp_path):
     movement = finding(diagnose(build_run(tmp_path, server=cached(300.0), expert_cache=2)),
                        "data_movement")
-    assert movement.fired and "no all-to-all time" in movement.verdict
+    assert movement.fired and "judged apart (communication)" in movement.verdict
     # 10 intervals: 3000 ms copying of 10000 ms of steps; 900 hits, 100 misses; 100 steps.
     assert movement.evidence == ["copy 3000 ms of 10000 ms step time (30.0%; threshold 20%)",
                                  "hit rate 90.0% (900 hits, 100 misses); "
@@ -582,7 +582,8 @@ def test_missing_files_leave_rules_unjudged_naming_what_is_missing(tmp_path):
     findings = diagnose(build_run(tmp_path))  # summary.json and histograms.json only
     unjudged = {f.rule: f.verdict for f in findings if not f.judged}
     assert set(unjudged) == {"throughput_underutilised", "compute_saturated", "data_movement",
-                             "latency_spikes", "faults"}
+                             "latency_spikes", "faults", "communication"}
+    assert "ran as one rank" in unjudged["communication"]
     assert "server_stats.jsonl has no GetStats sample" in unjudged["faults"]
     assert "server_stats.jsonl is missing" in unjudged["compute_saturated"]
     assert "ttft.hlog is missing or empty" in unjudged["latency_spikes"]
@@ -592,7 +593,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0),
                                   expert_end=[32, 28, 30, 30]))
     text = render_text(findings).splitlines()
-    assert text[0] == "diagnosis: 2 of 8 rules fired"  # the run's 2 refused requests fire one
+    assert text[0] == "diagnosis: 2 of 9 rules fired"  # the run's 2 refused requests fire one
     assert text[1] == ("FIRED Server unreachable / errors: 2 requests failed "
                        "(RESOURCE_EXHAUSTED); the server stayed reachable")
     fired = text.index(next(line for line in text if line.startswith("FIRED Throughput")))
@@ -607,7 +608,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
                                "ttft.hlog is missing")
 
     markdown = render_markdown(findings)
-    assert markdown.startswith("## Diagnosis\n\n2 of 8 rules fired")
+    assert markdown.startswith("## Diagnosis\n\n2 of 9 rules fired")
     order = [markdown.index(s) for s in ("### Throughput limited while under-utilised",
                                          "### Did not fire", "### Could not be judged")]
     assert order == sorted(order)
@@ -621,7 +622,7 @@ def test_command_writes_diagnosis_md_and_a_json_last_line(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     figures = json.loads(lines[-1])
     assert figures["fired"] == ["failures", "compute_saturated", "expert_imbalance"]
-    assert set(figures["not_judged"]) == {"latency_spikes"}
+    assert set(figures["not_judged"]) == {"latency_spikes", "communication"}  # one rank
     assert lines[-2] == f"diagnosis: {run.path / 'diagnosis.md'}"
     assert (run.path / "diagnosis.md").read_text().startswith("## Diagnosis")
 
