@@ -309,3 +309,19 @@ def test_the_sweep_table_puts_the_seed_s_figures_beside_each_expert_count(tmp_pa
     assert printed.splitlines()[1].split()[-3:] == ["2100", "38", "75"]  # the seed's row
     (effect,) = overlap_effects(rows)
     assert "throughput +20% (seed +27%)" in effect and "TPOT mean -20%" in effect
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, fused", [("qwen3_moe", False), ("mixtral", True)])
+def test_a_checkpoint_spread_over_ranks_generates_what_one_rank_does(tmp_path, family, fused):
+    # each rank loads only its experts; balanced re-placement reads new ones from the files
+    pytest.importorskip("transformers")
+    from tests.checkpoints import write_checkpoint
+
+    write_checkpoint(tmp_path, family, fused=fused)
+    with running_server(checkpoint=str(tmp_path), max_batch_size=4) as one:
+        expected = generate(one)
+    with running_server(checkpoint=str(tmp_path), max_batch_size=4, ep=2,
+                        ep_placement="balanced", ep_redundant=2, ep_rebalance_steps=2) as two:
+        assert generate(two) == expected
+        assert two.stub.GetStats(moe_pb2.GetStatsRequest()).expert_parallel.experts_moved > 0
