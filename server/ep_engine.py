@@ -30,6 +30,7 @@ from server.settings import DTYPES, model_args, resolve
 
 log = logging.getLogger(__name__)
 STEP, PLACE, STOP = "step", "place", "stop"
+STOP_WAIT_S = 5  # for a rank to exit after stop, before it is killed (a hung one never does)
 
 
 class RankLost(UnavailableError):
@@ -165,7 +166,7 @@ class DistributedEngine:
             pass  # a rank is gone already
         for p in self.ranks:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 p.kill()
         self.group.close()
