@@ -21,6 +21,8 @@ import argparse
 
 import numpy as np
 
+from analysis.delivery import delivery_split
+from analysis.delivery import lines as delivery_lines
 from analysis.expert_parallel import communication
 from analysis.failures import failures
 from analysis.faults import faults
@@ -66,7 +68,7 @@ def rules(signals: Signals) -> list[Finding]:
     """Every rule on a run's signals (analysis/spikes.py signals_of)."""
     return [failures(signals.run), faults(signals.run), *queue_rules(signals), _imbalance(signals),
             _data_movement(signals), communication(signals.run.summary.server), _spikes(signals),
-            _generator(signals)]
+            _generator(signals), _write_delay(signals)]
 
 
 def _imbalance(d: Signals) -> Finding:
@@ -202,10 +204,13 @@ def _generator(d: Signals) -> Finding:
         if send.p99 > d.late_ms:
             reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > "
                            f"{d.late_ms:g} ms), which counts as latency the server did not cause")
+    if loop := stats_ms(d.run.histograms.get("loop_lag")):
+        lags["loop lag"] = loop.p99
+        evidence.append(f"loop lag p99 {fmt_ms(loop.p99)} ms (how late the generator's own "
+                        "event loop woke: its timestamps are as late)")
     if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
-        lags["delivery lag"] = delivery.p99
-        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms "
-                        "(server emit -> timestamped here)")
+        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server stamp -> "
+                        "timestamped here; its parts: see the server write delay rule)")
     evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
     warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
@@ -238,6 +243,40 @@ def _generator(d: Signals) -> Finding:
                   "latencies measured" if warnings else " and raised no warnings")
         return Finding(*rule, False, f"The load generator kept its schedule{warned}.", evidence)
     return Finding(*rule, True, f"The {late}; see its warnings.", evidence)
+
+
+def _write_delay(d: Signals) -> Finding:
+    """The server's own part of the delivery lag: stamped -> its transport accepted the
+    message (analysis/delivery.py)."""
+    rule = ("server_write_delay", "Server write delay")
+    split = delivery_split(d.run)
+    if split is None or split.write is None:
+        return Finding(*rule, False, "No server write delay over the run (an older server, or "
+                       "a target that does not report one).", [], judged=False)
+    evidence = delivery_lines(split)
+    end = d.run.summary.server.latest
+    busy = (d.series.step_ms.sum() / 1000 / d.series.length_s.sum()
+            if d.series is not None and d.series.length_s.sum() > 0 else None)
+    evidence.append(f"server process CPU {end.process_cpu_percent:.0f}% of a core"
+                    + (f", engine steps {busy:.0%} of the time" if busy is not None else ""))
+    write, delivery = split.write, split.delivery
+    p50s = [s.p50 for m in ("ttft", "tpot") if (s := stats_ms(d.run.histograms.get(m)))]
+    finest = min(p50s, default=None)
+    material = finest is not None and write.p99 > MATERIAL_LAG_SHARE * finest
+    dominant = delivery.mean > 0 and write.mean > 0.5 * delivery.mean
+    if not (material and dominant):
+        return Finding(*rule, False, f"The server's writes took a mean {fmt_ms(write.mean)} ms "
+                       f"(p99 <= {write.p99:g} ms) of a {fmt_ms(delivery.mean)} ms mean delivery "
+                       "lag" + ("" if material else ", small beside the latencies measured")
+                       + ".", evidence)
+    return Finding(*rule, True, f"The server's own writes are most of the delivery lag: stamped "
+                   f"-> accepted by its transport in a mean {fmt_ms(write.mean)} ms of "
+                   f"{fmt_ms(delivery.mean)} ms, p99 <= {write.p99:g} ms (over "
+                   f"{MATERIAL_LAG_SHARE:.0%} of the finest latency, {fmt_ms(finest)} ms p50). "
+                   "The likely cause is the engine sharing the server's process with the event "
+                   "loop that writes: its thread's Python holds the interpreter lock and its "
+                   "compute the cores the loop and gRPC's threads need; fewer torch threads, or "
+                   "a machine with cores to spare, shorten it.", evidence)
 
 
 # --- rendering and the command ------------------------------------------------------------------

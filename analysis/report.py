@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis.breakdown import PARTS, TtftSplit, ttft_split
+from analysis.delivery import delivery_split
+from analysis.delivery import lines as delivery_lines
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
 from analysis.diagnosis import rules
@@ -134,6 +136,8 @@ def render_text(report: Report) -> str:
                                for label, value in ep_lines(report.ep)))
     if generator := _generator(run):
         parts.append("\n".join(f"generator: {line}" for line in generator))
+    if split := delivery_split(run):
+        parts.append("\n".join(f"who is late: {line}" for line in delivery_lines(split)))
     parts.append(diagnosis_text(report.findings))
     return "\n\n".join(parts)
 
@@ -186,6 +190,9 @@ def render_markdown(report: Report) -> str:
                   markdown_table(["figure", "value"], [list(r) for r in ep_lines(report.ep)])]
     if generator := _generator(run):
         parts += ["## Generator", _bullets(generator)]
+    if split := delivery_split(run):
+        first, *rest = delivery_lines(split)
+        parts += ["### Who is late: the delivery lag in three parts", first, "\n".join(rest)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -328,6 +335,7 @@ def _generator(run: Run) -> list[str]:
     lines = [f"late sends {generator.late_sends} (sent more than "
              f"{generator.late_threshold_ms:.1f} ms after their scheduled time)"]
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
+                       ("loop_lag", "loop lag (the generator's event loop woke late)"),
                        ("delivery_lag", "delivery lag (server emit -> client timestamp)")):
         lag = stats_ms(run.histograms.get(name))
         if lag:

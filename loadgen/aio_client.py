@@ -19,10 +19,12 @@ from records.load_settings import LoadSettings
 
 class AioSender:
     def __init__(self, on_result: Callable[[StreamResult], None], settings: LoadSettings,
-                 workers: int, index: int):
+                 workers: int, index: int, on_loop_lag: Callable[[int, int], None]):
         """Starts the sender process now and hands it the job, so its imports and its connection
-        are done before the schedule begins."""
+        are done before the schedule begins. on_loop_lag: each wake of the sender's own
+        event-loop probe, (time ns, lateness us)."""
         self.on_result = on_result
+        self.on_loop_lag = on_loop_lag
         self.not_sent = 0
         self.ready = Event()  # set once the sender is connected (or gone)
         self.ended = Event()
@@ -49,6 +51,9 @@ class AioSender:
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
                 break
+            elif "loop_lag" in data:
+                for t_ns, late_us in data["loop_lag"]:
+                    self.on_loop_lag(t_ns, late_us)
             else:
                 self.on_result(StreamResult(**data))
         self.ready.set()

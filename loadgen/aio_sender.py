@@ -9,10 +9,12 @@ the run is set up; once the target's client is imported and connected the sender
 {"ready": true}, and the parent starts the schedule with a line of its time zero
 ({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
-reports it, writes {"end": true, "not_sent": n} and exits. It builds the same schedule and
-requests as the gevent path (loadgen/arrivals.py, profiles.py, workload.py). Times are
-CLOCK_MONOTONIC nanoseconds, one clock for both processes. Output goes through a
-non-blocking pipe writer, so a slow reader never stalls the sends.
+reports it, writes {"end": true, "not_sent": n} and exits. Every second it also writes
+{"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness (loadgen/loop_lag.py).
+It builds the same schedule and requests as the gevent path (loadgen/arrivals.py,
+profiles.py, workload.py). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
+processes. Output goes through a non-blocking pipe writer, so a slow reader never stalls the
+sends.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time
 
 from loadgen.client import StreamResult, astream_request, cut_off
+from loadgen.loop_lag import asyncio_probe
 from loadgen.profiles import schedule_of
 from loadgen.target import target_of
 from loadgen.text_tokens import TextCounter
@@ -73,6 +76,16 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
     def emit(data: dict) -> None:
         transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
 
+    lags: list[tuple[int, int]] = []
+
+    def lag(t_ns: int, late_us: int) -> None:
+        lags.append((t_ns, late_us))
+        if t_ns - lags[0][0] >= 1e9:
+            emit({"loop_lag": lags[:]})
+            lags.clear()
+
+    probe = asyncio.create_task(asyncio_probe(lag))
+
     def done(task: asyncio.Task) -> None:
         # plain fields only: vars is asdict's result, without its deep copy
         emit(vars(tasks.pop(task)))
@@ -103,6 +116,9 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
         r = tasks.pop(task)
         cut_off(r, sender.drain_s)
         emit(vars(r))
+    probe.cancel()
+    if lags:
+        emit({"loop_lag": lags})
     emit({"end": True, "not_sent": not_sent})
     while transport.get_write_buffer_size():
         await asyncio.sleep(0.01)

@@ -8,7 +8,10 @@ on the moe target (gRPC) and the openai target (HTTP server-sent events), and a 
 achieved, its send lateness (scheduled -> actual send) and its delivery lag (server emit, from
 `server_elapsed_us`, -> client timestamp) at p50/p99, the TTFT error against the known 20 ms,
 and its CPU; then the highest rate each run held, and the openai target's TTFT error beside
-the moe target's. Prints a table, then one line of JSON. Nothing here is asserted.
+the moe target's. Last, a row against this project's real server (`small`, batch up to 8) at
+about the demo's load: who is late, the delivery lag in three parts (the generator's own loop
+lag, the server's write delay from its GetStats, the rest). Prints tables, then one line of
+JSON. Nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -119,6 +122,59 @@ def delay_server(tmp: Path, protocol: str) -> Iterator[int]:
         server.wait(timeout=10)
 
 
+REAL_SERVER = ("--preset", "small", "--max-batch-size", "8", "--torch-threads", "1",
+               "--dtype", "float32")
+REAL_LOAD = ("--rate", "3", "--prompt-tokens", "64", "--max-tokens", "32", "--warmup-s", "3")
+
+
+def bucket_mean_p99(now: dict, before: dict | None) -> tuple[float, float]:
+    """Mean and p99 (the bucket bound it falls under) of a GetStats histogram's growth."""
+    base = before or {"counts": [0] * len(now["counts"]), "sum": 0.0}
+    counts = [a - b for a, b in zip(now["counts"], base["counts"], strict=True)]
+    n = sum(counts)
+    seen, p99 = 0, now["max"]
+    for bound, c in zip([*now["bounds"], now["max"]], counts, strict=True):
+        seen += c
+        if seen >= 0.99 * n:
+            p99 = bound
+            break
+    return (now["sum"] - base["sum"]) / n if n else float("nan"), p99
+
+
+def real_server_run(tmp: Path, duration_s: float, seed: int) -> dict:
+    """The real small server at about the demo's load (batch near 8): the delivery lag in its
+    three parts."""
+    port_file = tmp / "real.port"
+    server = subprocess.Popen([sys.executable, "-m", "server", *REAL_SERVER, "--port", "0",
+                               "--port-file", str(port_file)], cwd=REPO)
+    try:
+        for _ in range(600):
+            if port_file.exists():
+                break
+            time.sleep(0.1)
+        run_dir = tmp / "real"
+        locust = str(Path(sys.executable).parent / "locust")
+        subprocess.run([locust, "-f", "loadgen/moe.py", "--host",
+                        f"127.0.0.1:{port_file.read_text().strip()}", "--headless",
+                        "--only-summary", "-t", f"{round(duration_s)}s", *REAL_LOAD, "--seed",
+                        str(seed), "--run-dir", str(run_dir)], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    s = json.loads((run_dir / "summary.json").read_text())
+    m, end = s["metrics"], s["server"]["end"]
+    write_mean, write_p99 = bucket_mean_p99(end["write_ms"], s["server"]["start"].get("write_ms"))
+    rest = m["delivery_lag_ms"]["mean"] - m["loop_lag_ms"]["mean"] - write_mean
+    return {"mean_batch_size": end["mean_batch_size"],
+            "delivery_lag_mean_ms": m["delivery_lag_ms"]["mean"],
+            "delivery_lag_p99_ms": m["delivery_lag_ms"]["p99"],
+            "loop_lag_mean_ms": m["loop_lag_ms"]["mean"],
+            "loop_lag_p99_ms": m["loop_lag_ms"]["p99"],
+            "write_mean_ms": write_mean, "write_p99_ms": write_p99, "rest_mean_ms": rest,
+            "tpot_p50_ms": m["tpot_ms"]["p50"], "server_cpu_percent": end["process_cpu_percent"]}
+
+
 # (row name, target, client): Locust's two clients on the moe and openai targets
 LOCUST_RUNS = (("moe", "moe", "gevent"), ("moe_aio", "moe", "aio"),
                ("openai", "openai", "gevent"), ("openai_aio", "openai", "aio"))
@@ -142,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
                                        tmp / f"{name}-{target_rate:g}", client)
             row["grpc_aio"] = asyncio.run(aio_run(moe_port, rate, args.duration_s, args.seed))
             rows.append(row)
+    real = real_server_run(tmp, max(args.duration_s, 20), args.seed)
     print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
           f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
     header = f"{'msgs/s':>7} {'run':>10} {'achieved':>9} {'send p99':>9} " \
@@ -168,9 +225,19 @@ def main(argv: list[str] | None = None) -> None:
                for client, suffix in (("gevent", ""), ("aio", "_aio"))}
         print(f"at {row['target_messages_per_s']:g} messages/s, openai TTFT p50 error minus "
               f"moe's: {gap['gevent']:+.2f} ms (gevent), {gap['aio']:+.2f} ms (aio)")
+    print(f"\nreal server ({' '.join(REAL_SERVER)}; {' '.join(REAL_LOAD)}): mean batch "
+          f"{real['mean_batch_size']:.1f}, TPOT p50 {real['tpot_p50_ms']:.1f} ms, server CPU "
+          f"{real['server_cpu_percent']:.0f}%")
+    print(f"  delivery lag mean {real['delivery_lag_mean_ms']:.2f} ms, p99 "
+          f"{real['delivery_lag_p99_ms']:.2f} ms =\n"
+          f"  generator loop lag mean {real['loop_lag_mean_ms']:.2f} ms (p99 "
+          f"{real['loop_lag_p99_ms']:.2f})\n"
+          f"  + server write delay mean {real['write_mean_ms']:.2f} ms (p99 <= "
+          f"{real['write_p99_ms']:g})\n"
+          f"  + the rest (network, client decoding) mean {real['rest_mean_ms']:.2f} ms")
     aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
     print(json.dumps({"rows": rows, "held_messages_per_s": held,
-                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms}))
+                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms, "real_server": real}))
 
 
 if __name__ == "__main__":

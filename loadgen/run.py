@@ -21,6 +21,7 @@ from gevent.pool import Group
 from loadgen.aio_client import AioSender
 from loadgen.client import StreamResult, cut_off, stream_request
 from loadgen.intervals import IntervalLog
+from loadgen.loop_lag import gevent_probe
 from loadgen.profiles import schedule_of
 from loadgen.recorder import Recorder
 from loadgen.stress import Stress
@@ -87,8 +88,10 @@ class Run:
             self._schedule = self.stress.arrivals(settings.traffic.seed)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
-        self.aio = (AioSender(self._record, settings, workers, index)
+        self.aio = (AioSender(self._record, settings, workers, index, self.recorder.loop_lag)
                     if self.sender.client == "aio" else None)
+        # the loop that timestamps the streams: the aio sender probes its own
+        self._probe = gevent_probe(self.recorder.loop_lag) if self.aio is None else None
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -231,6 +234,8 @@ class Run:
             self._record(result)
         gevent.sleep(0)  # lets the callbacks of requests that finished during the loop run
         self._ticker.kill()
+        if self._probe is not None:
+            self._probe.kill()
         self.tick()
         self.intervals.close()
         self.server_log.close()

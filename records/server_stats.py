@@ -164,6 +164,8 @@ class ServerStats:
     faults: FaultCounts | None = field(None, omit=None)  # absent before GetStats had it
     expert_parallel: ExpertParallelStats | None = field(None, omit=None)  # with --ep 2 or more
     hidden_size: int = field(0, omit=0)  # the model's D; 0 from a server older than the field
+    # each streamed message: stamped -> the transport took it (absent from older servers)
+    write_ms: Histogram | None = field(None, omit=None)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -18,6 +18,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +232,7 @@ class OpenAIApi:
         except ServerError as exc:
             return response_of(exc)
         async with stream:
-            answer = Answer(call, self.model, received_ns)
+            answer = Answer(call, self.model, received_ns, self.generations.scheduler.record_write)
             if call.stream:
                 return await answer.streamed(request, stream.batches())
             return await answer.whole(stream.batches())
@@ -240,8 +241,11 @@ class OpenAIApi:
 class Answer:
     """The response to one call: chunks as server-sent events, or one JSON body."""
 
-    def __init__(self, call: Call, model: str, received_ns: int):
+    def __init__(self, call: Call, model: str, received_ns: int,
+                 written: Callable[[float], None] = lambda ms: None):
+        """written: told each token chunk's write delay, stamped -> the transport took it."""
         self.call, self.model, self.received_ns = call, model, received_ns
+        self.written = written
         prefix = "chatcmpl" if call.chat else "cmpl"
         self.id = f"{prefix}-{call.ask.request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -269,6 +273,12 @@ class Answer:
     def elapsed_us(self) -> int:
         return (time.monotonic_ns() - self.received_ns) // 1000
 
+    async def emit(self, response: web.StreamResponse, event: dict) -> None:
+        """A token chunk stamped with the server's time now, and written."""
+        stamped_ns = time.monotonic_ns()
+        await send(response, event | {"server_elapsed_us": (stamped_ns - self.received_ns) // 1000})
+        self.written((time.monotonic_ns() - stamped_ns) / 1e6)
+
     async def streamed(self, request: web.Request, batches) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
@@ -285,9 +295,8 @@ class Answer:
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well
-                await send(response, self.envelope(True) | {
-                    "choices": [self.choice(batch, first=first, streamed=True)],
-                    "server_elapsed_us": self.elapsed_us()})
+                await self.emit(response, self.envelope(True) | {
+                    "choices": [self.choice(batch, first=first, streamed=True)]})
                 first = False
                 if batch.usage is not None and self.call.include_usage:
                     await send(response, self.envelope(True) | {"choices": [],

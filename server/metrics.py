@@ -117,6 +117,9 @@ class EngineCollector:
             histogram_family("", "", h, 1e-3, {"stage": stage}, stages)
         yield stages
         yield histogram_family("moe_step_seconds", "Engine step wall time", t.step_ms, 1e-3)
+        yield histogram_family("moe_write_seconds", "Streamed messages: stamped -> the transport "
+                               "accepted it (the server's part of the delivery lag)",
+                               t.write_ms, 1e-3)
         yield histogram_family("moe_batch_size", "Requests per step", t.batch_size)
         yield histogram_family("moe_tokens_per_step", "Tokens per forward pass", t.tokens_per_step)
         phases = HistogramMetricFamily(

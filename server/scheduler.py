@@ -91,6 +91,12 @@ class Scheduler:
             self.batcher.cancel(req)
             self._cond.notify()
 
+    def record_write(self, ms: float) -> None:
+        """One streamed message's write delay (stamped -> the transport took it). Called on the
+        event loop for every message, so it does not wait for the engine thread's lock: a
+        histogram update is a few attribute writes, and GetStats reads on the same loop."""
+        self.batcher.telemetry.write_ms.record(ms)
+
     def count_rejected(self) -> None:
         with self._cond:
             self.batcher.telemetry.requests_rejected += 1

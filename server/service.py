@@ -102,7 +102,8 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
         self.generations = generations
         self.tokens = tokens
         self.scheduler = generations.scheduler
-        self.settings = settings  # as resolved at start-up
+        # the settings as resolved at start-up, made into fields once: GetStats runs on the loop
+        self.settings_fields = settings_fields(settings)
 
     async def Generate(self, request, context):
         received_ns = time.monotonic_ns()
@@ -117,9 +118,9 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
         async with stream:
             async for batch in stream.batches():
                 if isinstance(batch.error, ShutdownError):  # ends as a stream, not an error
-                    yield moe_pb2.GenerateResponse(
+                    await context.write(moe_pb2.GenerateResponse(
                         finish_reason=moe_pb2.GenerateResponse.ABORT,
-                        server_elapsed_us=(time.monotonic_ns() - received_ns) // 1000)
+                        server_elapsed_us=(time.monotonic_ns() - received_ns) // 1000))
                     return
                 if batch.error is not None:
                     await context.abort(*status_of(batch.error))
@@ -134,11 +135,13 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
                         queue_us=u.queue_us, prefill_us=u.prefill_us, decode_us=u.decode_us,
                         ttft_us=(first_sent_ns - received_ns) // 1000))
                 msg.server_elapsed_us = (now_ns - received_ns) // 1000
-                yield msg
+                await context.write(msg)
+                # stamped -> the transport took it: the server's part of the delivery lag
+                self.scheduler.record_write((time.monotonic_ns() - now_ns) / 1e6)
 
     async def GetStats(self, request, context):
         await refuse_undecodable(request, context)
-        return stats_message(self.scheduler.snapshot(), self.scheduler, self.settings)
+        return stats_message(self.scheduler.snapshot(), self.scheduler, self.settings_fields)
 
     async def ResetStats(self, request, context):
         await refuse_undecodable(request, context)
@@ -237,7 +240,8 @@ def settings_fields(settings: ServerSettings) -> dict:
     return older | {"settings": {name: text(value) for name, value in values.items()}}
 
 
-def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_pb2.EngineStats:
+def stats_message(snap, scheduler: Scheduler, settings: dict) -> moe_pb2.EngineStats:
+    """settings: settings_fields() of the server's settings."""
     t = snap.telemetry
     engine = scheduler.engine
     args = engine.args
@@ -255,7 +259,7 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
         layers.append(layer)
     gpu_util, gpu_mem = gpu_stats(engine.device)
     return moe_pb2.EngineStats(
-        **settings_fields(settings),
+        **settings,
         uptime_s=(time.monotonic_ns() - scheduler.started_ns) / 1e9,
         window_s=t.window_s,
         requests_admitted=t.requests_admitted, requests_finished=t.requests_finished,
@@ -273,6 +277,7 @@ def stats_message(snap, scheduler: Scheduler, settings: ServerSettings) -> moe_p
                 for name, h in t.stage_ms.items()],
         step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),
         tokens_per_step=histogram_message(t.tokens_per_step),
+        write_ms=histogram_message(t.write_ms),
         kv_positions_useful=t.kv_positions_useful, kv_positions_computed=t.kv_positions_computed,
         prefill_tokens=t.prefill_tokens, prefill_padded_tokens=t.prefill_padded_tokens,
         expert_bytes_read=t.expert_bytes_read, expert_compute_ms=t.expert_compute_ms,

@@ -1,7 +1,7 @@
 """Engine telemetry, cumulative since start or the last reset, for GetStats and Prometheus;
 and the optional per-step log.
 
-The scheduler records each step under its lock; readers take a deep copy. Expert-cache
+The scheduler records each step under its lock; readers take a copy. Expert-cache
 counters live in the cache (the engine thread owns them); a reset stores their values as a
 baseline instead of writing across threads.
 """
@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import json
+import math
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 import torch
@@ -21,6 +24,7 @@ from server.expert_cache import CacheCounters
 from server.stages import STAGES
 
 MS_BOUNDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+WRITE_BOUNDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 25, 100)  # ms
 COUNT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 REQUEST_PHASES = ("queue", "prefill", "ttft", "tpot")
 COUNTERS = ("requests_admitted", "requests_finished", "requests_aborted", "requests_rejected",
@@ -53,6 +57,9 @@ class Histogram:
     def mean(self) -> float:
         return self.sum / self.count if self.count else 0.0
 
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds, list(self.counts), self.count, self.sum, self.max)
+
     def plus(self, other: Histogram) -> Histogram:
         return Histogram(self.bounds, [a + b for a, b in zip(self.counts, other.counts,
                                                              strict=True)],
@@ -65,12 +72,14 @@ def count_bounds(limit: int) -> tuple[int, ...]:
 
 
 def imbalance(tokens: list[int]) -> tuple[float, float]:
-    """(max / mean, coefficient of variation) of one layer's per-expert token counts."""
-    t = torch.tensor(tokens, dtype=torch.float64)
-    mean = t.mean().item()
+    """(max / mean, coefficient of variation) of one layer's per-expert token counts. Plain
+    Python: GetStats asks for it per layer on the event loop, where a tensor per call cost more
+    than the arithmetic."""
+    mean = sum(tokens) / len(tokens)
     if mean == 0:
         return 0.0, 0.0
-    return t.max().item() / mean, t.std(correction=0).item() / mean
+    variance = sum((t - mean) ** 2 for t in tokens) / len(tokens)
+    return max(tokens) / mean, math.sqrt(variance) / mean
 
 
 PHASES = ("dispatch", "combine")
@@ -113,6 +122,10 @@ class ExchangeTotals:
         self.placements += moved > 0
         self.experts_moved += moved
 
+    def copy(self) -> ExchangeTotals:
+        return replace(self, bytes=self.bytes.clone(), ms=dict(self.ms),
+                       computed=self.computed.clone())
+
     def plus(self, other: ExchangeTotals) -> ExchangeTotals:
         return ExchangeTotals(self.n_layers, self.ranks, self.bytes + other.bytes,
                               {k: v + other.ms[k] for k, v in self.ms.items()},
@@ -142,6 +155,8 @@ class Telemetry:
                                                                     for s in STAGES})
     batch_size: Histogram = None
     tokens_per_step: Histogram = field(default_factory=lambda: Histogram(COUNT_BOUNDS))
+    # each streamed message: stamped (server_elapsed_us) -> the transport accepted it
+    write_ms: Histogram = field(default_factory=lambda: Histogram(WRITE_BOUNDS))
     # per finished request, the server's own times: received -> admitted, its prefill steps,
     # received -> first token, and time per output token after the first
     request_ms: dict[str, Histogram] = field(default_factory=lambda: {
@@ -204,7 +219,7 @@ class Telemetry:
         total = copy.deepcopy(other)
         for name in COUNTERS:
             setattr(total, name, getattr(self, name) + getattr(other, name))
-        for name in ("step_ms", "batch_size", "tokens_per_step"):
+        for name in ("step_ms", "batch_size", "tokens_per_step", "write_ms"):
             setattr(total, name, getattr(self, name).plus(getattr(other, name)))
         for hists in ("stage_ms", "request_ms"):
             setattr(total, hists, {k: h.plus(getattr(other, hists)[k])
@@ -222,7 +237,19 @@ class Telemetry:
         return self.stage_ms["expert_compute"].sum
 
     def snapshot(self) -> Telemetry:
-        return copy.deepcopy(self)
+        """A copy the engine thread's next step does not change. Field by field, not deepcopy:
+        it is taken under the scheduler's lock on every GetStats, and deepcopy of the tensors
+        and histograms held the event loop and the engine for milliseconds."""
+        copied = copy.copy(self)
+        for name in ("step_ms", "batch_size", "tokens_per_step", "write_ms"):
+            setattr(copied, name, getattr(self, name).copy())
+        for hists in ("stage_ms", "request_ms"):
+            setattr(copied, hists, {k: h.copy() for k, h in getattr(self, hists).items()})
+        for name in ("expert_tokens", "dropped", "active_steps"):
+            setattr(copied, name, getattr(self, name).clone())
+        copied.cache_baseline = [copy.copy(c) for c in self.cache_baseline]
+        copied.exchange = self.exchange and self.exchange.copy()
+        return copied
 
     @property
     def window_s(self) -> float:
@@ -245,12 +272,19 @@ def since(now: CacheCounters, before: CacheCounters) -> CacheCounters:
 
 
 def process_cpu_s() -> float:
-    t = psutil.Process().cpu_times()
-    return t.user + t.system
+    """User and system CPU seconds of this process, every thread's (the clock, not psutil: no
+    /proc read on the event loop)."""
+    return time.process_time()
+
+
+@functools.cache
+def this_process(pid: int) -> psutil.Process:
+    """psutil's handle on a process, made once: making one reads /proc several times."""
+    return psutil.Process(pid)
 
 
 def process_rss_bytes() -> int:
-    return psutil.Process().memory_info().rss
+    return this_process(os.getpid()).memory_info().rss
 
 
 def gpu_stats(device: torch.device) -> tuple[float, int]:
