@@ -97,9 +97,11 @@ def start_hog(**_):
 def test_only_a_generator_that_is_late_itself_is_accused(tmp_path, starved):
     locustfile = tmp_path / "starved.py"
     locustfile.write_text(STARVED)
-    with server_process(tmp_path, "--preset", "small", "--max-batch-size", "4") as (_, port):
-        flags = ["-t", "8s", "--rate", "1", "--prompt-tokens", "16", "--max-tokens", "16",
-                 "--warmup-s", "1"]
+    # the demo's load (2 requests/s, 64 + 32 tokens); one torch thread leaves the generator a
+    # core of a 2-core machine
+    with server_process(tmp_path, "--preset", "small", "--torch-threads", "1") as (_, port):
+        flags = ["-t", "10s", "--rate", "2", "--prompt-tokens", "64", "--max-tokens", "32",
+                 "--warmup-s", "2"]
         done = (locust_file(port, tmp_path / "run", locustfile, flags) if starved
                 else locust(port, tmp_path / "run", *flags))
     assert done.returncode == 0, done.stdout
