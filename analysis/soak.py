@@ -14,7 +14,12 @@ With summary.json, the run's accounting is checked: sent = ok + failed + cancell
 
 Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)
 excludes 0 AND the fitted change over the run exceeds --min-change of the fitted starting
-level (of the series mean where that start is not above 0); otherwise "no drift". A fitted
+level (of the series mean where that start is not above 0), or when the slope continued over
+the deployment horizon (--horizon-h) rises past the series' budget even at the CI's slow end
+(--budget-mb for RSS, --budget-ms for p99 latency, --budget-requests for queue depth: a soak
+of minutes cannot otherwise call a leak that matters after days); otherwise "no drift". Each
+verdict says what the slope and its CI amount to over the horizon, beside the starting level
+and the budget. A fitted
 level below 0 (a fall steep enough to cross 0 by the run's end) is held at 0 and said. A series
 with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2, as does a
 --window-s shorter than the run's logging interval (its config interval_s, 1 s when absent).
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +52,9 @@ MIN_WINDOWS = 3
 S_PER_H = 3600.0
 CONFIDENCE = 0.95
 MB = 2**20
+DEFAULT_HORIZON_H = 24.0
+# the rise over the horizon that matters, by unit (--budget-mb, --budget-ms, --budget-requests)
+DEFAULT_BUDGETS = {"MB": 500.0, "ms": 100.0, "requests": 10.0}
 # Gauges of server_stats.jsonl trended: key -> title, unit, reader of a sample.
 SAMPLED = {"rss_mb": ("server RSS", "MB", lambda s: s.stats.process_rss_bytes / MB),
            "waiting": ("queue depth", "requests", lambda s: s.stats.waiting),
@@ -62,6 +70,18 @@ UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
 
 
 @dataclass(frozen=True)
+class Horizon:
+    """Where the trends are projected to: hours of the same slope, and the rise each unit may
+    take over them."""
+    hours: float = DEFAULT_HORIZON_H
+    budgets: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+
+    @property
+    def seconds(self) -> float:
+        return self.hours * S_PER_H
+
+
+@dataclass(frozen=True)
 class Trend:
     slope_per_s: float
     ci_per_s: tuple[float, float]  # 95%
@@ -73,6 +93,30 @@ class Trend:
     # the fitted line fell below 0 at an end, where no latency, RSS or queue can be: start and
     # end are held at 0, and the line does not describe the series
     below_zero: bool = False
+    horizon_s: float = DEFAULT_HORIZON_H * S_PER_H
+    budget: float | None = None  # the rise allowed over the horizon; None: not judged
+    over_budget: bool = False  # even the CI's slow end rises past the budget within the horizon
+    run_drift: bool = False  # the change over the run alone exceeds --min-change
+
+    @property
+    def projected(self) -> float:
+        """The fitted slope continued over the horizon."""
+        return self.slope_per_s * self.horizon_s
+
+    @property
+    def projected_ci(self) -> tuple[float, float]:
+        return self.ci_per_s[0] * self.horizon_s, self.ci_per_s[1] * self.horizon_s
+
+    @property
+    def projected_share(self) -> float | None:
+        return self.projected / self.reference if self.reference else None
+
+    @property
+    def hours_to_budget(self) -> float | None:
+        """When the CI's slow end reaches the budget (h); None when it does not rise."""
+        if self.budget is None or self.ci_per_s[0] <= 0:
+            return None
+        return self.budget / self.ci_per_s[0] / S_PER_H
 
     @property
     def change(self) -> float:
@@ -83,8 +127,10 @@ class Trend:
         return self.change / self.reference if self.reference else None
 
 
-def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
-    """OLS of y on t with at least 3 points; drift as in the module docstring."""
+def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float, horizon_s: float | None = None,
+              budget: float | None = None) -> Trend:
+    """OLS of y on t with at least 3 points; drift as in the module docstring (without a
+    horizon and a budget, on the run's own change only)."""
     n = len(t_s)
     if n < MIN_WINDOWS:
         raise ValueError(f"a trend needs at least {MIN_WINDOWS} points, got {n}")
@@ -97,9 +143,13 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float) -> Trend:
     start, end = max(start, 0.0), max(end, 0.0)
     reference = start if start > 0 else (float(y.mean()) if y.mean() > 0 else None)
     significant = ci[0] > 0 or ci[1] < 0
-    drift = significant and reference is not None and abs(end - start) > min_change * reference
+    run_drift = bool(significant and reference is not None
+                     and abs(end - start) > min_change * reference)
+    horizon_s = DEFAULT_HORIZON_H * S_PER_H if horizon_s is None else horizon_s
+    over_budget = bool(budget is not None and ci[0] * horizon_s > budget)
     return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end),
-                 reference, significant, drift, below_zero)
+                 reference, bool(significant), run_drift or over_budget, below_zero, horizon_s,
+                 budget, over_budget, run_drift)
 
 
 @dataclass(frozen=True)
@@ -144,8 +194,10 @@ class Windows:
 
 
 def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
-         skip_s: float | None) -> tuple[Windows, list[Series]]:
-    """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth."""
+         skip_s: float | None, horizon: Horizon | None = None) -> tuple[Windows, list[Series]]:
+    """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth, each judged over
+    the run and projected over the horizon (24 h and the default budgets unless given)."""
+    horizon = horizon or Horizon()
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     summary = read_summary(run_dir)  # None while the run is still going
@@ -173,11 +225,12 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
                           f"{window_s:g} s; use a smaller --window-s")
     windows = Windows(skip_s, window_s, count, max(ends))
     faulted = faulted_windows(samples, windows, interval_s)
-    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change, faulted)
-              for metric in latency]
-    series += [_sample_series(key, samples, windows, min_change) for key in ("rss_mb", "waiting")]
+    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change, faulted,
+                              horizon) for metric in latency]
+    series += [_sample_series(key, samples, windows, min_change, horizon)
+               for key in ("rss_mb", "waiting")]
     cap_s = row_cap_s(run_dir, summary)
-    series.append(_sample_series("generator_rss_mb", samples, windows, min_change,
+    series.append(_sample_series("generator_rss_mb", samples, windows, min_change, horizon,
                                  after_s=cap_s or 0.0))
     return windows, series
 
@@ -204,7 +257,7 @@ def row_cap_s(run_dir: Path, summary) -> float | None:
 
 
 def _latency_series(metric: str, intervals: list[Interval], windows: Windows, min_samples: int,
-                    min_change: float, faulted: set[int]) -> Series:
+                    min_change: float, faulted: set[int], horizon: Horizon) -> Series:
     index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
     t_s, values, skipped = [], [], 0
     for k, centre in enumerate(windows.centres()):
@@ -217,13 +270,13 @@ def _latency_series(metric: str, intervals: list[Interval], windows: Windows, mi
         t_s.append(centre)
         values.append(hist.get_value_at_percentile(99.0) / US_PER_MS)
     series = _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
-                     f"{metric}.hlog", min_change)
+                     f"{metric}.hlog", min_change, horizon)
     note = "touched by the fault rehearsal or recovering from it (--fault-window)"
     return replace(series, excluded=len(faulted), note=note) if faulted else series
 
 
 def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
-                   min_change: float, after_s: float = 0.0) -> Series:
+                   min_change: float, horizon: Horizon, after_s: float = 0.0) -> Series:
     """A gauge's mean per window; with after_s, only the windows that start after it."""
     title, unit, read = SAMPLED[key]
     # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
@@ -239,32 +292,59 @@ def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
     # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
     t_s = [float(times[index == k].mean()) for k in usable]
     means = [float(values[index == k].mean()) for k in usable]
-    series = _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change)
+    series = _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change, horizon)
     if not first:
         return series
     note = f"before the request rows' cap filled at {after_s:.0f} s (--max-request-rows)"
     return replace(series, excluded=min(first, windows.count), note=note)
 
 
-def _series(key, title, unit, t_s, values, skipped, source, min_change) -> Series:
+def _series(key, title, unit, t_s, values, skipped, source, min_change, horizon) -> Series:
     t_s, values = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
-    trend = fit_trend(t_s, values, min_change) if len(t_s) >= MIN_WINDOWS else None
+    trend = (fit_trend(t_s, values, min_change, horizon.seconds, horizon.budgets.get(unit))
+             if len(t_s) >= MIN_WINDOWS else None)
     return Series(key, title, unit, t_s, values, skipped, source, trend)
 
 
-HEADER = ["series", "windows", "start", "end", "change", "slope /h", "95% CI /h", "verdict"]
+def header(horizon: Horizon) -> list[str]:
+    return ["series", "windows", "start", "end", "change", "slope /h", "95% CI /h",
+            f"over {horizon.hours:g} h [95% CI]", "budget", "verdict"]
 
 
 def _cells(s: Series, windows: Windows) -> list[str]:
     used = f"{len(s.values)}/{windows.count}"
     if s.trend is None:
-        return [f"{s.title} ({s.unit})", used, "-", "-", "-", "-", "-", s.verdict]
+        return [f"{s.title} ({s.unit})", used, "-", "-", "-", "-", "-", "-", "-", s.verdict]
     tr = s.trend
     share = "" if tr.change_share is None else f" ({100 * tr.change_share:+.1f}%)"
     lo, hi = (S_PER_H * v for v in tr.ci_per_s)
     return [f"{s.title} ({s.unit})", used, fmt_ms(tr.start), fmt_ms(tr.end),
             f"{fmt_ms(tr.change, '+')}{share}", fmt_ms(S_PER_H * tr.slope_per_s, "+"),
-            f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]", s.verdict]
+            f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]", _projection(tr),
+            "-" if tr.budget is None else f"{tr.budget:g}", s.verdict]
+
+
+def _projection(tr: Trend) -> str:
+    lo, hi = tr.projected_ci
+    return f"{fmt_ms(tr.projected, '+')} [{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]"
+
+
+def _horizon_words(s: Series) -> str:
+    """What the slope amounts to over the horizon, beside the start and the budget."""
+    tr = s.trend
+    hours = f"{tr.horizon_s / S_PER_H:g} h"
+    share = ("" if tr.projected_share is None
+             else f", {100 * tr.projected_share:+.0f}% of the start")
+    words = f"over {hours}: {_projection(tr)} {s.unit}{share}"
+    if tr.budget is None:
+        return words
+    budget = f"the {tr.budget:g} {s.unit} budget"
+    if tr.over_budget:
+        return (f"{words}: past {budget} within {hours} even at the CI's slow end (after "
+                f"{fmt_ms(tr.hours_to_budget)} h)")
+    if tr.projected_ci[1] > tr.budget:
+        return f"{words}: within {budget} at the CI's slow end, not at its fast end"
+    return f"{words}: within {budget}"
 
 
 def sentence(s: Series, min_change: float) -> str:
@@ -276,24 +356,31 @@ def sentence(s: Series, min_change: float) -> str:
                      "--min-samples" if s.skipped else ""))
         return f"{s.title}: {s.verdict} ({reason})"
     tr = s.trend
-    rate = f"{fmt_ms(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h"
-    over = "" if tr.change_share is None else f", {100 * tr.change_share:+.1f}% over the run"
+    lo, hi = (S_PER_H * v for v in tr.ci_per_s)
+    rate = (f"{fmt_ms(S_PER_H * tr.slope_per_s, '+')} {s.unit}/h "
+            f"[{fmt_ms(lo, '+')}, {fmt_ms(hi, '+')}]")
+    minutes = (s.t_s[-1] - s.t_s[0]) / 60
+    over = ("" if tr.change_share is None
+            else f", {100 * tr.change_share:+.1f}% over the run ({minutes:.0f} min measured)")
     if tr.below_zero:
         over += ("; the fitted line falls below 0, held at 0: a straight line does not describe "
                  "this series (see soak.png)")
+    ahead = _horizon_words(s)
     if tr.drift:
-        return f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}{over}"
+        return (f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}"
+                f"{over}; {ahead}")
     if not tr.significant:
-        return f"{s.title}: no drift ({rate}{over}; the slope's 95% CI includes 0)"
+        return f"{s.title}: no drift ({rate}{over}; the slope's 95% CI includes 0; {ahead})"
     return (f"{s.title}: no drift ({rate}{over}; a real slope, but under "
-            f"{100 * min_change:g}% of the starting level)")
+            f"{100 * min_change:g}% of the starting level over the run; {ahead})")
 
 
 def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                min_change: float, accounted: str | None = None) -> str:
+                min_change: float, horizon: Horizon, accounted: str | None = None) -> str:
     rows = [_cells(s, windows) for s in series]
     lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from "
-             f"{windows.start_s:g} s to {windows.end_s:.0f} s", text_table(HEADER, rows)]
+             f"{windows.start_s:g} s to {windows.end_s:.0f} s; projected over {horizon.hours:g} h",
+             text_table(header(horizon), rows)]
     lines += [sentence(s, min_change) for s in series]
     lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
               for s in series if s.skipped]
@@ -309,12 +396,13 @@ def _skip_reason(s: Series, min_samples: int) -> str:
 
 
 def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                    min_change: float, accounted: str | None = None) -> str:
+                    min_change: float, horizon: Horizon, accounted: str | None = None) -> str:
     rows = [_cells(s, windows) for s in series]
     parts = [f"# Soak: {run_dir.resolve().name}",
              f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s "
-             f"(after the warm-up) to {windows.end_s:.0f} s into the run.",
-             markdown_table(HEADER, rows),
+             f"(after the warm-up) to {windows.end_s:.0f} s into the run; each slope projected "
+             f"over a {horizon.hours:g} h horizon.",
+             markdown_table(header(horizon), rows),
              "\n".join(f"- {sentence(s, min_change)}" for s in series)]
     if skipped := [s for s in series if s.skipped]:
         parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped "
@@ -324,14 +412,17 @@ def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_s
                                 for s in excluded))
     if accounted is not None:
         parts.append(accounted)
+    budgets = ", ".join(f"{v:g} {unit}" for unit, v in horizon.budgets.items())
     parts += [f"Method: per window, p99 of the interval histograms added together (HDR add) for "
               f"TTFT and TPOT, the mean of the GetStats samples for RSS and queue depth. Ordinary "
               f"least squares of each series on time (window centres for latency, the samples' "
               f"mean time for RSS and queue depth); 95% CI of the slope from Student's t with "
               f"n - 2 degrees of freedom. Drift: the CI excludes 0 and the fitted change exceeds "
               f"{100 * min_change:g}% of the fitted starting level (of the series mean where that "
-              f"start is not above 0). Windows are not independent (a slow server stays slow), so "
-              f"treat a borderline CI with care.",
+              f"start is not above 0), or the CI's slow end continued for {horizon.hours:g} h "
+              f"rises past the budget ({budgets}). A straight line is an assumption: a leak "
+              f"that levels off projects too high, one that accelerates too low. Windows are "
+              f"not independent (a slow server stays slow), so treat a borderline CI with care.",
               f"![soak]({SOAK_PNG})"]
     return "\n\n".join(parts) + "\n"
 
@@ -401,7 +492,7 @@ def accounting(summary) -> tuple[bool, str] | None:
                     else f"requests: NOT all accounted for: {told}")
 
 
-def headline(run_dir: Path, windows: Windows, series: list[Series],
+def headline(run_dir: Path, windows: Windows, series: list[Series], horizon: Horizon,
              accounted: bool | None = None) -> dict:
     def figures(s: Series) -> dict:
         tr = s.trend
@@ -411,10 +502,18 @@ def headline(run_dir: Path, windows: Windows, series: list[Series],
                 "ci_per_h": None if tr is None else [S_PER_H * v for v in tr.ci_per_s],
                 "start": None if tr is None else tr.start, "end": None if tr is None else tr.end,
                 "change_pct": (None if tr is None or tr.change_share is None
-                               else 100 * tr.change_share)}
+                               else 100 * tr.change_share),
+                "projected": None if tr is None else tr.projected,
+                "projected_ci": None if tr is None else list(tr.projected_ci),
+                "projected_pct": (None if tr is None or tr.projected_share is None
+                                  else 100 * tr.projected_share),
+                "budget": None if tr is None else tr.budget,
+                "over_budget": None if tr is None else tr.over_budget,
+                "hours_to_budget": None if tr is None else tr.hours_to_budget}
 
     return {"soak_md": str(run_dir / SOAK_MD), "soak_png": str(run_dir / SOAK_PNG),
             "window_s": windows.window_s, "windows": windows.count, "accounted": accounted,
+            "horizon_h": horizon.hours, "budgets": horizon.budgets,
             "drift": [s.key for s in series if s.verdict == "drift"],
             "series": {s.key: figures(s) for s in series}}
 
@@ -439,6 +538,17 @@ def add_command(commands) -> None:
     parser.add_argument("--skip-s", type=number(float, 0, strict=False), default=None,
                         help="leave out the first seconds (default: the run's warm-up from "
                              "summary.json)")
+    parser.add_argument("--horizon-h", type=number(float, 0), default=DEFAULT_HORIZON_H,
+                        help="deployment horizon in hours: each slope and its 95%% CI is "
+                             "projected over it and judged against the budgets (default "
+                             f"{DEFAULT_HORIZON_H:g})")
+    for unit, flag, what in (("MB", "--budget-mb", "server and load generator RSS"),
+                             ("ms", "--budget-ms", "p99 TTFT and TPOT"),
+                             ("requests", "--budget-requests", "queue depth")):
+        parser.add_argument(flag, type=number(float, 0), default=DEFAULT_BUDGETS[unit],
+                            help=f"rise of {what} ({unit}) allowed over the horizon: drift when "
+                                 "the slope's CI rises past it even at its slow end (default "
+                                 f"{DEFAULT_BUDGETS[unit]:g})")
     parser.add_argument("--fail-on-drift", action="store_true",
                         help="exit 1 when a series drifts or a request is unaccounted for "
                              "(make soak)")
@@ -447,17 +557,21 @@ def add_command(commands) -> None:
 
 def main(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
-    windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s)
+    horizon = Horizon(args.horizon_h, {"MB": args.budget_mb, "ms": args.budget_ms,
+                                       "requests": args.budget_requests})
+    windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s,
+                           horizon)
     closed, accounted = accounting(read_summary(run_dir)) or (None, None)
-    print(render_text(run_dir, windows, series, args.min_samples, args.min_change, accounted))
+    print(render_text(run_dir, windows, series, args.min_samples, args.min_change, horizon,
+                      accounted))
     try:
         plot_soak(series, windows, run_dir / SOAK_PNG, args.min_change)
         (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples,
-                                                       args.min_change, accounted))
+                                                       args.min_change, horizon, accounted))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None
     print(f"\nsoak: {run_dir / SOAK_MD}")
-    figures = headline(run_dir, windows, series, closed)
+    figures = headline(run_dir, windows, series, horizon, closed)
     print(dumps(figures))
     if args.fail_on_drift and (figures["drift"] or closed is False):
         raise SystemExit(1)

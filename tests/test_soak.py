@@ -1,10 +1,11 @@
 """`python -m analysis soak` on run directories built here: a stable run says "no drift" for every
 series; a leaking one (RSS +10 MB per minute, TTFT p99 rising linearly) says drift at the slope
-computed by hand; a real but tiny slope under --min-change is "no drift"; windows with too few
-requests are skipped and counted; a missing file is "no data"; a run under 3 windows, or a
---window-s under the run's logging interval, exits 2; soak.png is a real PNG of the figure's size
-whose RSS axis fits a 1 GB level closely enough to show a leak; and the OLS fit and its t
-quantiles match hand-computed values."""
+computed by hand; a real but tiny slope under --min-change is "no drift" over an hour's horizon
+and drift over a day's; a slow leak in a 20-minute soak is judged against the horizon and the
+budget; windows with too few requests are skipped and counted; a missing file is "no data"; a
+run under 3 windows, or a --window-s under the run's logging interval, exits 2; soak.png is a
+real PNG of the figure's size whose RSS axis fits a 1 GB level closely enough to show a leak; and
+the OLS fit and its t quantiles match hand-computed values."""
 
 import json
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_leaking_run_drifts_at_the_hand_computed_rate(tmp_path):
     assert set(result["drift"]) == {"ttft_p99_ms", "rss_mb", "waiting"}
     assert "server RSS: drift, rising +600.0 MB/h" in done.stdout
     assert ("TTFT p99: drift, rising +18" in done.stdout
-            and "ms/h, +117.9% over the run" in done.stdout)
+            and "+117.9% over the run" in done.stdout)
 
 
 def test_a_significant_but_tiny_slope_is_no_drift(tmp_path):
@@ -103,13 +104,16 @@ def test_a_significant_but_tiny_slope_is_no_drift(tmp_path):
     # 0.27% of 1000 MB.
     write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
                    rss_mb=lambda t: 1000 + 0.01 * t + rng.uniform(-0.05, 0.05))
-    rss = figures(run_soak(run_dir, "--window-s", "30"))["series"]["rss_mb"]
+    rss = figures(run_soak(run_dir, "--window-s", "30", "--horizon-h", "1"))["series"]["rss_mb"]
     assert rss["ci_per_h"][0] > 0  # the slope is real ...
     assert rss["slope_per_h"] == pytest.approx(36, rel=0.05)
-    assert rss["verdict"] == "no drift"  # ... but under 10% of the starting level
-    strict = figures(run_soak(run_dir, "--window-s", "30",
+    assert rss["verdict"] == "no drift"  # ... but under 10% of the start, and 36 MB in an hour
+    strict = figures(run_soak(run_dir, "--window-s", "30", "--horizon-h", "1",
                               "--min-change", "0.001"))["series"]["rss_mb"]
     assert strict["verdict"] == "drift"  # the threshold, not the noise, decided
+    # over the default day the same slope is 864 MB, past the 500 MB budget
+    day = figures(run_soak(run_dir, "--window-s", "30"))["series"]["rss_mb"]
+    assert day["verdict"] == "drift" and day["over_budget"]
 
 
 def test_sparse_windows_are_skipped_and_counted(tmp_path):
@@ -282,3 +286,57 @@ def test_fail_on_drift_exits_1_on_a_leak_or_a_lost_request(tmp_path):
     done = run_soak(lost, "--window-s", "60", "--fail-on-drift")
     assert done.returncode == 1 and "requests: NOT all accounted for" in done.stdout
     assert run_soak(lost, "--window-s", "60").returncode == 0  # without the flag: told only
+
+
+def write_twenty_minutes(run_dir: Path, rss_mb, ttft_ms=lambda i: [100.0] * 10) -> None:
+    write_soak_run(run_dir, 1200, ttft_ms=ttft_ms, tpot_ms=lambda i: [30.0] * 10, rss_mb=rss_mb)
+
+
+def test_a_slow_leak_in_a_short_soak_drifts_over_the_horizon(tmp_path):
+    rng = np.random.default_rng(11)
+    run_dir = tmp_path / "slow-leak"
+    # +30 MB/h for 20 minutes: 10 MB, 0.7% of 1400 MB, far under --min-change; a day of it is
+    # 720 MB, past a 500 MB budget
+    write_twenty_minutes(run_dir, rss_mb=lambda t: 1400 + 30 * t / 3600 + rng.normal(0, 0.5))
+    done = run_soak(run_dir, "--horizon-h", "24", "--budget-mb", "500")
+    result = figures(done)
+    rss = result["series"]["rss_mb"]
+    assert rss["slope_per_h"] == pytest.approx(30, rel=0.1)
+    assert rss["change_pct"] < 10 and rss["verdict"] == "drift" and rss["over_budget"]
+    assert rss["projected"] == pytest.approx(24 * rss["slope_per_h"])
+    assert rss["projected_ci"] == pytest.approx([24 * v for v in rss["ci_per_h"]])
+    assert rss["projected_ci"][0] > 500
+    assert rss["hours_to_budget"] == pytest.approx(500 / rss["ci_per_h"][0])
+    assert result["drift"] == ["rss_mb"] and result["horizon_h"] == 24
+    line = next(x for x in done.stdout.splitlines() if x.startswith("server RSS:"))
+    assert "drift, rising +" in line and "over the run (19 min measured)" in line
+    assert "over 24 h: +7" in line and "past the 500 MB budget within 24 h" in line
+    # a week's budget of 1 GB is not crossed in a day; a 12 h horizon stays under 500 MB
+    assert figures(run_soak(run_dir, "--budget-mb", "1000"))["series"]["rss_mb"]["verdict"] \
+        == "no drift"
+    half = run_soak(run_dir, "--horizon-h", "12")
+    assert figures(half)["series"]["rss_mb"]["verdict"] == "no drift"
+    assert "within the 500 MB budget" in half.stdout
+
+
+def test_a_flat_short_soak_has_no_drift_over_the_horizon(tmp_path):
+    rng = np.random.default_rng(12)
+    run_dir = tmp_path / "flat"
+    write_twenty_minutes(run_dir, rss_mb=lambda t: 1400 + rng.normal(0, 0.5))
+    result = figures(run_soak(run_dir, "--horizon-h", "24", "--budget-mb", "500"))
+    rss = result["series"]["rss_mb"]
+    assert rss["verdict"] == "no drift" and not rss["over_budget"]
+    assert abs(rss["projected_ci"][0]) < 500 and result["drift"] == []
+
+
+def test_latency_is_projected_against_its_own_budget(tmp_path):
+    run_dir = tmp_path / "creeping-latency"
+    # TTFT p99 up 0.05 ms a minute: 3 ms/h, 72 ms over a day
+    write_twenty_minutes(run_dir, rss_mb=lambda t: 1400,
+                         ttft_ms=lambda i: [100.0 + 0.05 * i / 60] * 10)
+    ttft = figures(run_soak(run_dir))["series"]["ttft_p99_ms"]
+    assert ttft["slope_per_h"] == pytest.approx(3, rel=0.1) and ttft["budget"] == 100
+    assert ttft["verdict"] == "no drift"
+    tight = figures(run_soak(run_dir, "--budget-ms", "50"))["series"]["ttft_p99_ms"]
+    assert tight["verdict"] == "drift" and tight["over_budget"]
+    assert run_soak(run_dir, "--budget-ms", "-1").returncode == 2
