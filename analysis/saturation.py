@@ -167,18 +167,26 @@ def _schedule_span(d: Signals) -> np.ndarray:
 
 
 def _utilisation(s: ServerSeries, span: np.ndarray) -> tuple[float, str, str]:
-    """GPU utilisation where the server reports it, else the engine's busy share."""
+    """The engine's busy share (its steps' time over wall time, measured over every interval),
+    judged first; NVML's GPU utilisation, a point sample of whether any kernel ran, where the
+    engine reports no steps, and as evidence beside the busy share."""
     gpu = s.gpu_util[span]
-    if np.isfinite(gpu).any():
-        util = float(np.nanmean(gpu))
-        return (util, "GPU utilisation",
-                f"GPU utilisation {util:.0%} (mean of {np.isfinite(gpu).sum()} NVML readings)")
+    nvml = (float(np.nanmean(gpu)), int(np.isfinite(gpu).sum())) if np.isfinite(gpu).any() \
+        else None
     wall_ms = float(s.length_s[span].sum()) * 1000
-    util = float(s.step_ms[span].sum()) / wall_ms if wall_ms > 0 else float("nan")
     steps_s = s.step_ms[span].sum() / 1000
+    if wall_ms <= 0 or (steps_s <= 0 and nvml is not None):
+        if nvml is None:
+            return float("nan"), "the engine's busy share", "no engine steps over the run"
+        return (nvml[0], "GPU utilisation",
+                f"GPU utilisation {nvml[0]:.0%} (mean of {nvml[1]} NVML readings; the engine "
+                "reports no steps)")
+    util = float(s.step_ms[span].sum()) / wall_ms
+    beside = (f"; NVML's GPU utilisation {nvml[0]:.0%}, mean of {nvml[1]} readings"
+              if nvml is not None else "; the server reports no GPU utilisation")
     return (util, "the engine's busy share",
             f"engine busy {util:.0%} of wall time ({steps_s:.1f} s of steps in "
-            f"{wall_ms / 1000:.1f} s; the server reports no GPU utilisation)")
+            f"{wall_ms / 1000:.1f} s{beside})")
 
 
 def _holding(d: Signals, span: np.ndarray) -> tuple[str | None, str | None]:

@@ -157,6 +157,7 @@ class ServerStats:
     process_rss_bytes: int = 0
     gpu_utilization_percent: float = -1.0  # -1: unknown
     gpu_memory_bytes: int = 0
+    gpu_memory_reserved_bytes: int = field(0, omit=0)  # absent before GetStats had it
     prefill_tokens: int = 0
     prefill_padded_tokens: int = 0
     policy_knobs: dict[str, float] = field(default_factory=dict)

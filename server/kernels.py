@@ -104,31 +104,62 @@ KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts,
            "reference": per_token_experts}
 
 
+# Compute capabilities where PyTorch's _grouped_mm is one fused kernel (in bfloat16); elsewhere
+# on CUDA it loops over the groups, one matmul each: slower than sorted, and no error says so.
+GROUPED_MM_FUSED = ((9, 0), (10, 0))
+PROBE_COUNTS = (3, 0, 5)  # rows per expert of the probe's call: an empty group among them
+
+
 def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device,
                            dtype: torch.dtype) -> str | None:
-    """Why torch._grouped_mm cannot run experts of this (expert hidden, model) shape here, or
-    None. Probes one real call on zero weights of one expert, since support depends on the
-    torch build, the device, the dtype and the alignment of the shape."""
+    """Why torch._grouped_mm should not run experts of this (expert hidden, model) shape here,
+    or None. On CUDA it must be the fused kernel (bfloat16, GROUPED_MM_FUSED). Then one real
+    call on random weights and input (support depends on the build, the device, the dtype and
+    the shape's alignment), synchronized inside the check so an asynchronous fault is caught,
+    and compared with the sorted kernel's output."""
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if dtype != torch.bfloat16 or capability not in GROUPED_MM_FUSED:
+            return (f"its fused kernel needs bfloat16 on compute capability 9.0 or 10.0; "
+                    f"{str(dtype).removeprefix('torch.')} on {capability[0]}.{capability[1]} "
+                    "would loop over the experts, one matmul each")
     i, d = shape
-    w13 = torch.zeros(1, 2 * i, d, device=device, dtype=dtype)
-    w2 = torch.zeros(1, d, i, device=device, dtype=dtype)
+    n = len(PROBE_COUNTS)
+    gen = torch.Generator().manual_seed(0)
+    w13 = (torch.randn(n, 2 * i, d, generator=gen) / d ** 0.5).to(device, dtype)
+    w2 = (torch.randn(n, d, i, generator=gen) / i ** 0.5).to(device, dtype)
+    xs = torch.randn(sum(PROBE_COUNTS), d, generator=gen).to(device, dtype)
     try:
-        grouped_mm_experts(torch.zeros(2, d, device=device, dtype=dtype), [2], range(1), w13, w2)
+        got = grouped_mm_experts(xs, PROBE_COUNTS, range(n), w13, w2)
+        want = sorted_experts(xs, PROBE_COUNTS, range(n), w13, w2)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     except (RuntimeError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    if not torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance):
+        worst = (got.float() - want.float()).abs().max().item()
+        return f"its output differs from the sorted kernel's by up to {worst:.3g}"
     return None
 
 
 def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype,
                    cached: bool) -> str:
-    """The name of the kernel to run for `name`: grouped_mm falls back to sorted, logging why."""
-    if name != "grouped_mm":
+    """The name of the kernel to run for `name`, logged with why: auto is grouped_mm on CUDA
+    in bfloat16 where the probe passes and sorted elsewhere; grouped_mm falls back to sorted."""
+    if name not in ("auto", "grouped_mm"):
         return name
+    if name == "auto" and (device.type != "cuda" or dtype != torch.bfloat16):
+        log.info("MoE kernel sorted (--moe-kernel auto: grouped_mm is chosen on CUDA in "
+                 "bfloat16 only; here %s in %s)", device.type, str(dtype).removeprefix("torch."))
+        return "sorted"
     reason = "the expert cache is on (resident slots are not in expert order)" if cached \
         else grouped_mm_unsupported(shape, device, dtype)
     if reason:
-        log.warning("--moe-kernel grouped_mm unavailable, using sorted: %s", reason)
+        log.warning("MoE kernel sorted (--moe-kernel %s: grouped_mm unavailable: %s)", name,
+                    reason)
         return "sorted"
-    return name
+    log.info("MoE kernel grouped_mm (--moe-kernel %s: its probe passed on %s)", name, device)
+    return "grouped_mm"

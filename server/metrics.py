@@ -129,13 +129,16 @@ class EngineCollector:
         for phase, h in t.request_ms.items():
             histogram_family("", "", h, 1e-3, {"phase": phase}, phases)
         yield phases
-        utilization, memory = gpu_stats(self.scheduler.engine.device)
-        if utilization >= 0:
+        gpu = gpu_stats(self.scheduler.engine.device)
+        if gpu.utilization_percent >= 0:
             yield GaugeMetricFamily("moe_gpu_utilization_percent", "GPU utilisation",
-                                    value=utilization)
-        if memory:
-            yield GaugeMetricFamily("moe_gpu_memory_bytes", "GPU memory allocated by torch",
-                                    value=memory)
+                                    value=gpu.utilization_percent)
+        if gpu.reserved_bytes:
+            yield GaugeMetricFamily("moe_gpu_memory_bytes", "GPU memory allocated by torch's "
+                                    "tensors", value=gpu.allocated_bytes)
+            yield GaugeMetricFamily("moe_gpu_memory_reserved_bytes", "GPU memory held by torch's "
+                                    "caching allocator, allocated or not",
+                                    value=gpu.reserved_bytes)
 
 
 def exchange_families(x):

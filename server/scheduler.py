@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from records.server_settings import Faults
 from server.batcher import Batcher, Request
 from server.engine import Engine
@@ -123,6 +125,9 @@ class Scheduler:
 
     def _run(self) -> None:
         b = self.batcher
+        device = b.engine.device
+        if device.type == "cuda":  # kernels, events and allocations of this thread go there
+            torch.cuda.set_device(device)
         try:
             while True:
                 with self._cond:

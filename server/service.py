@@ -257,7 +257,7 @@ def stats_message(snap, scheduler: Scheduler, settings: dict) -> moe_pb2.EngineS
         if t.exchange is not None:
             layer.rank_pairs.extend(t.exchange.computed[i].tolist())
         layers.append(layer)
-    gpu_util, gpu_mem = gpu_stats(engine.device)
+    gpu = gpu_stats(engine.device)
     return moe_pb2.EngineStats(
         **settings,
         uptime_s=(time.monotonic_ns() - scheduler.started_ns) / 1e9,
@@ -284,7 +284,8 @@ def stats_message(snap, scheduler: Scheduler, settings: dict) -> moe_pb2.EngineS
         expert_bandwidth_gb_s=(t.expert_bytes_read / t.expert_compute_ms / 1e6
                                if t.expert_compute_ms else 0.0),
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
-        gpu_utilization_percent=gpu_util, gpu_memory_bytes=gpu_mem,
+        gpu_utilization_percent=gpu.utilization_percent, gpu_memory_bytes=gpu.allocated_bytes,
+        gpu_memory_reserved_bytes=gpu.reserved_bytes,
         faults=moe_pb2.FaultCounts(**vars(scheduler.faults.snapshot())),
         expert_parallel=exchange_message(t.exchange))
 

@@ -24,7 +24,7 @@ REGISTRIES: dict[str, Registry] = {
     "dtypes": DTYPES,
     "routers": routing.router_class,
     "skews": routing.Skew.parse,
-    "kernels": kernels.KERNELS,
+    "kernels": {"auto": None, **kernels.KERNELS},
     "cache_policies": expert_cache.POLICIES,
     "policies": POLICIES,
 }

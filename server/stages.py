@@ -2,8 +2,8 @@
 the step time.
 
 On a CPU each mark reads the monotonic clock. On CUDA each mark records an event on the
-current stream and nothing waits for it; the times are read once the step has ended with
-its one host sync (the sampled tokens' hand-off), when every event has completed.
+engine's device's current stream and nothing waits for it; the times are read once the step has
+ended with its one host sync (the sampled tokens' hand-off), when every event has completed.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ class Clock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.device = device
 
     def now(self):
         if not self.cuda:
             return time.perf_counter_ns()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        # the engine's device's stream, not the thread's current device's (cuda:0 by default)
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def elapsed_ms(self, start, end) -> float:

@@ -12,16 +12,20 @@ import bisect
 import copy
 import functools
 import json
+import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import psutil
 import torch
 
 from server.expert_cache import CacheCounters
 from server.stages import STAGES
+
+log = logging.getLogger(__name__)
 
 MS_BOUNDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 WRITE_BOUNDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 25, 100)  # ms
@@ -287,16 +291,30 @@ def process_rss_bytes() -> int:
     return this_process(os.getpid()).memory_info().rss
 
 
-def gpu_stats(device: torch.device) -> tuple[float, int]:
-    """(utilisation %, bytes allocated) of the engine's GPU; (-1, 0) where there is none
-    and -1 utilisation where NVML is not available."""
+class GpuStats(NamedTuple):
+    utilization_percent: float  # -1: unknown (no GPU, no NVML, or NVML cannot say)
+    allocated_bytes: int  # held by tensors
+    reserved_bytes: int  # held by torch's caching allocator, allocated or not
+
+
+def gpu_stats(device: torch.device) -> GpuStats:
+    """The engine's GPU; (-1, 0, 0) where there is none. NVML failing (not installed, or
+    NotSupported under MIG: pynvml's errors are not RuntimeErrors) leaves the utilisation
+    unknown and the rest of the telemetry served."""
     if device.type != "cuda":
-        return -1.0, 0
+        return GpuStats(-1.0, 0, 0)
     try:
         utilization = float(torch.cuda.utilization(device))
-    except (RuntimeError, ModuleNotFoundError, ImportError):
+    except Exception as exc:  # pynvml.NVMLError and friends, whichever package provides them
+        log_once(f"GPU utilisation unknown: NVML said {type(exc).__name__}: {exc}")
         utilization = -1.0
-    return utilization, torch.cuda.memory_allocated(device)
+    return GpuStats(utilization, torch.cuda.memory_allocated(device),
+                    torch.cuda.memory_reserved(device))
+
+
+@functools.cache
+def log_once(message: str) -> None:
+    log.warning("%s", message)
 
 
 class StepLog:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from proto import moe_pb2_grpc
 from records.declare import build
@@ -30,12 +31,23 @@ class Served:
     app: App
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need CUDA: skipped, with the reason, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @contextmanager
 def running_server(**overrides):
     """Yields a real server in this process, drained on exit."""
     # float32 pinned: a CPU's default dtype depends on the machine (server/settings.py cpu_dtype)
+    # the CPU unless a test asks: the suite means the same on a machine with a GPU
     settings = build(ServerSettings, {"preset": "tiny", "port": 0, "torch_threads": 1,
-                                      "dtype": "float32"} | overrides)
+                                      "dtype": "float32", "device": "cpu"} | overrides)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -59,7 +71,8 @@ def server():
 def server_process(tmp_path, *flags: str):
     """Yields (process, port) of `python -m server` as a subprocess on 127.0.0.1:0."""
     return port_file_process(tmp_path, "server", "--preset", "tiny", "--port", "0",
-                             "--torch-threads", "1", "--dtype", "float32", *flags)
+                             "--torch-threads", "1", "--dtype", "float32", "--device", "cpu",
+                             *flags)
 
 
 def delay_server_process(tmp_path, *flags: str):

@@ -165,12 +165,16 @@ def test_queue_growing_while_under_utilised_with_a_full_kv_pool(tmp_path):
     assert "KV cache pool was full" in under.verdict and "only 40%" in under.verdict
 
 
-def test_gpu_utilisation_is_preferred_to_the_busy_share(tmp_path):
-    # The engine steps all the time (busy 100%) but NVML says the GPU is half used: under-utilised.
-    findings = diagnose(build_run(tmp_path, server=growing_queue(1000.0, gpu_percent=50.0)))
-    under = finding(findings, "throughput_underutilised")
-    assert under.fired and not finding(findings, "compute_saturated").fired
-    assert under.evidence[2] == "GPU utilisation 50% (mean of 10 NVML readings)"
+def test_the_busy_share_is_judged_before_nvml_s_point_sample(tmp_path):
+    # The engine steps all the time (busy 100%) while NVML's samples say the GPU is half used
+    # (launch gaps, host syncs): the engine is the limit, and NVML's figure is evidence.
+    findings = diagnose(build_run(tmp_path, server=growing_queue(1000.0, gpu_percent=50.0,
+                                                                 running=8)))
+    saturated = finding(findings, "compute_saturated")
+    assert saturated.fired and not finding(findings, "throughput_underutilised").fired
+    assert any(line.startswith("engine busy 100% of wall time") and
+               line.endswith("NVML's GPU utilisation 50%, mean of 10 readings)")
+               for line in saturated.evidence)
 
 
 def test_queue_growing_with_room_everywhere_blames_the_policy(tmp_path):

@@ -12,9 +12,10 @@ from torch import nn
 
 from records.declare import flat
 from records.server_settings import MoE
+from server import kernels
 from server.engine import Engine, SeqInput
 from server.expert_cache import LayerCache
-from server.kernels import KERNELS, grouped_mm_unsupported, linear
+from server.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
 from server.model import PRESETS, Transformer
 from server.moe import StepContext, expert_capacity
 from server.routing import (
@@ -284,3 +285,20 @@ def test_split_linear_equals_the_plain_matmul(rows, out):
     g = torch.Generator().manual_seed(rows)
     h, w = torch.randn(rows, 96, generator=g), torch.randn(out, 96, generator=g)
     torch.testing.assert_close(linear(h, w), h @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch, caplog):
+    shape = (TINY.expert_dim, TINY.dim)
+    cpu = torch.device("cpu")
+    with caplog.at_level("INFO", logger="server.kernels"):
+        assert resolve_kernel("auto", shape, cpu, torch.float32, cached=False) == "sorted"
+    assert "MoE kernel sorted (--moe-kernel auto: grouped_mm is chosen on CUDA in bfloat16" \
+        in caplog.text
+    if grouped_mm_unsupported(shape, cpu, torch.float32):
+        pytest.skip("this torch has no CPU _grouped_mm to probe")
+    # a grouped kernel that is wrong on the probe's random input is refused, with by how much
+    monkeypatch.setattr(kernels, "grouped_mm_experts",
+                        lambda xs, *rest: kernels.sorted_experts(xs, *rest) * 1.5)
+    why = grouped_mm_unsupported(shape, cpu, torch.float32)
+    assert why.startswith("its output differs from the sorted kernel's by up to ")
+    assert resolve_kernel("grouped_mm", shape, cpu, torch.float32, cached=False) == "sorted"

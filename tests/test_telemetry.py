@@ -6,12 +6,14 @@ import re
 import urllib.request
 
 import pytest
+import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proto import moe_pb2
 from records.declare import leaves
 from records.server_settings import ServerSettings
+from server.telemetry import gpu_stats
 from tests.conftest import REPO, running_server
 
 Req = moe_pb2.GenerateRequest
@@ -139,3 +141,20 @@ def test_every_metric_the_dashboard_queries_exists_in_a_live_scrape(busy):
     assert len(named) >= 15 and named <= live, named - live
     config = yaml.safe_load((REPO / "deploy/prometheus.yml").read_text())
     assert config["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9100"]
+
+
+class NVMLError(Exception):
+    """What pynvml raises (NotSupported under MIG): not a RuntimeError."""
+
+
+def test_an_nvml_error_leaves_the_utilisation_unknown_and_the_memory_reported(monkeypatch):
+    # no GPU here: torch.cuda's readers stand in for a MIG slice whose NVML says NotSupported
+    def not_supported(device):
+        raise NVMLError("Not Supported")
+
+    monkeypatch.setattr(torch.cuda, "utilization", not_supported)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3 * 2**20)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 8 * 2**20)
+    stats = gpu_stats(torch.device("cuda", 0))
+    assert stats == (-1.0, 3 * 2**20, 8 * 2**20)
+    assert gpu_stats(torch.device("cpu")) == (-1.0, 0, 0)

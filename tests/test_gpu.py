@@ -1,0 +1,40 @@
+"""On CUDA (skipped, with the reason, where there is none): a seed builds the same weights on
+the GPU as on the CPU; a server on the GPU streams, and GetStats reports the memory torch holds
+(reserved at least allocated) and a utilisation that is a percentage or unknown; stage times
+recorded on the server's own GPU (the second, where there are two) fit inside its steps."""
+
+import pytest
+import torch
+
+from proto import moe_pb2
+from records.server_settings import MoE
+from server.model import PRESETS, Transformer
+from tests.conftest import running_server
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_seed_builds_the_same_weights_on_the_gpu():
+    cpu = Transformer(PRESETS["tiny"], MoE(), 5, "cpu", torch.float32)
+    gpu = Transformer(PRESETS["tiny"], MoE(), 5, "cuda", torch.float32)
+    cpu.init_random(5)
+    gpu.init_random(5)
+    mine = dict(gpu.named_parameters())
+    for name, p in cpu.named_parameters():
+        assert torch.equal(p, mine[name].cpu()), name
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_a_server_on_a_gpu_streams_and_reports_its_memory(index):
+    if index >= torch.cuda.device_count():
+        pytest.skip(f"needs {index + 1} GPUs")
+    with running_server(device=f"cuda:{index}") as served:
+        msgs = list(served.stub.Generate(moe_pb2.GenerateRequest(prompt="hello", max_tokens=8,
+                                                                 ignore_eos=True)))
+        assert sum(len(m.token_ids) for m in msgs) == 8
+        stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    assert stats.gpu_memory_reserved_bytes >= stats.gpu_memory_bytes > 0
+    assert stats.gpu_utilization_percent == -1 or 0 <= stats.gpu_utilization_percent <= 100
+    # timed by CUDA events on that GPU's stream: they exist, and fit inside the steps' wall time
+    stage_ms = sum(s.ms.sum for s in stats.stages)
+    assert 0 < stage_ms <= 1.05 * stats.step_ms.sum
