@@ -16,6 +16,11 @@ class QueueFullError(ServerError):
     retry_after_s: float | None = None
 
 
+class StepOutOfMemory(ServerError):
+    """The engine ran out of memory in the step this request was part of: that step's requests
+    fail and free their KV slots, the server goes on (RESOURCE_EXHAUSTED, HTTP 503)."""
+
+
 class UnavailableError(ServerError):
     """The server is draining for shutdown or its engine stopped (UNAVAILABLE)."""
 

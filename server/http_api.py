@@ -29,6 +29,7 @@ from server.errors import (
     QueueFullError,
     ServerError,
     ShutdownError,
+    StepOutOfMemory,
     UnavailableError,
 )
 from server.faults import DroppedStream, InjectedFault
@@ -43,6 +44,7 @@ STATUS = {DroppedStream: (503, "service_unavailable"),
           InjectedFault: (500, "internal_error"),
           InvalidRequestError: (400, "invalid_request_error"),
           QueueFullError: (429, "rate_limit_exceeded"),
+          StepOutOfMemory: (503, "service_unavailable"),
           UnavailableError: (503, "service_unavailable")}
 
 

@@ -15,7 +15,7 @@ import torch
 from records.server_settings import Faults
 from server.batcher import Batcher, Request
 from server.engine import Engine
-from server.errors import QueueFullError, ShutdownError, UnavailableError
+from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
 from server.expert_cache import CacheCounters
 from server.faults import InjectedFault, Injector
 from server.telemetry import StepLog, Telemetry
@@ -123,6 +123,19 @@ class Scheduler:
         with self._cond:
             return self.before.plus(self.batcher.telemetry)
 
+    def _out_of_memory(self, plan, exc: torch.OutOfMemoryError) -> None:
+        prompt = sum(n for _, n in plan.prefill)
+        ran = len(plan.prefill) + len(plan.decode)
+        log.warning("engine step out of memory (%d sequences, %d prompt tokens); failing them "
+                    "and serving on: %s", ran, prompt, str(exc).splitlines()[0])
+        if self.batcher.engine.device.type == "cuda":
+            torch.cuda.empty_cache()  # what the failed step's tensors held goes back
+        with self._cond:
+            self.batcher.fail_plan(plan, StepOutOfMemory(
+                f"the engine ran out of memory in a step of {ran} sequences ({prompt} prompt "
+                "tokens); this request failed and its KV slot is free; retry, or run the server "
+                "with a smaller --max-batch-size (--max-step-tokens under latency_sensitive)"))
+
     def _run(self) -> None:
         b = self.batcher
         device = b.engine.device
@@ -144,6 +157,9 @@ class Scheduler:
                 except InjectedFault as fault:
                     with self._cond:
                         b.fail_plan(plan, fault)
+                    continue
+                except torch.OutOfMemoryError as exc:  # this step's requests, not the server
+                    self._out_of_memory(plan, exc)
                     continue
                 with self._cond:
                     b.apply(plan, result, t0, t1)

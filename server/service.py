@@ -25,6 +25,7 @@ from server.errors import (
     QueueFullError,
     ServerError,
     ShutdownError,
+    StepOutOfMemory,
     UnavailableError,
 )
 from server.faults import DroppedStream, InjectedFault
@@ -48,6 +49,7 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
              InjectedFault: grpc.StatusCode.INTERNAL,
              InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
              QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+             StepOutOfMemory: grpc.StatusCode.RESOURCE_EXHAUSTED,
              UnavailableError: grpc.StatusCode.UNAVAILABLE}
     for kind, code in codes.items():
         if isinstance(error, kind):

@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+import torch
 
 from proto import moe_pb2, moe_pb2_grpc
 from records.server_settings import Limits
@@ -193,3 +194,32 @@ def test_client_cancellations_are_counted_apart_and_free_the_server(tmp_path, cl
         assert end.requests_finished + end.requests_aborted == r["sent"]
         assert 0.8 * r["cancelled"] <= end.requests_aborted <= r["cancelled"]
         assert end.kv_slots_in_use == 0
+
+
+def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(caplog):
+    # No GPU to exhaust here: the engine's step raises torch's own OutOfMemoryError once, as a
+    # CUDA step over its memory does.
+    with running_server(max_batch_size=4) as served:
+        engine = served.app.service.scheduler.batcher.engine
+        step, failed = engine.step, []
+
+        def step_once_out_of_memory(seqs):
+            if not failed:
+                failed.append(len(seqs))
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+            return step(seqs)
+
+        engine.step = step_once_out_of_memory
+        request = moe_pb2.GenerateRequest(prompt="hello", max_tokens=4, ignore_eos=True)
+        with caplog.at_level(logging.WARNING, logger="server.scheduler"):
+            with pytest.raises(grpc.RpcError) as err:
+                list(served.stub.Generate(request))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        prompt = len(ByteTokenizer().encode("hello"))
+        assert (f"the engine ran out of memory in a step of 1 sequences ({prompt} prompt tokens); "
+                "this request failed and its KV slot is free") in err.value.details()
+        assert "engine step out of memory" in caplog.text
+        msgs = list(served.stub.Generate(request))  # the server goes on, the slot free again
+        assert sum(len(m.token_ids) for m in msgs) == 4
+        s = stats(served.stub)
+        assert (s.requests_aborted, s.requests_finished) == (1, 1)
