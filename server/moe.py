@@ -52,6 +52,17 @@ def random_expert(seed: int, layer: int, expert: int, dim: int,
             torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden))
 
 
+def pin_in_place(t: Tensor) -> None:
+    """Page-locks t's own memory for asynchronous copies to the GPU. Not pin_memory=True:
+    torch's pinned host allocator rounds each block up to a power of two (a 48 GiB layer stack
+    would lock 64 GiB); registering the tensor's memory locks exactly its bytes."""
+    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cannot pin {t.numel() * t.element_size()} bytes of expert weights "
+                           f"in host memory (cudaHostRegister error {int(err)}); free host "
+                           "memory, or serve a smaller model")
+
+
 class Experts(nn.Module):
     """One layer's expert weights, stacked: w13 [S, 2I, D] (the gate projection's rows, then
     the up projection's) and w2 [S, D, I], slot j holding expert held[j] (every expert, in
@@ -63,11 +74,12 @@ class Experts(nn.Module):
         super().__init__()
         self.held = list(range(args.n_experts)) if held is None else held
         s, i, d = len(self.held), args.expert_dim, args.dim
-        where = {"device": device}
-        if on_host:
-            where = {"device": "cpu", "pin_memory": torch.device(device).type == "cuda"}
-        self.w13 = nn.Parameter(torch.empty(s, 2 * i, d, dtype=dtype, **where))
-        self.w2 = nn.Parameter(torch.empty(s, d, i, dtype=dtype, **where))
+        where = "cpu" if on_host else device
+        self.w13 = nn.Parameter(torch.empty(s, 2 * i, d, dtype=dtype, device=where))
+        self.w2 = nn.Parameter(torch.empty(s, d, i, dtype=dtype, device=where))
+        if on_host and torch.device(device).type == "cuda":
+            for w in self.weights:
+                pin_in_place(w)
 
     @property
     def weights(self) -> tuple[Tensor, Tensor]:

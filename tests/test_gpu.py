@@ -1,7 +1,8 @@
 """On CUDA (skipped, with the reason, where there is none): a seed builds the same weights on
 the GPU as on the CPU; a server on the GPU streams, and GetStats reports the memory torch holds
 (reserved at least allocated) and a utilisation that is a percentage or unknown; stage times
-recorded on the server's own GPU (the second, where there are two) fit inside its steps."""
+recorded on the server's own GPU (the second, where there are two) fit inside its steps; experts
+kept in host memory for the expert cache are pinned."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from proto import moe_pb2
 from records.server_settings import MoE
 from server.model import PRESETS, Transformer
+from server.moe import Experts
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.gpu
@@ -38,3 +40,9 @@ def test_a_server_on_a_gpu_streams_and_reports_its_memory(index):
     # timed by CUDA events on that GPU's stream: they exist, and fit inside the steps' wall time
     stage_ms = sum(s.ms.sum for s in stats.stages)
     assert 0 < stage_ms <= 1.05 * stats.step_ms.sum
+
+
+def test_experts_kept_in_host_memory_are_pinned_at_their_own_size():
+    experts = Experts(PRESETS["tiny"], "cuda", torch.bfloat16, on_host=True)
+    for w in experts.weights:
+        assert w.device.type == "cpu" and w.is_pinned()
