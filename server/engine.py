@@ -54,6 +54,7 @@ class StepResult:
     comm: list[Exchanged] = field(default_factory=list)
     routed_by_rank: Tensor | None = None
     moved: int = 0
+    host_transfers: int = 0  # device -> host reads the step made (server/host_transfer.py)
 
 
 class Engine:
@@ -143,16 +144,25 @@ class Engine:
                 # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
                 probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
                 next_ids[i] = torch.multinomial(probs, 1, generator=self.generator(s))[0]
-        ids = next_ids.tolist()  # the step's hand-off: every queued kernel and event has completed
+        # the step's hand-off, in one transfer: every queued kernel and event has completed
+        on_device = [i for i, a in enumerate(ctx.active) if isinstance(a, Tensor)]
+        parts = [next_ids, torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
+                 *([torch.stack(ctx.dropped)] if ctx.dropped else []),
+                 *([torch.stack([ctx.active[i] for i in on_device])] if on_device else [])]
+        ids, routed, seq_experts, *rest = ctx.host.fetch(parts)
+        dropped = rest.pop(0) if ctx.dropped else None
+        active = list(ctx.active)
+        for i, n in zip(on_device, rest[0].tolist() if on_device else [], strict=True):
+            active[i] = n
         self.timer.mark("decode")
         for cache in self.caches:
             cache.settle()
-        return StepResult(next_ids=ids, routed=torch.stack(ctx.routed).cpu(),
-                          dropped=torch.stack(ctx.dropped).cpu() if ctx.dropped else None,
-                          active=ctx.active, seq_experts=torch.stack(ctx.seq_experts, dim=1).cpu(),
-                          stage_ms=self.timer.end(), tokens=len(tokens), kv_useful=layout.kv_useful,
-                          kv_computed=layout.kv_computed, prefill_tokens=layout.prefill_tokens,
-                          prefill_padded=layout.prefill_padded, comm=ctx.comm)
+        return StepResult(next_ids=ids.tolist(), routed=routed, dropped=dropped, active=active,
+                          seq_experts=seq_experts, stage_ms=self.timer.end(), tokens=len(tokens),
+                          kv_useful=layout.kv_useful, kv_computed=layout.kv_computed,
+                          prefill_tokens=layout.prefill_tokens,
+                          prefill_padded=layout.prefill_padded, comm=ctx.comm,
+                          host_transfers=ctx.host.count)
 
     @torch.no_grad()
     def place(self, placement: Placement) -> int:

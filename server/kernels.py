@@ -78,12 +78,15 @@ def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13:
     return ys
 
 
-def grouped_mm_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13: Tensor,
-                       w2: Tensor) -> Tensor:
-    """All groups in two torch._grouped_mm calls; groups must cover w's rows in order."""
+def grouped_mm_experts(xs: Tensor, counts: Sequence[int] | Tensor, index: Sequence[int],
+                       w13: Tensor, w2: Tensor) -> Tensor:
+    """All groups in two torch._grouped_mm calls; groups must cover w's rows in order. counts
+    may stay on the device (the MoE layer's own): then nothing waits for the host."""
     if list(index) != list(range(w13.shape[0])):
         raise ValueError("grouped_mm needs one group per weight row, in row order")
-    offs = torch.tensor(counts, dtype=torch.int32, device=xs.device).cumsum(0, dtype=torch.int32)
+    if not isinstance(counts, Tensor):
+        counts = torch.tensor(counts, dtype=torch.int32, device=xs.device)
+    offs = counts.cumsum(0, dtype=torch.int32)
     h = gated(torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs))
     return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
 

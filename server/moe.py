@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from server.expert_cache import LayerCache
-from server.kernels import Kernel, gated, project, swiglu
+from server.host_transfer import HostTransfers
+from server.kernels import Kernel, gated, grouped_mm_experts, project, swiglu
 from server.stages import StageTimer
 
 
@@ -39,8 +40,11 @@ class StepContext:
     # per layer [E]: (token, expert) pairs routed
     routed: list[Tensor] = field(default_factory=list)
     dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
-    active: list[int] = field(default_factory=list)  # per layer: experts that computed
+    # per layer: experts that computed (a 0-d device tensor on the grouped kernel until the
+    # step's one transfer at its end)
+    active: list[int | Tensor] = field(default_factory=list)
     comm: list = field(default_factory=list)  # per layer: its exchange (server/ep_exchange.py)
+    host: HostTransfers = field(default_factory=HostTransfers)  # the step's device -> host reads
 
 
 def random_expert(seed: int, layer: int, expert: int, dim: int,
@@ -153,18 +157,23 @@ class MoELayer(nn.Module):
             starts = counts.cumsum(0) - counts
             rank = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
             keep = rank < cap
-            order = order[keep]
             kept = counts.clamp(max=cap)
             step.dropped.append(counts - kept)
         else:
             kept = counts
-        kept_host = kept.tolist()  # the layer's one host sync
         step.routed.append(counts)
-        step.active.append(sum(1 for n in kept_host if n))
+        if keep is None and self.cache is None and self.kernel is grouped_mm_experts:
+            kept_counts = kept  # on the device: the grouped kernel's offsets come from it
+            step.active.append((kept > 0).sum())
+        else:
+            kept_counts = step.host.to_list(kept)  # the layer's one host sync
+            step.active.append(sum(1 for n in kept_counts if n))
+            if keep is not None:  # the kept pairs first, in order; sized here, not by a mask
+                order = order[(~keep).to(torch.uint8).argsort(stable=True)[:sum(kept_counts)]]
         step.timer.mark("routing")
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
-        ys = self.compute(self.dispatch(x, token_of), kept_host)
+        ys = self.compute(self.dispatch(x, token_of), kept_counts)
         step.timer.mark("expert_compute")
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)

@@ -302,3 +302,28 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
     why = grouped_mm_unsupported(shape, cpu, torch.float32)
     assert why.startswith("its output differs from the sorted kernel's by up to ")
     assert resolve_kernel("grouped_mm", shape, cpu, torch.float32, cached=False) == "sorted"
+
+
+@pytest.mark.parametrize("kernel, capacity_factor, per_layer", [
+    ("sorted", None, 1), ("sorted", 1.0, 1), ("grouped_mm", None, 0)])
+def test_a_step_reads_the_device_within_its_budget(kernel, capacity_factor, per_layer):
+    # one transfer at the step's end (the sampled tokens with the routing statistics), and one
+    # per MoE layer on the sorted kernel (its expert counts), none on the grouped kernel
+    moe = MoE(moe_kernel=kernel, capacity_factor=capacity_factor)
+    engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0, moe=moe)
+    if engine.kernel_name != kernel:
+        pytest.skip(f"{kernel} is not available here")
+    prefill = engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
+    decode = engine.step([SeqInput(0, [5], 7), SeqInput(1, [6], 3), SeqInput(2, [1] * 4, 0)])
+    for result in (prefill, decode):
+        assert result.host_transfers == 1 + per_layer * TINY.n_layers
+        assert len(result.active) == TINY.n_layers and all(isinstance(a, int)
+                                                            for a in result.active)
+        assert result.seq_experts.dtype == torch.bool
+    reference = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0,
+                       moe=MoE(moe_kernel="reference", capacity_factor=capacity_factor))
+    reference.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
+    expected = reference.step([SeqInput(0, [5], 7), SeqInput(1, [6], 3),
+                               SeqInput(2, [1] * 4, 0)])
+    assert decode.next_ids == expected.next_ids and decode.active == expected.active
+    assert torch.equal(decode.routed, expected.routed)
