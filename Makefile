@@ -22,7 +22,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench gpu-check lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -147,6 +147,13 @@ bench-loadgen: install
 	$(PY) -m loadgen.bench_loadgen
 
 bench: bench-engine bench-loadgen
+
+# The GPU path in one short run (server/gpu_check.py). Here: the project's environment, where the
+# parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python
+# (numpy, safetensors, tokenizers and pytest beside torch): make gpu-check GPU_PY=python3
+GPU_PY ?=
+gpu-check: $(if $(GPU_PY),,install)
+	$(if $(GPU_PY),$(GPU_PY),$(PY)) -m server.gpu_check
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,10 @@
 """The engine computes what the plain definitions say: batched continuous-batching decode
-equals one request at a time, whatever the router, kernel or expert cache."""
+equals one request at a time, whatever the router, kernel or expert cache; and `gpu_check` runs
+its CPU parts here, naming what it skipped."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -7,6 +12,7 @@ import torch
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
 from server.model import PRESETS
+from tests.conftest import REPO
 
 
 def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[int]:
@@ -92,3 +98,18 @@ def test_prefill_padding_is_counted():
     # the 4-token prompt padded to 10
     assert (result.prefill_tokens, result.prefill_padded) == (14, 6)
     assert (result.kv_useful, result.kv_computed) == (8, 8)
+
+
+def test_gpu_check_runs_its_cpu_parts_and_says_what_it_skipped():
+    done = subprocess.run([sys.executable, "-m", "server.gpu_check", "--device", "cpu",
+                           "--repeats", "2"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results["failed"] == [] and results["build"]["torch"] == torch.__version__
+    sorted_, grouped = (results["host_transfers"][k] for k in ("sorted", "grouped_mm"))
+    assert sorted_["counted"] == sorted_["budget"] == 1 + PRESETS["small"].n_layers
+    assert grouped.get("counted", 0) <= 1
+    assert results["kernels"]["sorted_ms"] > 0
+    for part in ("fused_attention", "mixtral", "gpu_tests"):
+        assert results[part]["skipped"].startswith("CUDA only")

@@ -1,0 +1,230 @@
+"""`python -m server.gpu_check` (`make gpu-check`): the GPU path in one short run, on a machine
+with a stock CUDA PyTorch and nothing else from the network; on a machine without CUDA the
+parts that can run on the CPU run there, and the rest say they were skipped.
+
+1. The build: torch, its CUDA, the device and its compute capability.
+2. Host transfers per engine step (`small`, 8 sequences decoding), per kernel, counted by the
+   engine (server/host_transfer.py) and, on CUDA, by `torch.cuda.set_sync_debug_mode`.
+3. The MoE kernels in bfloat16: grouped_mm's probe (server/kernels.py), then sorted and
+   grouped_mm timed side by side on the same routed tokens.
+4. A decode and a prefill step with attention held to the fused kernels (flash, memory
+   efficient; CUDA only).
+5. `mixtral-8x7b` with the default KV pool (32 sequences): build time and memory; a
+   32-sequence decode step and an 8 x 4096-token prefill (CUDA only).
+6. The tests marked gpu (tests/test_gpu.py), where pytest is installed.
+
+Prints a table, then one line of JSON. Exits 1 when a part that ran failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from records.server_settings import MoE
+from server.engine import Engine, SeqInput
+from server.kernels import KERNELS, grouped_mm_unsupported
+from server.model import PRESETS
+
+REPO = Path(__file__).resolve().parent.parent
+GB = 1e9
+
+
+def build(device: torch.device) -> dict:
+    out = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available()}
+    if device.type == "cuda":
+        out |= {"device": torch.cuda.get_device_name(device),
+                "capability": ".".join(map(str, torch.cuda.get_device_capability(device)))}
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def decode_seqs(engine: Engine, batch: int, prompt: int) -> list[SeqInput]:
+    """batch sequences prefilled with prompt tokens; their next decode step's inputs."""
+    engine.step([SeqInput(i, [1 + i % 7] * prompt, 0) for i in range(batch)])
+    return [SeqInput(i, [2], prompt) for i in range(batch)]
+
+
+def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
+    out = {}
+    for kernel in ("sorted", "grouped_mm"):
+        engine = Engine("small", 8, str(device), dtype, 0, MoE(moe_kernel=kernel))
+        if engine.kernel_name != kernel:
+            out[kernel] = {"skipped": f"{kernel} fell back to {engine.kernel_name}"}
+            continue
+        seqs = decode_seqs(engine, 8, 16)
+        sync(device)
+        syncs = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = engine.step(seqs)
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+        if device.type == "cuda":
+            syncs = sum("synchroniz" in str(w.message) for w in caught)
+        out[kernel] = {"counted": result.host_transfers,
+                       "budget": 1 + (kernel == "sorted") * PRESETS["small"].n_layers,
+                       "cuda_syncs": syncs}
+    return out
+
+
+def median_ms(fn, device: torch.device, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        fn()
+        sync(device)
+        times.append((time.perf_counter_ns() - start) / 1e6)
+    return statistics.median(times)
+
+
+def kernels(device: torch.device, preset: str, tokens: int, repeats: int) -> dict:
+    args = PRESETS[preset]
+    dtype = torch.bfloat16
+    shape = (args.expert_dim, args.dim)
+    reason = grouped_mm_unsupported(shape, device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    e, i, d = args.n_experts, args.expert_dim, args.dim
+    w13 = (torch.randn(e, 2 * i, d, generator=gen) / d ** 0.5).to(device, dtype)
+    w2 = (torch.randn(e, d, i, generator=gen) / i ** 0.5).to(device, dtype)
+    pairs = tokens * args.top_k
+    counts = torch.bincount(torch.randint(0, e, (pairs,), generator=gen), minlength=e).tolist()
+    xs = torch.randn(pairs, d, generator=gen).to(device, dtype)
+    out = {"preset": preset, "tokens": tokens, "grouped_mm_probe": reason or "passed",
+           "sorted_ms": median_ms(lambda: KERNELS["sorted"](xs, counts, range(e), w13, w2),
+                                  device, repeats)}
+    if reason is None:
+        on_device = torch.tensor(counts, dtype=torch.int32, device=device)
+        out["grouped_mm_ms"] = median_ms(
+            lambda: KERNELS["grouped_mm"](xs, on_device, range(e), w13, w2), device, repeats)
+        out["grouped_over_sorted"] = out["grouped_mm_ms"] / out["sorted_ms"]
+    return out
+
+
+def fused_attention(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "CUDA only"}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    engine = Engine("small", 8, str(device), torch.bfloat16, 0)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            seqs = decode_seqs(engine, 8, 64)
+            engine.step(seqs)
+    except RuntimeError as exc:
+        return {"ok": False, "error": str(exc).splitlines()[0]}
+    return {"ok": True}
+
+
+def mixtral(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "CUDA only (about 94 GB in bfloat16)"}
+    torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    try:
+        engine = Engine("mixtral-8x7b", 32, str(device), torch.bfloat16, 0)
+    except torch.OutOfMemoryError as exc:
+        return {"ok": False, "error": f"build: {str(exc).splitlines()[0]}"}
+    sync(device)
+    out = {"init_s": time.perf_counter() - start,
+           "allocated_gb": torch.cuda.memory_allocated(device) / GB,
+           "reserved_gb": torch.cuda.memory_reserved(device) / GB}
+    try:
+        seqs = decode_seqs(engine, 32, 128)
+        out["decode_32_ms"] = median_ms(lambda: engine.step(seqs), device, 5)
+    except torch.OutOfMemoryError as exc:
+        out |= {"ok": False, "error": f"decode: {str(exc).splitlines()[0]}"}
+        return out
+    try:
+        prompts = [SeqInput(i, [3] * 4096, 0) for i in range(8)]
+        sync(device)
+        start = time.perf_counter()
+        engine.step(prompts)
+        sync(device)
+        out["prefill_8x4096_ms"] = (time.perf_counter() - start) * 1000
+    except torch.OutOfMemoryError as exc:
+        out |= {"ok": False, "error": f"prefill: {str(exc).splitlines()[0]}"}
+        return out
+    out |= {"ok": True, "peak_gb": torch.cuda.max_memory_allocated(device) / GB}
+    return out
+
+
+def gpu_tests() -> dict:
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return {"skipped": "pytest is not installed"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu",
+                           "tests/test_gpu.py"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    return {"ok": done.returncode in (0, 5), "summary": done.stdout.strip().splitlines()[-1]}
+
+
+def failed(results: dict) -> list[str]:
+    """The parts that ran and did not do what they should."""
+    bad = [name for name, part in results.items()
+           if isinstance(part, dict) and part.get("ok") is False]
+    for kernel, part in results["host_transfers"].items():
+        if "counted" in part and part["counted"] > part["budget"]:
+            bad.append(f"host_transfers.{kernel}")
+    return bad
+
+
+def render(results: dict) -> str:
+    rows = []
+    for part, value in results.items():
+        if not isinstance(value, dict):
+            continue
+        for key, v in value.items():
+            text = json.dumps(v) if isinstance(v, dict | list) else (
+                f"{v:.3g}" if isinstance(v, float) else str(v))
+            rows.append((part, key, text))
+    width = max(len(f"{a}.{b}") for a, b, _ in rows)
+    return "\n".join(f"{f'{a}.{b}':<{width}}  {c}" for a, b, c in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m server.gpu_check",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="where to run (default: cuda where there is one, else cpu)")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per kernel")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    preset = "mixtral-8x7b" if device.type == "cuda" else "small"
+    results = {"build": build(device), "host_transfers": host_transfers(device, dtype),
+               "kernels": kernels(device, preset, 256 if device.type == "cuda" else 32,
+                                  args.repeats),
+               "fused_attention": fused_attention(device), "mixtral": mixtral(device),
+               "gpu_tests": gpu_tests() if device.type == "cuda" else {"skipped": "CUDA only"}}
+    results["failed"] = failed(results)
+    print(render(results))
+    print(json.dumps(results))
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
