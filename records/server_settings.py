@@ -179,6 +179,11 @@ class Model(Settings):
                              check=at_least(0, note=" (0 = the preset's)"))
     torch_threads: int = setting(0, "torch intra-op threads; 0 = torch's default (set 1 when "
                                  "server and load generator share 2 cores)", check=at_least(0))
+    heap_trim_s: float = setting(10.0, "every this many seconds, between steps, the engine "
+                                 "thread returns freed heap memory to the system (glibc "
+                                 "malloc_trim): without it RSS creeps up under varied request "
+                                 "sizes while the memory in use stays flat; 0 = never",
+                                 check=at_least(0))
 
 
 @dataclass(frozen=True)

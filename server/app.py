@@ -21,6 +21,7 @@ from server.engine import Engine
 from server.ep_engine import distributed_engine
 from server.ep_group import launched, spawn
 from server.generation import Generations, Limits
+from server.heap import HeapTrimmer
 from server.http_api import start_http
 from server.metrics import serve_metrics
 from server.policies import build_policy
@@ -100,7 +101,7 @@ async def start(settings: ServerSettings) -> App:
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
     scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log,
-                          settings.faults)
+                          settings.faults, HeapTrimmer(model.heap_trim_s))
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit,
                     serving.max_streams_per_client)

@@ -18,6 +18,7 @@ from server.engine import Engine
 from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
 from server.expert_cache import CacheCounters
 from server.faults import InjectedFault, Injector
+from server.heap import HeapTrimmer
 from server.telemetry import StepLog, Telemetry
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,9 @@ class StatsSnapshot:
 
 class Scheduler:
     def __init__(self, engine: Engine, policy, max_queue: int, step_log: StepLog | None = None,
-                 faults: Faults | None = None):
+                 faults: Faults | None = None, heap: HeapTrimmer | None = None):
         self.engine = engine
+        self.heap = heap or HeapTrimmer(0)  # returns freed memory between steps (server/heap.py)
         self.policy = policy
         self.started_ns = time.monotonic_ns()
         self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
@@ -163,6 +165,7 @@ class Scheduler:
                     continue
                 with self._cond:
                     b.apply(plan, result, t0, t1)
+                self.heap.maybe_trim()
         except Exception as exc:  # the engine is broken: no request may hang on it
             log.exception("engine step failed; failing all requests")
             with self._cond:
