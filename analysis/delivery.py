@@ -9,7 +9,7 @@ docs/metrics.md) in three parts, each measured where it happens:
   client's gRPC or HTTP decoding.
 
 The server's part comes as a histogram of fixed buckets; its percentiles are given as the
-bucket bound they fall under.
+bucket bound they fall under (records/server_stats.py bucket_stats).
 """
 
 from __future__ import annotations
@@ -20,16 +20,8 @@ from analysis.latency import stats_ms
 from analysis.rundir import Run
 from analysis.server_stats import EMPTY, reset_between
 from analysis.tables import fmt_ms
-from records.server_stats import Histogram
+from records.server_stats import BucketStats, bucket_stats
 from records.summary import Stats
-
-
-@dataclass(frozen=True)
-class BucketStats:
-    count: int
-    mean: float
-    p50: float  # the bound of the bucket the percentile falls in (ms)
-    p99: float
 
 
 @dataclass(frozen=True)
@@ -42,29 +34,6 @@ class DeliverySplit:
     def rest_mean_ms(self) -> float:
         return (self.delivery.mean - (self.loop.mean if self.loop else 0.0)
                 - (self.write.mean if self.write else 0.0))
-
-
-def bucket_stats(now: Histogram | None, before: Histogram | None) -> BucketStats | None:
-    """The histogram's growth from before to now; None without any value."""
-    if now is None:
-        return None
-    before = before or Histogram(bounds=now.bounds, counts=[0] * len(now.counts))
-    counts = [a - b for a, b in zip(now.counts, before.counts or [0] * len(now.counts),
-                                    strict=True)]
-    n = sum(counts)
-    if n <= 0:
-        return None
-    bounds = [*now.bounds, now.max]
-
-    def at(q: float) -> float:
-        seen = 0
-        for bound, c in zip(bounds, counts, strict=True):
-            seen += c
-            if seen >= q * n:
-                return bound
-        return bounds[-1]
-
-    return BucketStats(n, (now.sum - before.sum) / n, at(0.5), at(0.99))
 
 
 def write_delay(run: Run) -> BucketStats | None:

@@ -89,14 +89,17 @@ class Trend:
     end: float  # fitted value at the last window
     reference: float | None  # level the change is judged against; None when the series is all 0
     significant: bool  # the CI excludes 0
-    drift: bool
+    run_drift: bool  # the change over the run alone exceeds --min-change
     # the fitted line fell below 0 at an end, where no latency, RSS or queue can be: start and
     # end are held at 0, and the line does not describe the series
     below_zero: bool = False
     horizon_s: float = DEFAULT_HORIZON_H * S_PER_H
     budget: float | None = None  # the rise allowed over the horizon; None: not judged
     over_budget: bool = False  # even the CI's slow end rises past the budget within the horizon
-    run_drift: bool = False  # the change over the run alone exceeds --min-change
+
+    @property
+    def drift(self) -> bool:
+        return self.run_drift or self.over_budget
 
     @property
     def projected(self) -> float:
@@ -148,8 +151,8 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float, horizon_s: floa
     horizon_s = DEFAULT_HORIZON_H * S_PER_H if horizon_s is None else horizon_s
     over_budget = bool(budget is not None and ci[0] * horizon_s > budget)
     return Trend(float(fit.slope), (float(ci[0]), float(ci[1])), float(start), float(end),
-                 reference, bool(significant), run_drift or over_budget, below_zero, horizon_s,
-                 budget, over_budget, run_drift)
+                 reference, bool(significant), run_drift, below_zero, horizon_s, budget,
+                 over_budget)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 import grpc
 
 from proto import moe_pb2, moe_pb2_grpc
+from records.server_stats import Histogram, bucket_stats
 
 TOKENS = 20  # messages per stream
 TTFT_MS, ITL_MS = 20.0, 10.0
@@ -105,21 +106,26 @@ def locust_run(host: str, target: str, rate: float, duration_s: float, seed: int
 
 
 @contextmanager
+def on_port(module_args: list[str], port_file: Path, wait_s: float) -> Iterator[str]:
+    """`python -m ...` that writes its port to port_file; yields the port, ends it on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", *module_args, "--port-file", str(port_file)],
+                            cwd=REPO)
+    try:
+        deadline = time.monotonic() + wait_s
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield port_file.read_text().strip()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextmanager
 def delay_server(tmp: Path, protocol: str) -> Iterator[int]:
     """The known-delay reference server of one protocol; yields its port."""
-    port_file = tmp / f"{protocol}.port"
-    server = subprocess.Popen([sys.executable, "-m", "loadgen.delay_server", "--protocol",
-                               protocol, "--port-file", str(port_file), "--ttft-ms", str(TTFT_MS),
-                               "--itl-ms", str(ITL_MS)], cwd=REPO)
-    try:
-        for _ in range(300):
-            if port_file.exists():
-                break
-            time.sleep(0.05)
-        yield int(port_file.read_text())
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with on_port(["loadgen.delay_server", "--protocol", protocol, "--ttft-ms", str(TTFT_MS),
+                  "--itl-ms", str(ITL_MS)], tmp / f"{protocol}.port", 15) as port:
+        yield int(port)
 
 
 REAL_SERVER = ("--preset", "small", "--max-batch-size", "8", "--torch-threads", "1",
@@ -127,44 +133,21 @@ REAL_SERVER = ("--preset", "small", "--max-batch-size", "8", "--torch-threads", 
 REAL_LOAD = ("--rate", "3", "--prompt-tokens", "64", "--max-tokens", "32", "--warmup-s", "3")
 
 
-def bucket_mean_p99(now: dict, before: dict | None) -> tuple[float, float]:
-    """Mean and p99 (the bucket bound it falls under) of a GetStats histogram's growth."""
-    base = before or {"counts": [0] * len(now["counts"]), "sum": 0.0}
-    counts = [a - b for a, b in zip(now["counts"], base["counts"], strict=True)]
-    n = sum(counts)
-    seen, p99 = 0, now["max"]
-    for bound, c in zip([*now["bounds"], now["max"]], counts, strict=True):
-        seen += c
-        if seen >= 0.99 * n:
-            p99 = bound
-            break
-    return (now["sum"] - base["sum"]) / n if n else float("nan"), p99
-
-
 def real_server_run(tmp: Path, duration_s: float, seed: int) -> dict:
     """The real small server at about the demo's load (batch near 8): the delivery lag in its
     three parts."""
-    port_file = tmp / "real.port"
-    server = subprocess.Popen([sys.executable, "-m", "server", *REAL_SERVER, "--port", "0",
-                               "--port-file", str(port_file)], cwd=REPO)
-    try:
-        for _ in range(600):
-            if port_file.exists():
-                break
-            time.sleep(0.1)
-        run_dir = tmp / "real"
+    run_dir = tmp / "real"
+    with on_port(["server", *REAL_SERVER, "--port", "0"], tmp / "real.port", 60) as port:
         locust = str(Path(sys.executable).parent / "locust")
-        subprocess.run([locust, "-f", "loadgen/moe.py", "--host",
-                        f"127.0.0.1:{port_file.read_text().strip()}", "--headless",
-                        "--only-summary", "-t", f"{round(duration_s)}s", *REAL_LOAD, "--seed",
-                        str(seed), "--run-dir", str(run_dir)], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        subprocess.run([locust, "-f", "loadgen/moe.py", "--host", f"127.0.0.1:{port}",
+                        "--headless", "--only-summary", "-t", f"{round(duration_s)}s", *REAL_LOAD,
+                        "--seed", str(seed), "--run-dir", str(run_dir)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
     s = json.loads((run_dir / "summary.json").read_text())
     m, end = s["metrics"], s["server"]["end"]
-    write_mean, write_p99 = bucket_mean_p99(end["write_ms"], s["server"]["start"].get("write_ms"))
+    before = s["server"]["start"].get("write_ms")
+    write = bucket_stats(Histogram(**end["write_ms"]), before and Histogram(**before))
+    write_mean, write_p99 = (write.mean, write.p99) if write else (float("nan"), float("nan"))
     rest = m["delivery_lag_ms"]["mean"] - m["loop_lag_ms"]["mean"] - write_mean
     return {"mean_batch_size": end["mean_batch_size"],
             "delivery_lag_mean_ms": m["delivery_lag_ms"]["mean"],

@@ -30,6 +30,39 @@ class Histogram:
     max: float = 0.0
 
 
+@dataclass(frozen=True)
+class BucketStats:
+    """What a Histogram gained between two snapshots, for its readers (not a file's record)."""
+
+    count: int
+    mean: float
+    p50: float  # the bound of the bucket the percentile falls in (ms)
+    p99: float
+
+
+def bucket_stats(now: Histogram | None, before: Histogram | None) -> BucketStats | None:
+    """The histogram's growth from before to now; None without any value."""
+    if now is None:
+        return None
+    before = before or Histogram(bounds=now.bounds, counts=[0] * len(now.counts))
+    counts = [a - b for a, b in zip(now.counts, before.counts or [0] * len(now.counts),
+                                    strict=True)]
+    n = sum(counts)
+    if n <= 0:
+        return None
+    bounds = [*now.bounds, now.max]
+
+    def at(q: float) -> float:
+        seen = 0
+        for bound, c in zip(bounds, counts, strict=True):
+            seen += c
+            if seen >= q * n:
+                return bound
+        return bounds[-1]
+
+    return BucketStats(n, (now.sum - before.sum) / n, at(0.5), at(0.99))
+
+
 @dataclass(frozen=True, kw_only=True)
 class StageTime:
     stage: str

@@ -31,6 +31,8 @@ MS_BOUNDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5
 WRITE_BOUNDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 25, 100)  # ms
 COUNT_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 REQUEST_PHASES = ("queue", "prefill", "ttft", "tpot")
+# Telemetry's single histograms (its dicts of them: stage_ms, request_ms)
+HISTOGRAMS = ("step_ms", "batch_size", "tokens_per_step", "write_ms")
 COUNTERS = ("requests_admitted", "requests_finished", "requests_aborted", "requests_rejected",
             "tokens_generated", "prompt_tokens", "kv_positions_useful", "kv_positions_computed",
             "prefill_tokens", "prefill_padded_tokens", "expert_bytes_read", "expert_tokens",
@@ -223,7 +225,7 @@ class Telemetry:
         total = copy.deepcopy(other)
         for name in COUNTERS:
             setattr(total, name, getattr(self, name) + getattr(other, name))
-        for name in ("step_ms", "batch_size", "tokens_per_step", "write_ms"):
+        for name in HISTOGRAMS:
             setattr(total, name, getattr(self, name).plus(getattr(other, name)))
         for hists in ("stage_ms", "request_ms"):
             setattr(total, hists, {k: h.plus(getattr(other, hists)[k])
@@ -245,7 +247,7 @@ class Telemetry:
         it is taken under the scheduler's lock on every GetStats, and deepcopy of the tensors
         and histograms held the event loop and the engine for milliseconds."""
         copied = copy.copy(self)
-        for name in ("step_ms", "batch_size", "tokens_per_step", "write_ms"):
+        for name in HISTOGRAMS:
             setattr(copied, name, getattr(self, name).copy())
         for hists in ("stage_ms", "request_ms"):
             setattr(copied, hists, {k: h.copy() for k, h in getattr(self, hists).items()})

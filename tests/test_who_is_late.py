@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from analysis.delivery import bucket_stats, delivery_split
+from analysis.delivery import delivery_split
 from analysis.diagnosis import diagnose
 from analysis.rundir import load_run
-from records.server_stats import Histogram
+from records.server_stats import Histogram, bucket_stats
 from tests.conftest import REPO, server_process
 from tests.rundirs import encoded
 from tests.test_analysis import write_run
