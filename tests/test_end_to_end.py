@@ -82,7 +82,9 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     req = summary["requests"]
     assert req["sent"] == req["ok"] + req["failed"] and req["failed"] == 0
     assert req["not_sent"] <= 1  # one due just as the run stopped may miss its send, and is counted
-    assert 25 <= req["sent"] <= 32  # 5/s for ~6 s, constant arrivals
+    # -t is kept whatever the start-up cost: Locust's timer is armed from a fresh clock
+    assert summary["duration_s"] >= 5.8  # (loadgen/moe.py; it stopped 0.9 s early on a busy host)
+    assert 29 <= req["sent"] <= 31  # 5/s for 6 s, constant arrivals
     assert req["warmup"] == 5
     measured = req["sent"] - req["warmup"]
     for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
