@@ -29,6 +29,7 @@ from analysis import bootstrap
 from analysis.latency import US_PER_MS
 from analysis.rows import column, measured_ok
 from analysis.rundir import Run
+from records.hdr import percentile_us
 from records.load_settings import Slo
 from records.requests import RequestRow
 from records.rundir import REQUESTS
@@ -200,7 +201,7 @@ def _percentile_estimate(run, sample, metric, resamples, confidence, rng) -> Est
     hist = run.histograms.get(metric.source)
     if hist is None or hist.get_total_count() == 0:
         return Estimate(None, no_interval="no samples")
-    value = hist.get_value_at_percentile(metric.q) / US_PER_MS
+    value = percentile_us(hist, metric.q) / US_PER_MS
     if sample.problem:
         return Estimate(value, no_interval=sample.problem)
     # as many as the histogram holds (incomplete())

@@ -12,6 +12,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
 from analysis.latency import PERCENTILES, US_PER_MS, cdf_ms
 from analysis.tables import fmt_ms
+from records.hdr import percentiles_us
 
 # Panel title -> histograms drawn in it; the service views (from the actual send) sit beside the
 # open-loop ones (from the scheduled send), so generator lag shows as the gap between two curves.
@@ -64,7 +65,7 @@ def _draw_cdf(ax, name: str, hist: HdrHistogram) -> None:
     n = hist.get_total_count()
     edges_ms, fraction = cdf_ms(hist)
     fraction = fraction.clip(0.5 / (n + 1), 1 - 0.5 / (n + 1))
-    by_percentile = hist.get_percentile_to_value_dict([PERCENTILES[key] for key in MARKED])
+    by_percentile = percentiles_us(hist, [PERCENTILES[key] for key in MARKED])
     marks = {key: by_percentile[PERCENTILES[key]] / US_PER_MS for key in MARKED}
     label = (f"{name} (n={n}; " + ", ".join(f"{key} {fmt_ms(ms)} ms" for key, ms in marks.items())
              + ")")

@@ -43,6 +43,7 @@ from analysis.intervals import Interval, load_intervals, merged
 from analysis.latency import US_PER_MS
 from analysis.rundir import read_rows, read_samples, read_summary
 from analysis.tables import fmt_ms, markdown_table, text_table
+from records.hdr import percentile_us
 from records.jsonform import dumps
 from records.rundir import SAMPLES, SUMMARY
 from records.server_stats import ServerSample
@@ -271,7 +272,7 @@ def _latency_series(metric: str, intervals: list[Interval], windows: Windows, mi
             skipped += bool(intervals)
             continue
         t_s.append(centre)
-        values.append(hist.get_value_at_percentile(99.0) / US_PER_MS)
+        values.append(percentile_us(hist, 99.0) / US_PER_MS)
     series = _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
                      f"{metric}.hlog", min_change, horizon)
     note = "touched by the fault rehearsal or recovering from it (--fault-window)"

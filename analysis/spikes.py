@@ -22,6 +22,7 @@ from analysis.rows import measured_ok
 from analysis.rundir import Run
 from analysis.samples import ServerSeries, server_series
 from analysis.tables import fmt_ms
+from records.hdr import percentile_us
 from records.requests import RequestRow
 from records.server_stats import ServerStats
 
@@ -138,7 +139,7 @@ def find_spikes(run: Run, metric: str) -> MetricSpikes | str:
     if len(windows) < MIN_WINDOWS:
         return (f"{metric}.hlog gives {len(windows)} window(s) of >= {MIN_WINDOW_SAMPLES} "
                 f"requests (need {MIN_WINDOWS})")
-    p99 = [w.hist.get_value_at_percentile(99) / US_PER_MS for w in windows]
+    p99 = [percentile_us(w.hist, 99) / US_PER_MS for w in windows]
     typical = float(np.median(p99))
     limit = max(SPIKE_FACTOR * typical, typical + SPIKE_MIN_JUMP_MS[metric])
     spikes = [Spike(metric, w, p, typical, limit) for w, p in zip(windows, p99, strict=True)
@@ -278,7 +279,7 @@ def _generator_late(d: Signals, spike: Spike, slow: list[RequestRow]) -> str | N
         hist = merged([i for i in d.run.intervals(metric)
                        if window.before_s <= i.start_s < window.end_s])
         if hist is not None and hist.get_total_count():
-            p99 = hist.get_value_at_percentile(99) / US_PER_MS
+            p99 = percentile_us(hist, 99) / US_PER_MS
             if p99 > bar_ms:
                 found.append(f"{metric.replace('_', ' ')} p99 {fmt_ms(p99)} ms at "
                              f"{window.before_s:.1f}-{window.end_s:.1f} s "

@@ -18,6 +18,7 @@ from analysis.intervals import Interval, merged
 from analysis.latency import US_PER_MS
 from analysis.rows import column
 from analysis.rundir import Run, read_summary
+from records.hdr import percentile_us
 from records.requests import RequestRow
 
 
@@ -136,5 +137,5 @@ def _aligned(intervals: list[Interval], reference: list[Interval]) -> list[Inter
 
 
 def _percentile(intervals: list[Interval | None], percentile: float) -> np.ndarray:
-    return np.asarray([i.hist.get_value_at_percentile(percentile) / US_PER_MS
+    return np.asarray([percentile_us(i.hist, percentile) / US_PER_MS
                        if i and i.hist.get_total_count() else np.nan for i in intervals])

@@ -7,6 +7,7 @@ import random
 import statistics
 
 import pytest
+from hdrh.histogram import HdrHistogram
 
 from loadgen.arrivals import arrival_offsets_s, worker_arrivals
 from loadgen.client import StreamResult
@@ -14,6 +15,7 @@ from loadgen.histograms import HIGHEST_US, Histogram
 from loadgen.recorder import Recorder
 from loadgen.stress import short_of_sent
 from loadgen.timing import stream_timing
+from records import hdr
 from records.declare import SettingsError, build
 from records.jsonform import to_json
 from records.load_settings import LoadSettings, Slo
@@ -77,6 +79,15 @@ def test_histogram_queries_equal_hdrhistogram_s_own(n):
     percentiles = [0.1, 50.0, 90.0, 99.0, 99.9, 100.0]
     assert h.percentiles_us(percentiles) == h.hdr.get_percentile_to_value_dict(percentiles)
     assert h.mean_us() == pytest.approx(h.hdr.get_mean_value(), rel=1e-12)
+    # the analysis' CDF and a histogram of another shape (an .hlog may hold any)
+    walked = [(i.value_iterated_to, i.count_added_in_this_iter_step)
+              for i in h.hdr.get_recorded_iterator()]
+    assert [tuple(map(int, b)) for b in zip(*hdr.recorded_us(h.hdr), strict=True)] == walked
+    coarse = HdrHistogram(1, 60_000_000, 2)
+    for v in (3, 70, 70, 12_345, 59_000_000):
+        coarse.record_value(v)
+    assert hdr.percentiles_us(coarse, percentiles) == coarse.get_percentile_to_value_dict(
+        percentiles)
 
 
 def test_every_request_is_accounted_for_and_warmup_is_not_measured():
