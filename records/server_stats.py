@@ -200,6 +200,9 @@ class ServerStats:
     hidden_size: int = field(0, omit=0)  # the model's D; 0 from a server older than the field
     # each streamed message: stamped -> the transport took it (absent from older servers)
     write_ms: Histogram | None = field(None, omit=None)
+    # freed heap handed back between steps since the server started (absent from older servers)
+    heap_trims: int = field(0, omit=0)
+    heap_trim_ms: float = field(0.0, omit=0.0)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -80,6 +80,11 @@ class EngineCollector:
         yield injected
         yield GaugeMetricFamily("moe_faults_active", "1 while the fault window is open",
                                 value=int(faults.active))
+        heap = self.scheduler.heap
+        yield CounterMetricFamily("moe_heap_trims", "Freed heap memory handed back to the "
+                                  "system between steps (--heap-trim-s)", value=heap.trims)
+        yield CounterMetricFamily("moe_heap_trim_seconds", "Engine time spent handing freed "
+                                  "heap memory back", value=heap.trim_ms / 1e3)
 
         routed = CounterMetricFamily("moe_expert_tokens", "(token, expert) pairs routed",
                                      labels=["layer", "expert"])

@@ -288,6 +288,7 @@ def stats_message(snap, scheduler: Scheduler, settings: dict) -> moe_pb2.EngineS
         process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
         gpu_utilization_percent=gpu.utilization_percent, gpu_memory_bytes=gpu.allocated_bytes,
         gpu_memory_reserved_bytes=gpu.reserved_bytes,
+        heap_trims=scheduler.heap.trims, heap_trim_ms=scheduler.heap.trim_ms,
         faults=moe_pb2.FaultCounts(**vars(scheduler.faults.snapshot())),
         expert_parallel=exchange_message(t.exchange))
 

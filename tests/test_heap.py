@@ -1,12 +1,15 @@
 """The heap trimmer: glibc's malloc_trim is found here, called between steps only once its
 interval has passed, never with interval 0; and a trim gives the pages of freed chunks back
-(RSS falls) while the memory in use stays."""
+(RSS falls) while the memory in use stays; a server counts its trims in GetStats and /metrics."""
 
 import ctypes
 
 import psutil
 
+from proto import moe_pb2
 from server.heap import HeapTrimmer, malloc_trim
+from tests.conftest import running_server
+from tests.test_telemetry import scrape
 
 
 class Clock:
@@ -48,3 +51,14 @@ def test_a_trim_returns_freed_chunks_that_shrinking_the_heap_cannot():
     released = before - rss().rss
     libc.free(chunks[-1])
     assert released > 100 * 2**20
+
+
+def test_a_server_counts_its_trims_in_getstats_and_metrics():
+    with running_server(heap_trim_s=0.001, metrics_port=0) as served:
+        list(served.stub.Generate(moe_pb2.GenerateRequest(prompt="trim", max_tokens=8,
+                                                          ignore_eos=True)))
+        stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+        scraped = scrape(served.app.metrics_port)
+    assert stats.heap_trims >= 1 and stats.heap_trim_ms > 0  # a step takes over 1 ms
+    assert scraped[("moe_heap_trims_total", ())] >= stats.heap_trims
+    assert scraped[("moe_heap_trim_seconds_total", ())] > 0
