@@ -200,6 +200,10 @@ class Batching(Settings):
                                  "expert_aware: age bound", check=at_least(0), compared=False)
     max_step_tokens: int = setting(512, "latency_sensitive: tokens per step, decodes first, then "
                                    "prompt chunks", check=at_least(1), compared=False)
+    max_prefill_tokens: int = setting(8192, "prompt tokens one step prefills, under every "
+                                      "policy: the rest of a longer prompt, and the prompts after "
+                                      "it, wait for the next steps (a step's activation memory "
+                                      "grows with its prompt tokens)", check=at_least(1))
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,8 @@ async def start(settings: ServerSettings) -> App:
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
     scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log,
-                          settings.faults, HeapTrimmer(model.heap_trim_s))
+                          settings.faults, HeapTrimmer(model.heap_trim_s),
+                          settings.batching.max_prefill_tokens)
     scheduler.start()
     limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit,
                     serving.max_streams_per_client)

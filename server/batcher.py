@@ -21,7 +21,7 @@ from server.engine import SeqInput, StepResult
 from server.errors import QueueFullError
 from server.expert_cache import CacheCounters
 from server.faults import Injector
-from server.policies import StepPlan, View
+from server.policies import StepPlan, View, within_prefill_budget
 from server.routing import request_key
 from server.telemetry import COUNT_BOUNDS, StepLog, Telemetry, count_bounds
 
@@ -105,10 +105,13 @@ def fair_order(waiting: collections.deque[Request],
 
 class Batcher:
     def __init__(self, engine, policy, max_queue: int, clock: Callable[[], int] = time.monotonic_ns,
-                 step_log: StepLog | None = None, faults: Injector | None = None):
+                 step_log: StepLog | None = None, faults: Injector | None = None,
+                 max_prefill_tokens: int | None = None):
+        """max_prefill_tokens: prompt tokens per step under any policy; None: no cap."""
         self.engine = engine
         self.faults = faults
         self.policy = policy
+        self.max_prefill_tokens = max_prefill_tokens
         self.max_queue = max_queue
         self.clock = clock
         self.step_log = step_log
@@ -153,6 +156,8 @@ class Batcher:
         now = self.clock()
         plan = self.policy.plan(View(now, fair_order(self.waiting, self.resident),
                                      self.resident, self.engine.free_slots))
+        if self.max_prefill_tokens is not None:
+            plan.prefill = within_prefill_budget(plan.prefill, self.max_prefill_tokens)
         admitted = []
         for req, _ in plan.prefill:
             if req.slot is None:

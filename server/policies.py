@@ -6,7 +6,9 @@ All policies sit on one continuous-batching loop (server/batcher.py). A policy s
 slot: prefilling or decoding, in admission order) and the free KV slots. It returns a
 `StepPlan`: prompt chunks to prefill (a waiting request in it gets a KV slot) and resident
 requests to decode, or nothing and when to ask again. Policies never preempt: a full KV
-pool makes admission wait. The engine and the service never ask which policy runs.
+pool makes admission wait. The batcher then cuts the plan's prompt chunks to
+--max-prefill-tokens, so every policy resumes a prompt a step before left part-prefilled.
+The engine and the service never ask which policy runs.
 
 A policy is a frozen dataclass whose fields are its knobs, named as the batching settings
 that set them (records/server_settings.py), and one entry in POLICIES.
@@ -71,6 +73,25 @@ def decoding(resident: Sequence[Pending]) -> list[Pending]:
     return [r for r in resident if r.prompt_left == 0]
 
 
+def resuming(resident: Sequence[Pending]) -> list[tuple[Pending, int]]:
+    """The rest of each prompt a step before prefilled in part, as chunks."""
+    return [(r, r.prompt_left) for r in resident if r.prompt_left]
+
+
+def within_prefill_budget(prefill: list[tuple[Pending, int]],
+                          budget: int) -> list[tuple[Pending, int]]:
+    """A plan's prompt chunks, in its order, cut to budget tokens in all (--max-prefill-tokens,
+    under every policy): the chunk that crosses it is shortened and its request prefills the
+    rest next step; those after it wait."""
+    kept = []
+    for req, n in prefill:
+        if budget <= 0:
+            break
+        kept.append((req, min(n, budget)))
+        budget -= n
+    return kept
+
+
 @dataclass(frozen=True)
 class Fcfs:
     """Continuous batching in arrival order: every step decodes the resident requests and
@@ -82,9 +103,8 @@ class Fcfs:
     def plan(self, v: View) -> StepPlan:
         plan = StepPlan(decode=decoding(v.resident)[:self.max_batch_size])
         room = self.max_batch_size - len(plan.decode)
-        resuming = [r for r in v.resident if r.prompt_left][:room]
-        plan.prefill = [(r, r.prompt_left) for r in resuming]
-        room -= len(resuming)
+        plan.prefill = resuming(v.resident)[:room]
+        room -= len(plan.prefill)
         plan.prefill += [(r, r.prompt_left)
                          for r in list(v.waiting)[:max(0, min(room, v.free_slots))]]
         return plan
@@ -101,8 +121,8 @@ class Static:
     max_wait_ms: float
 
     def plan(self, v: View) -> StepPlan:
-        if v.resident:
-            return StepPlan(decode=decoding(v.resident))
+        if v.resident:  # the batch's prompts cut by --max-prefill-tokens go on first
+            return StepPlan(prefill=resuming(v.resident), decode=decoding(v.resident))
         size = min(self.max_batch_size, v.free_slots)
         if not v.waiting or size == 0:
             return StepPlan()
@@ -130,7 +150,8 @@ class Dynamic:
 
     def plan(self, v: View) -> StepPlan:
         plan = StepPlan(decode=decoding(v.resident)[:self.max_batch_size])
-        room = min(self.max_batch_size - len(plan.decode), v.free_slots)
+        plan.prefill = resuming(v.resident)[:self.max_batch_size - len(plan.decode)]
+        room = min(self.max_batch_size - len(plan.decode) - len(plan.prefill), v.free_slots)
         if not v.waiting or room <= 0:
             return plan
         buckets: dict[int, list] = {}
@@ -145,7 +166,7 @@ class Dynamic:
         if ready is None:
             plan.wake_in_s = wait_left_ms / 1e3
             return plan
-        plan.prefill = [(r, r.prompt_left) for r in ready[:room]]
+        plan.prefill += [(r, r.prompt_left) for r in ready[:room]]
         return plan
 
 

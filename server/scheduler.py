@@ -37,13 +37,15 @@ class StatsSnapshot:
 
 class Scheduler:
     def __init__(self, engine: Engine, policy, max_queue: int, step_log: StepLog | None = None,
-                 faults: Faults | None = None, heap: HeapTrimmer | None = None):
+                 faults: Faults | None = None, heap: HeapTrimmer | None = None,
+                 max_prefill_tokens: int | None = None):
         self.engine = engine
         self.heap = heap or HeapTrimmer(0)  # returns freed memory between steps (server/heap.py)
         self.policy = policy
         self.started_ns = time.monotonic_ns()
         self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
-        self.batcher = Batcher(engine, policy, max_queue, step_log=step_log, faults=self.faults)
+        self.batcher = Batcher(engine, policy, max_queue, step_log=step_log, faults=self.faults,
+                              max_prefill_tokens=max_prefill_tokens)
         self.before = self.batcher.new_telemetry()  # the windows ResetStats ended, added up
         # called on the engine thread if a step raises
         self.on_failure: Callable[[], None] | None = None
@@ -136,7 +138,7 @@ class Scheduler:
             self.batcher.fail_plan(plan, StepOutOfMemory(
                 f"the engine ran out of memory in a step of {ran} sequences ({prompt} prompt "
                 "tokens); this request failed and its KV slot is free; retry, or run the server "
-                "with a smaller --max-batch-size (--max-step-tokens under latency_sensitive)"))
+                "with a smaller --max-prefill-tokens or --max-batch-size"))
 
     def _run(self) -> None:
         b = self.batcher

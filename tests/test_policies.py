@@ -3,9 +3,11 @@ a fake engine whose step time grows with tokens and with distinct experts: stati
 admits mid-batch, fcfs keeps arrival order, dynamic's buckets respect the wait bound,
 expert_aware activates fewer experts than fcfs under affinity and still serves everyone
 within its age bound, latency_sensitive keeps the token budget and never skips a running
-decode, and every request finishes exactly once under every policy; plus each policy on a
-real server streaming exact token counts."""
+decode, every request finishes exactly once under every policy, and none prefills more than
+--max-prefill-tokens in a step; plus each policy on a real server streaming exact token
+counts."""
 
+import collections
 import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -102,14 +104,16 @@ class Recording:
         return plan
 
 
-def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4, **knobs) -> Run:
+def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
+             max_prefill_tokens: int | None = None, **knobs) -> Run:
     """arrivals: (time ms, prompt tokens, max tokens, priority) per request."""
     clock = FakeClock()
     engine = FakeEngine(clock, kv_slots)
     run = Run(engine, [])
     batching = Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)
     policy = Recording(build_policy(batching), run)
-    batcher = Batcher(engine, policy, max_queue=10_000, clock=clock)
+    batcher = Batcher(engine, policy, max_queue=10_000, clock=clock,
+                      max_prefill_tokens=max_prefill_tokens)
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
         while pending and pending[0][1][0] * MS <= clock.now_ns:
@@ -158,6 +162,19 @@ def test_every_request_finishes_exactly_once(policy):
     arrivals = poisson_arrivals(60, rate_per_ms=0.2, priorities=(0, 1))
     run = simulate(policy, arrivals, max_wait_ms=20, max_step_tokens=48)
     assert_each_finished_once(run, arrivals)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_step_prefills_more_than_max_prefill_tokens(policy):
+    arrivals = poisson_arrivals(30, rate_per_ms=0.5, prompts=(8, 70), priorities=(0, 1))
+    run = simulate(policy, arrivals, max_prefill_tokens=16, max_wait_ms=20, max_step_tokens=48)
+    assert_each_finished_once(run, arrivals)
+    chunks = collections.Counter()
+    for _, _, plan, _ in run.views:
+        assert sum(n for _, n in plan.prefill) <= 16
+        chunks.update(r.request_id for r, _ in plan.prefill)
+    longest = max(range(30), key=lambda i: arrivals[i][1])
+    assert chunks[f"r{longest}"] >= 4  # a prompt of up to 70 tokens, 16 at most a step
 
 
 def test_static_never_admits_mid_batch():
