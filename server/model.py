@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from records.declare import flat
 from records.server_settings import MoE
@@ -114,9 +115,12 @@ PRESETS: dict[str, ModelArgs] = {
 class StepLayout:
     """Where each sequence's tokens sit in the flattened step, and where its cache lives.
 
-    Attention runs in two batched calls: decode sequences (one new token) padded to the
-    longest cached length, and prefill chunks padded to the longest chunk, as a padded
-    batching engine would; the padding is counted, so batching efficiency is measured.
+    Attention runs batched as a padding batching engine runs it: decode sequences (one new
+    token) padded to the longest cached length, and new prompts' chunks padded to the longest
+    chunk; the padding is counted, so batching efficiency is measured. A chunk resuming a
+    prompt part-prefilled in an earlier step (--max-prefill-tokens, latency_sensitive) attends
+    to its cached prefix on its own. Index tensors are built here, once per step, so no layer
+    reads the device back to place its outputs.
     """
 
     positions: Tensor  # [N] position of each token in its sequence
@@ -127,23 +131,24 @@ class StepLayout:
     decode_slots: Tensor  # [Bd]
     decode_lens: Tensor  # [Bd] cached length after this step
     decode_max_len: int
-    # [P, T] indices in N of each prefill chunk's tokens, padded with its first
+    # new prompts' chunks (from position 0, over one token): [P, T] indices in N of each one's
+    # tokens, padded with its first, and each valid one's place in the flat [P x T] output and in N
     prefill_index: Tensor
-    prefill_valid: Tensor  # [P, T] False where padded
     prefill_slots: Tensor  # [P]
-    prefill_starts: Tensor  # [P] position of each chunk's first token
-    prefill_max_len: int  # cached length the longest chunk reaches
+    prefill_from: Tensor  # [n] indices into [P x T]
+    prefill_to: Tensor  # [n] indices into N
+    resumed: list[tuple[int, int, int, int]]  # (first index in N, tokens, slot, start position)
     kv_useful: int  # decode attention: cached positions needed
     kv_computed: int  # decode attention: positions computed (padded to the longest)
     prefill_tokens: int  # prefill chunks: tokens
-    prefill_padded: int  # prefill chunks: padding added to reach the longest chunk
+    prefill_padded: int  # new prompts' chunks: padding added to reach the longest one
 
     @classmethod
     def build(cls, seqs: list[tuple[int, int, int]], device: torch.device) -> StepLayout:
         """seqs: (slot, start position, number of new tokens) per sequence, in step order."""
         positions, token_slots, groups, last_index = [], [], [], []
         decode_index, decode_slots, decode_lens = [], [], []
-        chunks = []  # (first index in N, length, slot, start)
+        fresh, resumed = [], []  # (first index in N, length, slot, start)
         offset = 0
         for i, (slot, start, n) in enumerate(seqs):
             positions.extend(range(start, start + n))
@@ -155,24 +160,24 @@ class StepLayout:
                 decode_slots.append(slot)
                 decode_lens.append(start + 1)
             else:
-                chunks.append((offset, n, slot, start))
+                (resumed if start else fresh).append((offset, n, slot, start))
             offset += n
-        width = max((n for _, n, _, _ in chunks), default=0)
-        prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in chunks]
-        prefill_valid = [[t < n for t in range(width)] for _, n, _, _ in chunks]
+        width = max((n for _, n, _, _ in fresh), default=0)
+        prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in fresh]
+        valid = [(p * width + t, first + t) for p, (first, n, _, _) in enumerate(fresh)
+                 for t in range(n)]
 
         def t(xs, dtype=torch.long):
             return torch.tensor(xs, dtype=dtype, device=device)
 
         longest = max(decode_lens, default=0)
-        useful = sum(n for _, n, _, _ in chunks)
+        useful = sum(n for _, n, _, _ in fresh)
         return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index),
                    t(decode_slots), t(decode_lens), longest,
-                   t(prefill_index).reshape(len(chunks), width),
-                   t(prefill_valid, torch.bool).reshape(len(chunks), width),
-                   t([c[2] for c in chunks]), t([c[3] for c in chunks]),
-                   max((start + n for _, n, _, start in chunks), default=0), sum(decode_lens),
-                   longest * len(decode_lens), useful, len(chunks) * width - useful)
+                   t(prefill_index).reshape(len(fresh), width), t([c[2] for c in fresh]),
+                   t([v[0] for v in valid]), t([v[1] for v in valid]), resumed,
+                   sum(decode_lens), longest * len(decode_lens),
+                   useful + sum(n for _, n, _, _ in resumed), len(fresh) * width - useful)
 
 
 class KVCache(nn.Module):
@@ -263,22 +268,38 @@ class Attention(nn.Module):
                                                enable_gqa=True)
             out[layout.decode_index] = o.squeeze(2)
         if layout.prefill_slots.numel():
-            s = layout.prefill_max_len
             width = layout.prefill_index.shape[1]
-            keys = k_cache[layout.prefill_slots, :, :s]  # [P, G, S, K]
-            values = v_cache[layout.prefill_slots, :, :s]
-            rows = (layout.prefill_starts[:, None]
-                    + torch.arange(width, device=x.device)[None, :])  # [P, T]
-            keys_at = torch.arange(s, device=x.device)[None, None, :]
-            mask = keys_at <= rows[:, :, None]  # [P, T, S] causal
-            if a.sliding_window:
-                mask &= keys_at > rows[:, :, None] - a.sliding_window
+            keys = k_cache[layout.prefill_slots, :, :width]  # [P, G, T, K]
+            values = v_cache[layout.prefill_slots, :, :width]
             qp = q[layout.prefill_index].transpose(1, 2)  # [P, H, T, K]
-            o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask[:, None],
-                                               enable_gqa=True)
-            valid = layout.prefill_valid
-            out[layout.prefill_index[valid]] = o.transpose(1, 2)[valid]
+            o = causal_attention(qp, keys, values, 0, a.sliding_window)
+            out[layout.prefill_to] = o.transpose(1, 2).flatten(0, 1)[layout.prefill_from]
+        for first, length, slot, start in layout.resumed:
+            s = start + length
+            qr = q[first:first + length].transpose(0, 1)[None]  # [1, H, T, K]
+            o = causal_attention(qr, k_cache[slot, :, :s][None], v_cache[slot, :, :s][None],
+                                 start, a.sliding_window)
+            out[first:first + length] = o[0].transpose(0, 1)
         return project(self.wo, out.reshape(n, a.q_dim))
+
+
+def causal_attention(q: Tensor, keys: Tensor, values: Tensor, start: int,
+                     window: int) -> Tensor:
+    """Prompt tokens at positions start.. (q [P, H, T, K]) over their sequences' keys up to
+    and including themselves (keys [P, G, start + T, K]). Causal attention is given to SDPA as
+    such, never as a mask, so a fused kernel (flash or memory-efficient) runs where the build
+    has one and no [T, S] scores exist; the queries' rows sit at the end of the keys (lower
+    right) when a prefix is cached. Only a sliding window the keys outgrow needs a mask."""
+    t, s = q.shape[2], keys.shape[2]
+    if window and s > window:
+        rows = torch.arange(start, start + t, device=q.device)[:, None]
+        at = torch.arange(s, device=q.device)[None, :]
+        mask = (at <= rows) & (at > rows - window)  # [T, S]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    if start == 0:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(t, s),
+                                          enable_gqa=True)
 
 
 class Block(nn.Module):

@@ -1,6 +1,7 @@
 """The engine computes what the plain definitions say: batched continuous-batching decode
 equals one request at a time, whatever the router, kernel or expert cache; and `gpu_check` runs
-its CPU parts here, naming what it skipped."""
+its CPU parts here, naming what it skipped; prefill attention, causal without a mask, equals the
+masked definition."""
 
 import json
 import subprocess
@@ -8,10 +9,11 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
-from server.model import PRESETS
+from server.model import PRESETS, causal_attention
 from tests.conftest import REPO
 
 
@@ -113,3 +115,18 @@ def test_gpu_check_runs_its_cpu_parts_and_says_what_it_skipped():
     assert results["kernels"]["sorted_ms"] > 0
     for part in ("fused_attention", "mixtral", "gpu_tests"):
         assert results[part]["skipped"].startswith("CUDA only")
+
+
+@pytest.mark.parametrize(("start", "window"), [(0, 0), (5, 0), (0, 4), (5, 4), (5, 20)])
+def test_causal_attention_equals_the_masked_reference(start, window):
+    """New prompts (start 0) and a resumed one (its rows at the end of the keys), grouped
+    query heads, with and without a sliding window the keys outgrow."""
+    g = torch.Generator().manual_seed(start + window)
+    t, s = 6, start + 6
+    q = torch.randn(2, 4, t, 8, generator=g)
+    k, v = torch.randn(2, 2, s, 8, generator=g), torch.randn(2, 2, s, 8, generator=g)
+    rows, at = torch.arange(start, start + t)[:, None], torch.arange(s)[None, :]
+    mask = (at <= rows) & ((at > rows - window) if window else True)
+    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
+                                              v.repeat_interleave(2, 1), attn_mask=mask)
+    torch.testing.assert_close(causal_attention(q, k, v, start, window), expected)
