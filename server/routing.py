@@ -87,20 +87,23 @@ class BalancedRouter(TopKRouter):
         logits = self.scores(x)
         if bias is not None:
             logits = logits + bias
-        n_groups = int(groups.max()) + 1 if groups.numel() else 0
-        sizes = torch.bincount(groups, minlength=n_groups)
-        mean_scores = torch.zeros(n_groups, logits.shape[1],
-                                  device=logits.device).index_add_(0, groups, logits)
-        mean_scores = (mean_scores / sizes.clamp(min=1)[:, None]).tolist()  # one host sync
+        # Per group, its size and summed scores, read in one host transfer. Groups are 0..B-1
+        # and B <= N, so N rows hold them all without reading B first; rows past B stay empty.
+        n = logits.shape[0]
+        ones = torch.ones(n, 1, device=logits.device)
+        sums = torch.zeros(n, 1 + logits.shape[1], device=logits.device).index_add_(
+            0, groups, torch.cat([ones, logits], dim=1))
+        rows = [row for row in sums.tolist() if row[0]]
         loads = [0] * logits.shape[1]
         chosen = []
         # per sequence, not per token
-        for size, score in zip(sizes.tolist(), mean_scores, strict=True):
+        for size, *total in rows:
+            score = [t / size for t in total]
             candidates = [(load, -s, e)
                           for e, (load, s) in enumerate(zip(loads, score, strict=True))]
             picks = [e for _, _, e in heapq.nsmallest(self.top_k, candidates)]
             for e in picks:
-                loads[e] += size
+                loads[e] += int(size)
             chosen.append(picks)
         experts = torch.tensor(chosen, dtype=torch.long,
                                device=logits.device).reshape(-1, self.top_k)[groups]
