@@ -132,9 +132,11 @@ soak: install
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 PYTEST_OK_IF_EMPTY = rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-# The whole suite, one test at a time (the timing tests measure against known delays).
+# The whole suite: on two processes (each module's tests on one), then the tests marked timing,
+# which measure against known delays, one at a time.
 test: install
-	$(PY) -m pytest -q; $(PYTEST_OK_IF_EMPTY)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not timing"; $(PYTEST_OK_IF_EMPTY)
+	$(PY) -m pytest -q -m timing; $(PYTEST_OK_IF_EMPTY)
 
 # The edit loop: everything but the end-to-end runs marked slow, on two processes.
 test-fast: install

@@ -5,9 +5,11 @@ Every stream follows one schedule: its first token after --ttft-ms, then one eve
 tokens go out --tokens-per-chunk at a time (the first alone, as vLLM's stream interval does),
 so TTFT, TPOT and the per-token ITL are known and a message's ITL is the chunk's. At most
 --capacity streams run at once (the rest queue, so the capacity in requests/s is known);
-optionally every stream stalls from --stall-at-s after start for --stall-s (a hiccup a closed
-loop would hide). --faults KIND,... spoils streams in turn (every len+1-th is left whole) in
-one of the protocol's ways (delay_grpc.py, delay_http.py), for the tests of bad replies.
+optionally every stream stalls from --stall-at-s after the first stream arrived for --stall-s
+(a hiccup a closed loop would hide; timed from the first arrival, so a client's start-up does
+not decide whether its requests meet it). --faults KIND,... spoils streams in turn (every
+len+1-th is left whole) in one of the protocol's ways (delay_grpc.py, delay_http.py), for the
+tests of bad replies.
 
     python -m loadgen.delay_server --port-file PATH [--protocol openai --ttft-ms 20 ...]
 """
@@ -42,6 +44,7 @@ class Pacer:
     def __init__(self, args):
         self.args = args
         self.started = time.monotonic()
+        self.first_arrival: float | None = None  # the stall is timed from it
         self.slots = asyncio.Semaphore(args.capacity)
         self.faults = [f for f in args.faults.split(",") if f]
         self.arrivals = itertools.count()
@@ -58,7 +61,7 @@ class Pacer:
         """Sleeps until due_s (monotonic), plus whatever of the stall window the wake-up falls
         into; returns the stall it waited, by which every later message of the stream moves."""
         await asyncio.sleep(max(0.0, due_s - time.monotonic()))
-        stall_from = self.started + self.args.stall_at_s
+        stall_from = self.first_arrival + self.args.stall_at_s
         now = time.monotonic()
         if self.args.stall_s and stall_from <= now < stall_from + self.args.stall_s:
             await asyncio.sleep(stall_from + self.args.stall_s - now)
@@ -68,6 +71,8 @@ class Pacer:
     async def messages(self, max_tokens: int) -> AsyncIterator[Message]:
         """A stream of max_tokens tokens, each message at its time."""
         received = time.monotonic_ns()
+        if self.first_arrival is None:
+            self.first_arrival = received / 1e9
         per_chunk = self.args.tokens_per_chunk
         async with self.slots:
             # Deadlines from the moment the stream got its slot, not from the previous wake-up:

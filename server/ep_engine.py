@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import subprocess
+import time
 
 import torch
 
@@ -31,6 +32,9 @@ from server.settings import DTYPES, model_args, resolve
 log = logging.getLogger(__name__)
 STEP, PLACE, STOP = "step", "place", "stop"
 STOP_WAIT_S = 5  # for a rank to exit after stop, before it is killed (a hung one never does)
+# A killed rank's sockets close, failing the collective, a moment before its exit shows: a
+# failed step looks this long for a rank that exited before calling it unresponsive.
+EXIT_SEEN_S = 1.0
 
 
 class RankLost(UnavailableError):
@@ -153,10 +157,17 @@ class DistributedEngine:
 
     def lost(self, exc: Exception) -> str:
         """Which rank failed the step, where this process can tell (the ranks it spawned)."""
-        gone = [f"rank {r} exited with status {p.returncode}"
-                for r, p in enumerate(self.ranks, start=1) if p.poll() is not None]
+        deadline = time.monotonic() + EXIT_SEEN_S
+        gone = self.exited()
+        while not gone and self.ranks and time.monotonic() < deadline:
+            time.sleep(0.05)
+            gone = self.exited()
         what = "; ".join(gone) if gone else "a rank stopped answering (see its log)"
         return f"expert-parallel step failed: {what}: {str(exc).splitlines()[0]}"
+
+    def exited(self) -> list[str]:
+        return [f"rank {r} exited with status {p.returncode}"
+                for r, p in enumerate(self.ranks, start=1) if p.poll() is not None]
 
     def stop(self) -> None:
         """Tells the other ranks to exit, and waits for the ones this process started."""

@@ -18,6 +18,8 @@ from tests.conftest import delay_server_process, server_process
 from tests.test_end_to_end import locust
 from tests.tokenizer_files import write_word_tokenizer
 
+pytestmark = pytest.mark.timing  # measured against known delays: make test runs them alone
+
 # Locust's gevent clients add delivery lag at this light load (docs/measured.md), and the
 # reference server's own wake-ups a few ms more.
 TOLERANCE_MS = 8
@@ -62,7 +64,7 @@ def test_a_target_measures_its_reference_server_truthfully(tmp_path, target, cli
                              server=("--tokens-per-chunk", "2", "--stall-at-s", "1.5",
                                      "--stall-s", str(STALL_S)))
     m, req = summary["metrics"], summary["requests"]
-    assert req["sent"] == req["ok"] >= 28, out  # 10/s for the whole 3 s
+    assert req["sent"] == req["ok"] >= 20, out  # 10/s, less the aio sender's start-up
     # chunks of two tokens (the first alone): every token counted, whatever the protocol says
     assert all(r["output_tokens"] == TOKENS and r["messages"] == 4 for r in rows)
     assert TTFT_MS <= m["ttft_ms"]["p50"] <= TTFT_MS + TOLERANCE_MS

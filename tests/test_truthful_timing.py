@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import delay_server_process
 from tests.test_end_to_end import locust
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 # Locust's gevent grpc adds delivery lag (docs/measured.md): a few ms at this light load.
 TOLERANCE_MS = 8

@@ -93,6 +93,7 @@ def start_hog(**_):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize("starved", [False, True], ids=["quiet", "starved"])
 def test_only_a_generator_that_is_late_itself_is_accused(tmp_path, starved):
     locustfile = tmp_path / "starved.py"
