@@ -3,12 +3,10 @@
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from records.hdr import mean_us, percentiles_us, recorded_us
+from records.hdr import PERCENTILES, mean_us, percentiles_us, recorded_us
 from records.summary import Stats
 
 US_PER_MS = 1000.0
-# Named as summary.json's Stats, so the server's own times render through the same tables.
-PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
 def stats_ms(hist: HdrHistogram | None) -> Stats | None:

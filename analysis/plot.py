@@ -10,9 +10,9 @@ from hdrh.histogram import HdrHistogram
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
-from analysis.latency import PERCENTILES, US_PER_MS, cdf_ms
+from analysis.latency import US_PER_MS, cdf_ms
 from analysis.tables import fmt_ms
-from records.hdr import percentiles_us
+from records.hdr import PERCENTILES, percentiles_us
 
 # Panel title -> histograms drawn in it; the service views (from the actual send) sit beside the
 # open-loop ones (from the scheduled send), so generator lag shows as the gap between two curves.

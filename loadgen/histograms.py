@@ -16,7 +16,6 @@ from records.summary import Stats
 LOWEST_US = 1  # resolution; 0 is recordable too
 HIGHEST_US = 3_600_000_000  # one hour
 DIGITS = 3
-PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
 class Histogram:
@@ -39,9 +38,9 @@ class Histogram:
         """count, mean, p50..p999, max in milliseconds (the count alone when empty)."""
         if not self.count:
             return Stats(count=0)
-        values = self.percentiles_us(PERCENTILES.values())
+        values = self.percentiles_us(hdr.PERCENTILES.values())
         return Stats(count=self.count, mean=self.mean_us() / 1000,
-                     **{k: values[p] / 1000 for k, p in PERCENTILES.items()},
+                     **{k: values[p] / 1000 for k, p in hdr.PERCENTILES.items()},
                      max=self.hdr.get_max_value() / 1000, clamped=self.clamped)
 
     def percentiles_us(self, percentiles) -> dict[float, int]:

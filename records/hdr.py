@@ -14,6 +14,9 @@ from functools import cache
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+# The percentiles a summary reports, named as summary.json's Stats fields.
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
 
 def percentiles_us(hist: HdrHistogram, percentiles: Iterable[float]) -> dict[float, int]:
     """percentile (0-100] -> value, as hdrhistogram's get_percentile_to_value_dict (0 when
