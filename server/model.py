@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.bias import causal_lower_right
 
 from records.declare import flat
 from records.server_settings import MoE
@@ -286,20 +285,21 @@ class Attention(nn.Module):
 def causal_attention(q: Tensor, keys: Tensor, values: Tensor, start: int,
                      window: int) -> Tensor:
     """Prompt tokens at positions start.. (q [P, H, T, K]) over their sequences' keys up to
-    and including themselves (keys [P, G, start + T, K]). Causal attention is given to SDPA as
-    such, never as a mask, so a fused kernel (flash or memory-efficient) runs where the build
-    has one and no [T, S] scores exist; the queries' rows sit at the end of the keys (lower
-    right) when a prefix is cached. Only a sliding window the keys outgrow needs a mask."""
+    and including themselves (keys [P, G, start + T, K]). New prompts (start 0) go to SDPA as
+    causal attention, never as a mask, so a fused kernel (flash or memory-efficient) runs where
+    the build has one and no [T, S] scores exist. A prompt resumed after a cached prefix (its
+    rows at the end of the keys) or a sliding window the keys outgrow takes a [T, S] mask:
+    torch's lower-right causal bias would spare it, but importing it costs 70 MB and 1.2 s
+    (it loads torch._dynamo; docs/measured.md)."""
     t, s = q.shape[2], keys.shape[2]
-    if window and s > window:
-        rows = torch.arange(start, start + t, device=q.device)[:, None]
-        at = torch.arange(s, device=q.device)[None, :]
-        mask = (at <= rows) & (at > rows - window)  # [T, S]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-    if start == 0:
+    if start == 0 and not (window and s > window):
         return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(t, s),
-                                          enable_gqa=True)
+    rows = torch.arange(start, start + t, device=q.device)[:, None]
+    at = torch.arange(s, device=q.device)[None, :]
+    mask = at <= rows  # [T, S]
+    if window:
+        mask &= at > rows - window
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
 class Block(nn.Module):
