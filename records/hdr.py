@@ -24,7 +24,7 @@ def percentiles_us(hist: HdrHistogram, percentiles: Iterable[float]) -> dict[flo
     total = hist.get_total_count()
     if not total:
         return dict.fromkeys(percentiles, 0)
-    cumulative = np.cumsum(counts(hist))
+    cumulative = np.cumsum(_counts(hist))
     highest = _bucket_values(*_shape(hist))[0]
     out = {}
     for p in percentiles:
@@ -40,18 +40,18 @@ def percentile_us(hist: HdrHistogram, percentile: float) -> int:
 def mean_us(hist: HdrHistogram) -> float:
     """The counts weighted by their buckets' midpoints, as hdrhistogram's get_mean_value."""
     total = hist.get_total_count()
-    return float(counts(hist) @ _bucket_values(*_shape(hist))[1]) / total if total else 0.0
+    return float(_counts(hist) @ _bucket_values(*_shape(hist))[1]) / total if total else 0.0
 
 
 def recorded_us(hist: HdrHistogram) -> tuple[np.ndarray, np.ndarray]:
     """Every bucket holding values: its highest equivalent value and its count, in order (as
     hdrhistogram's recorded iterator walks them)."""
-    c = counts(hist)
+    c = _counts(hist)
     held = np.flatnonzero(c)
     return _bucket_values(*_shape(hist))[0][held], c[held]
 
 
-def counts(hist: HdrHistogram) -> np.ndarray:
+def _counts(hist: HdrHistogram) -> np.ndarray:
     return np.ctypeslib.as_array(hist.counts)[:hist.counts_len].astype(np.float64)
 
 

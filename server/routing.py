@@ -88,12 +88,13 @@ class BalancedRouter(TopKRouter):
         if bias is not None:
             logits = logits + bias
         # Per group, its size and summed scores, read in one host transfer. Groups are 0..B-1
-        # and B <= N, so N rows hold them all without reading B first; rows past B stay empty.
+        # and B <= N, so N rows hold them all without reading B first; rows past B stay empty
+        # and are dropped on the host before becoming Python numbers (a prefill's N is large).
         n = logits.shape[0]
         ones = torch.ones(n, 1, device=logits.device)
         sums = torch.zeros(n, 1 + logits.shape[1], device=logits.device).index_add_(
-            0, groups, torch.cat([ones, logits], dim=1))
-        rows = [row for row in sums.tolist() if row[0]]
+            0, groups, torch.cat([ones, logits], dim=1)).cpu()
+        rows = sums[sums[:, 0] > 0].tolist()
         loads = [0] * logits.shape[1]
         chosen = []
         # per sequence, not per token
