@@ -232,13 +232,17 @@ class MoE(Settings):
                                             "residual) and counted; dropless when omitted",
                                             check=lambda v: None if v is None or v > 0 else
                                             f"must be above 0 (omit it for dropless), got {v}")
-    moe_kernel: str = setting("auto", "auto (grouped_mm on CUDA in bfloat16 where its probe "
-                              "passes, else sorted; the log names the kernel and why), sorted "
-                              "(tokens sorted by expert, one matmul chain per expert slice, one "
-                              "host sync per layer), grouped_mm (torch._grouped_mm; falls back to "
-                              "sorted with a logged reason where the build, dtype, GPU or expert "
-                              "cache rule it out, or its output differs from sorted's), or "
-                              "reference (per token, for tests)", choices=Names("kernels"))
+    moe_kernel: str = setting("auto", "auto (on CUDA grouped_mm in bfloat16 where its probe "
+                              "passes, else batched; sorted on the CPU and with the expert cache; "
+                              "the log names the kernel and why), sorted (tokens sorted by "
+                              "expert, one matmul chain per expert slice, one host sync per "
+                              "layer), batched (every expert in one padded batched matmul chain, "
+                              "a fixed number of GPU launches per layer, where no expert has over "
+                              "64 tokens and at least half are in use; else as sorted), "
+                              "grouped_mm (torch._grouped_mm; falls back to sorted with a logged "
+                              "reason where the build, dtype, GPU or expert cache rule it out, or "
+                              "its output differs from sorted's), or reference (per token, for "
+                              "tests)", choices=Names("kernels"))
     expert_cache: int = setting(0, "keep at most N experts per layer resident (GPU memory on CUDA, "
                                 "a separate buffer on CPU), the rest in host memory; misses copy "
                                 "weights in for real; 0 = off",

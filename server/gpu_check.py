@@ -5,10 +5,12 @@ parts that can run on the CPU run there, and the rest say they were skipped.
 1. The build: torch, its CUDA, the device and its compute capability.
 2. Host transfers per engine step (`small`, 8 sequences decoding), per kernel, counted by the
    engine (server/host_transfer.py) and, on CUDA, by `torch.cuda.set_sync_debug_mode`.
-3. The MoE kernels in bfloat16: grouped_mm's probe (server/kernels.py), then sorted and
-   grouped_mm timed side by side on the same routed tokens.
-4. A prefill step of new prompts (batched and padded) with attention held to the fused
-   kernels (flash, memory efficient; CUDA only).
+3. The MoE kernels in bfloat16: grouped_mm's probe (server/kernels.py), then sorted, batched
+   and grouped_mm timed side by side on the same routed tokens: a 32-sequence decode of
+   Mixtral's and of Qwen-MoE's layer (where sorted is launch-bound) and a 256-token one.
+4. A prefill step of new prompts (batched and padded), then one resuming a prompt after its
+   cached prefix (a masked chunk), with attention held to the fused kernels (flash, memory
+   efficient; CUDA only).
 5. `mixtral-8x7b` with the default KV pool (32 sequences): build time and memory; a
    32-sequence decode step and an 8 x 4096-token prefill (CUDA only).
 6. The tests marked gpu (tests/test_gpu.py), where pytest is installed.
@@ -31,7 +33,7 @@ import torch
 
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
-from server.kernels import KERNELS, grouped_mm_unsupported
+from server.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported
 from server.model import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +62,7 @@ def decode_seqs(engine: Engine, batch: int, prompt: int) -> list[SeqInput]:
 
 def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
     out = {}
-    for kernel in ("sorted", "grouped_mm"):
+    for kernel in ("sorted", "batched", "grouped_mm"):
         engine = Engine("small", 8, str(device), dtype, 0, MoE(moe_kernel=kernel))
         if engine.kernel_name != kernel:
             out[kernel] = {"skipped": f"{kernel} fell back to {engine.kernel_name}"}
@@ -80,7 +82,7 @@ def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
         if device.type == "cuda":
             syncs = sum("synchroniz" in str(w.message) for w in caught)
         out[kernel] = {"counted": result.host_transfers,
-                       "budget": 1 + (kernel == "sorted") * PRESETS["small"].n_layers,
+                       "budget": 1 + (kernel != "grouped_mm") * PRESETS["small"].n_layers,
                        "cuda_syncs": syncs}
     return out
 
@@ -98,11 +100,15 @@ def median_ms(fn, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def kernels(device: torch.device, preset: str, tokens: int, repeats: int) -> dict:
-    args = PRESETS[preset]
+def kernels(device: torch.device, cases: list[tuple[str, int]], repeats: int) -> dict:
+    """Per (preset, tokens): one layer's experts in bfloat16 on uniformly routed tokens."""
+    return {f"{preset} x{tokens}": kernel_times(device, PRESETS[preset], tokens, repeats)
+            for preset, tokens in cases}
+
+
+def kernel_times(device: torch.device, args, tokens: int, repeats: int) -> dict:
     dtype = torch.bfloat16
-    shape = (args.expert_dim, args.dim)
-    reason = grouped_mm_unsupported(shape, device, dtype)
+    reason = grouped_mm_unsupported((args.expert_dim, args.dim), device, dtype)
     gen = torch.Generator().manual_seed(0)
     e, i, d = args.n_experts, args.expert_dim, args.dim
     w13 = (torch.randn(e, 2 * i, d, generator=gen) / d ** 0.5).to(device, dtype)
@@ -110,9 +116,14 @@ def kernels(device: torch.device, preset: str, tokens: int, repeats: int) -> dic
     pairs = tokens * args.top_k
     counts = torch.bincount(torch.randint(0, e, (pairs,), generator=gen), minlength=e).tolist()
     xs = torch.randn(pairs, d, generator=gen).to(device, dtype)
-    out = {"preset": preset, "tokens": tokens, "grouped_mm_probe": reason or "passed",
-           "sorted_ms": median_ms(lambda: KERNELS["sorted"](xs, counts, range(e), w13, w2),
-                                  device, repeats)}
+    used = sum(1 for n in counts if n)
+    out = {"experts_used": used, "most_rows": max(counts),
+           "batched_pads": max(counts) <= BATCHED_MAX_ROWS and 2 * used >= e,
+           "grouped_mm_probe": reason or "passed"}
+    for name in ("sorted", "batched"):
+        out[f"{name}_ms"] = median_ms(lambda k=KERNELS[name]: k(xs, counts, range(e), w13, w2),
+                                      device, repeats)
+    out["batched_over_sorted"] = out["batched_ms"] / out["sorted_ms"]
     if reason is None:
         on_device = torch.tensor(counts, dtype=torch.int32, device=device)
         out["grouped_mm_ms"] = median_ms(
@@ -127,14 +138,19 @@ def fused_attention(device: torch.device) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     engine = Engine("small", 8, str(device), torch.bfloat16, 0)
-    try:
-        # new prompts of four lengths, batched and padded (a resumed prompt's masked attention
-        # and decode's [B, H, 1, S] scores are small and may take any kernel)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-            engine.step([SeqInput(i, [1 + i] * (64 + 16 * i), 0) for i in range(4)])
-    except RuntimeError as exc:
-        return {"ok": False, "error": str(exc).splitlines()[0]}
-    return {"ok": True}
+    steps = {  # decode's [B, H, 1, S] scores are small and may take any kernel
+        "new_prompts": [SeqInput(i, [1 + i] * (64 + 16 * i), 0) for i in range(4)],
+        "resumed_prompt": [SeqInput(0, [7] * 48, 64)],  # prompt 0 goes on after its 64 tokens
+    }
+    out = {}
+    for name, seqs in steps.items():
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                engine.step(seqs)
+            out[name] = "ok"
+        except RuntimeError as exc:
+            out[name] = str(exc).splitlines()[0]
+    return {"ok": all(v == "ok" for v in out.values()), **out}
 
 
 def mixtral(device: torch.device) -> dict:
@@ -192,16 +208,20 @@ def failed(results: dict) -> list[str]:
 
 
 def render(results: dict) -> str:
+    """One row per value, named by its path through the nested parts."""
     rows = []
-    for part, value in results.items():
-        if not isinstance(value, dict):
-            continue
-        for key, v in value.items():
-            text = json.dumps(v) if isinstance(v, dict | list) else (
-                f"{v:.3g}" if isinstance(v, float) else str(v))
-            rows.append((part, key, text))
-    width = max(len(f"{a}.{b}") for a, b, _ in rows)
-    return "\n".join(f"{f'{a}.{b}':<{width}}  {c}" for a, b, c in rows)
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, v in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, v)
+        elif prefix.count("."):  # a part's values, not the top level's list of failures
+            rows.append((prefix, f"{value:.3g}" if isinstance(value, float) else
+                         json.dumps(value) if isinstance(value, list) else str(value)))
+
+    walk("", results)
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {text}" for name, text in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    preset = "mixtral-8x7b" if device.type == "cuda" else "small"
+    cases = [("mixtral-8x7b", 32), ("qwen1.5-moe-a2.7b", 32), ("mixtral-8x7b", 256)] \
+        if device.type == "cuda" else [("small", 32), ("fine", 8)]
     results = {"build": build(device), "host_transfers": host_transfers(device, dtype),
-               "kernels": kernels(device, preset, 256 if device.type == "cuda" else 32,
-                                  args.repeats),
+               "kernels": kernels(device, cases, args.repeats),
                "fused_attention": fused_attention(device), "mixtral": mixtral(device),
                "gpu_tests": gpu_tests() if device.type == "cuda" else {"skipped": "CUDA only"}}
     results["failed"] = failed(results)

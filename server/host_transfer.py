@@ -1,8 +1,8 @@
 """Device -> host transfers of an engine step, all through here so they can be counted.
 
 On CUDA each one waits for every kernel queued before it (a host sync), so a step's stage
-times and its speed depend on how many there are. An engine step makes, on the `sorted`
-kernel, one per MoE layer (the expert counts that size its per-expert matmuls) and one at its
+times and its speed depend on how many there are. An engine step makes, on the `sorted` and
+`batched` kernels, one per MoE layer (the expert counts that size their matmuls) and one at its
 end (the sampled tokens together with the step's routing statistics); on the grouped kernel,
 none per layer. On the CPU the same calls are made and counted, so a CPU test holds the
 budget (tests/test_moe.py).

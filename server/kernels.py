@@ -78,6 +78,35 @@ def sorted_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13:
     return ys
 
 
+BATCHED_MAX_ROWS = 64  # up to this many tokens per expert, a padded batched matmul (see below)
+
+
+def batched_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13: Tensor,
+                    w2: Tensor) -> Tensor:
+    """Every expert at once: each group's rows copied into a zero-padded [S, most rows, D]
+    batch, then one batched matmul chain over all S weight rows: eight kernel launches on a GPU
+    per layer, whatever the routing, where `sorted` makes five per non-empty group (about 250
+    in a layer of a 32-sequence Qwen-MoE decode step). It pays in padding rows and in reading
+    every expert's weights, so it runs only where that is cheap on a GPU: at most
+    BATCHED_MAX_ROWS rows in any group (a matmul that thin is bound by reading the weights,
+    whatever its rows) and at least half the experts in use. Elsewhere, and where the groups
+    are not every weight row in order (the expert cache's single slots), it is the sorted
+    kernel. On a CPU padding rows are real work (docs/measured.md)."""
+    s, (m, d) = w13.shape[0], xs.shape
+    most = max(counts, default=0)
+    used = sum(1 for n in counts if n)
+    if not m or most > BATCHED_MAX_ROWS or 2 * used < s or list(index) != list(range(s)):
+        return sorted_experts(xs, counts, index, w13, w2)
+    sizes = torch.tensor(counts)
+    group = torch.repeat_interleave(torch.arange(s), sizes, output_size=m)
+    at = group * most + torch.arange(m) - (sizes.cumsum(0) - sizes)[group]  # row in the batch
+    if xs.device.type == "cuda":  # from page-locked memory, so the copy does not wait
+        at = at.pin_memory().to(xs.device, non_blocking=True)
+    padded = xs.new_zeros(s * most, d).index_copy_(0, at, xs).view(s, most, d)
+    h = gated(torch.bmm(padded, w13.transpose(1, 2)))
+    return torch.bmm(h, w2.transpose(1, 2)).view(s * most, d)[at]
+
+
 def grouped_mm_experts(xs: Tensor, counts: Sequence[int] | Tensor, index: Sequence[int],
                        w13: Tensor, w2: Tensor) -> Tensor:
     """All groups in two torch._grouped_mm calls; groups must cover w's rows in order. counts
@@ -103,8 +132,8 @@ def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w
     return ys
 
 
-KERNELS = {"sorted": sorted_experts, "grouped_mm": grouped_mm_experts,
-           "reference": per_token_experts}
+KERNELS = {"sorted": sorted_experts, "batched": batched_experts,
+           "grouped_mm": grouped_mm_experts, "reference": per_token_experts}
 
 
 # Compute capabilities where PyTorch's _grouped_mm is one fused kernel (in bfloat16); elsewhere
@@ -150,19 +179,24 @@ def grouped_mm_unsupported(shape: tuple[int, int], device: torch.device,
 
 def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtype: torch.dtype,
                    cached: bool) -> str:
-    """The name of the kernel to run for `name`, logged with why: auto is grouped_mm on CUDA
-    in bfloat16 where the probe passes and sorted elsewhere; grouped_mm falls back to sorted."""
+    """The name of the kernel to run for `name`, logged with why. auto: on CUDA, grouped_mm in
+    bfloat16 where the probe passes, else batched; sorted on the CPU (where batched's padding
+    is real work: docs/measured.md) and with the expert cache (which computes one resident
+    slot at a time). grouped_mm falls back to sorted."""
     if name not in ("auto", "grouped_mm"):
         return name
-    if name == "auto" and (device.type != "cuda" or dtype != torch.bfloat16):
-        log.info("MoE kernel sorted (--moe-kernel auto: grouped_mm is chosen on CUDA in "
-                 "bfloat16 only; here %s in %s)", device.type, str(dtype).removeprefix("torch."))
+    if name == "auto" and (device.type != "cuda" or cached):
+        log.info("MoE kernel sorted (--moe-kernel auto: %s)",
+                 "the expert cache computes one resident slot at a time" if cached else
+                 f"on {device.type}, where batched's padding rows cost real compute; grouped_mm "
+                 "and batched are chosen on CUDA")
         return "sorted"
     reason = "the expert cache is on (resident slots are not in expert order)" if cached \
         else grouped_mm_unsupported(shape, device, dtype)
     if reason:
-        log.warning("MoE kernel sorted (--moe-kernel %s: grouped_mm unavailable: %s)", name,
-                    reason)
-        return "sorted"
+        fallback = "batched" if name == "auto" else "sorted"
+        (log.info if name == "auto" else log.warning)(
+            "MoE kernel %s (--moe-kernel %s: grouped_mm unavailable: %s)", fallback, name, reason)
+        return fallback
     log.info("MoE kernel grouped_mm (--moe-kernel %s: its probe passed on %s)", name, device)
     return "grouped_mm"

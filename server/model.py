@@ -299,6 +299,20 @@ def causal_attention(q: Tensor, keys: Tensor, values: Tensor, start: int,
     mask = at <= rows  # [T, S]
     if window:
         mask &= at > rows - window
+    return masked_attention(q, keys, values, mask, expand_heads=q.device.type == "cuda")
+
+
+def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                     expand_heads: bool) -> Tensor:
+    """SDPA under a boolean mask, the keys' G heads shared by the H query heads. On CUDA
+    (expand_heads) the keys and values are repeated to H heads first, as transformers does:
+    SDPA's memory-efficient kernel, the one fused kernel that takes a mask, refuses grouped
+    heads in many torch builds, and the math kernel it falls back to holds [P, H, T, S] float32
+    scores. The copy, [P, H, S, K], is one the math kernel makes as well."""
+    groups = q.shape[1] // keys.shape[1]
+    if expand_heads and groups > 1:
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 

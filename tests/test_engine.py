@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
-from server.model import PRESETS, causal_attention
+from server.model import PRESETS, causal_attention, masked_attention
 from tests.conftest import REPO
 
 
@@ -29,7 +29,7 @@ def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[in
 
 
 @pytest.mark.parametrize("moe", [
-    MoE(), MoE(moe_kernel="reference"), MoE(expert_cache=2),
+    MoE(), MoE(moe_kernel="reference"), MoE(moe_kernel="batched"), MoE(expert_cache=2),
     MoE(routing_skew="affinity:0.1"),
     MoE(routing_skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
 ], ids=str)
@@ -109,10 +109,14 @@ def test_gpu_check_runs_its_cpu_parts_and_says_what_it_skipped():
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert results["failed"] == [] and results["build"]["torch"] == torch.__version__
-    sorted_, grouped = (results["host_transfers"][k] for k in ("sorted", "grouped_mm"))
+    sorted_, batched, grouped = (results["host_transfers"][k]
+                                 for k in ("sorted", "batched", "grouped_mm"))
     assert sorted_["counted"] == sorted_["budget"] == 1 + PRESETS["small"].n_layers
+    assert batched["counted"] == sorted_["counted"]
     assert grouped.get("counted", 0) <= 1
-    assert results["kernels"]["sorted_ms"] > 0
+    assert set(results["kernels"]) == {"small x32", "fine x8"}
+    for case in results["kernels"].values():
+        assert case["sorted_ms"] > 0 and case["batched_ms"] > 0 and case["batched_pads"]
     for part in ("fused_attention", "mixtral", "gpu_tests"):
         assert results[part]["skipped"].startswith("CUDA only")
 
@@ -130,3 +134,5 @@ def test_causal_attention_equals_the_masked_reference(start, window):
     expected = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
                                               v.repeat_interleave(2, 1), attn_mask=mask)
     torch.testing.assert_close(causal_attention(q, k, v, start, window), expected)
+    if start or window:  # CUDA's way: the key heads repeated for the query heads first
+        torch.testing.assert_close(masked_attention(q, k, v, mask, expand_heads=True), expected)

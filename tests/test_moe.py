@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from records.declare import flat
 from records.server_settings import MoE
@@ -42,7 +43,7 @@ def weights(seed=0, e=E, i=TINY.expert_dim, d=TINY.dim):
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [0, 0, 9, 0], [0, 1, 0, 0], [4, 4, 4, 4]],
                          ids=["random", "one-expert", "single-token", "even"])
-@pytest.mark.parametrize("kernel", ["sorted", "grouped_mm"])
+@pytest.mark.parametrize("kernel", ["sorted", "batched", "grouped_mm"])
 def test_kernels_match_the_per_token_reference(kernel, counts):
     w = weights()
     if kernel == "grouped_mm" and (why := grouped_mm_unsupported((TINY.expert_dim, TINY.dim),
@@ -52,6 +53,51 @@ def test_kernels_match_the_per_token_reference(kernel, counts):
     expected = KERNELS["reference"](xs, counts, range(E), *w)
     torch.testing.assert_close(KERNELS[kernel](xs, counts, range(E), *w), expected,
                                rtol=1e-5, atol=1e-5)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the torch operators run under it: on a GPU, each one a kernel launch or less."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_batched_launches_a_fixed_number_of_kernels_where_sorted_launches_per_expert():
+    e, i, d = 64, 16, 32
+    w = weights(e=e, i=i, d=d)
+    g = torch.Generator().manual_seed(2)
+    ops = {}
+    for used in (32, 64):
+        counts = [1 + n % 3 if n < used else 0 for n in range(e)]
+        xs = torch.randn(sum(counts), d, generator=g)
+        for kernel in ("sorted", "batched"):
+            with OpCounter() as counter:
+                ys = KERNELS[kernel](xs, counts, range(e), *w)
+            ops[kernel, used] = counter.ops
+        torch.testing.assert_close(ys, KERNELS["sorted"](xs, counts, range(e), *w))
+    # batched's operators: about a dozen on the host's index tensors, eight on the device
+    assert ops["batched", 32] == ops["batched", 64] <= 25
+    assert ops["sorted", 64] - ops["sorted", 32] >= 4 * 32  # a matmul chain per group
+
+
+def test_batched_is_sorted_where_padding_would_cost():
+    e = 8
+    w = weights(e=e)
+    g = torch.Generator().manual_seed(3)
+    for counts in ([kernels.BATCHED_MAX_ROWS + 1] + [1] * (e - 1),  # one group too deep
+                   [2, 2, 2] + [0] * (e - 3)):  # most experts idle: their weights read for nothing
+        xs = torch.randn(sum(counts), TINY.dim, generator=g)
+        ops = []
+        for kernel in ("batched", "sorted"):
+            with OpCounter() as counter:
+                KERNELS[kernel](xs, counts, range(e), *w)
+            ops.append(counter.ops)
+        assert ops[0] == ops[1]
 
 
 def moe_layer(seed=0, dtype=torch.float32, **settings):
@@ -292,7 +338,7 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
     cpu = torch.device("cpu")
     with caplog.at_level("INFO", logger="server.kernels"):
         assert resolve_kernel("auto", shape, cpu, torch.float32, cached=False) == "sorted"
-    assert "MoE kernel sorted (--moe-kernel auto: grouped_mm is chosen on CUDA in bfloat16" \
+    assert "MoE kernel sorted (--moe-kernel auto: on cpu, where batched's padding rows cost" \
         in caplog.text
     if grouped_mm_unsupported(shape, cpu, torch.float32):
         pytest.skip("this torch has no CPU _grouped_mm to probe")
@@ -305,10 +351,11 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
 
 
 @pytest.mark.parametrize("kernel, capacity_factor, per_layer", [
-    ("sorted", None, 1), ("sorted", 1.0, 1), ("grouped_mm", None, 0)])
+    ("sorted", None, 1), ("sorted", 1.0, 1), ("batched", None, 1), ("grouped_mm", None, 0)])
 def test_a_step_reads_the_device_within_its_budget(kernel, capacity_factor, per_layer):
     # one transfer at the step's end (the sampled tokens with the routing statistics), and one
-    # per MoE layer on the sorted kernel (its expert counts), none on the grouped kernel
+    # per MoE layer on the sorted and batched kernels (the expert counts), none on the grouped
+    # kernel
     moe = MoE(moe_kernel=kernel, capacity_factor=capacity_factor)
     engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0, moe=moe)
     if engine.kernel_name != kernel:
