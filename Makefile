@@ -158,7 +158,7 @@ bench: bench-engine bench-loadgen
 # (numpy, safetensors, tokenizers and pytest beside torch): make gpu-check GPU_PY=python3
 GPU_PY ?=
 gpu-check: $(if $(GPU_PY),,install)
-	$(if $(GPU_PY),$(GPU_PY),$(PY)) -m server.gpu_check
+	$(if $(GPU_PY),$(GPU_PY) -m server.gpu_check --device cuda,$(PY) -m server.gpu_check)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -18,6 +18,7 @@ from server.checkpoint import Checkpoint
 from server.ep_exchange import Exchanged, ExpertSpread
 from server.ep_placement import Placement
 from server.expert_cache import LayerCache
+from server.host_transfer import lists_to_device, to_device
 from server.model import PRESETS, KVCache, ModelArgs, StepLayout, Transformer
 from server.moe import StepContext, random_expert
 from server.routing import Skew
@@ -57,6 +58,14 @@ class StepResult:
     host_transfers: int = 0  # device -> host reads the step made (server/host_transfer.py)
 
 
+def sample(probs: Tensor, gen: torch.Generator) -> Tensor:
+    """One token drawn from probs [V], as a 0-d device tensor: the index of the largest
+    probs / Exp(1) (the exponential race, which picks each token with its probability). It is
+    what torch.multinomial computes for one sample, without the two host reads multinomial
+    makes first to check probs."""
+    return (probs / torch.empty_like(probs).exponential_(generator=gen)).argmax()
+
+
 class Engine:
     def __init__(self, model: str | ModelArgs | Checkpoint, kv_slots: int, device: str,
                  dtype: torch.dtype, seed: int, moe: MoE = MoE(),
@@ -71,6 +80,8 @@ class Engine:
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
         self.device = torch.device(device)
+        if self.device.type == "cuda":  # this thread's context and allocations go there
+            torch.cuda.set_device(self.device)
         self.dtype = dtype
         self.seed = seed
         self.spread = spread
@@ -124,8 +135,7 @@ class Engine:
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """Runs one forward pass over all seqs and samples the next token of each."""
         self.timer.begin()
-        tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long,
-                              device=self.device)
+        (tokens,) = lists_to_device([[t for s in seqs for t in s.token_ids]], self.device)
         layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
                                   self.device)
         token_bias = None
@@ -134,7 +144,7 @@ class Engine:
                 if s.start_pos == 0:
                     bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts,
                                                   s.routing_key, self.seed)
-                    self.slot_bias[s.slot] = bias.to(self.device)
+                    self.slot_bias[s.slot] = to_device(bias, self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
         ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)
         logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
@@ -143,7 +153,7 @@ class Engine:
             if s.temperature > 0:
                 # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
                 probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
-                next_ids[i] = torch.multinomial(probs, 1, generator=self.generator(s))[0]
+                next_ids[i] = sample(probs, self.generator(s))
         # the step's hand-off, in one transfer: every queued kernel and event has completed
         on_device = [i for i, a in enumerate(ctx.active) if isinstance(a, Tensor)]
         parts = [next_ids, torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),

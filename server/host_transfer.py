@@ -1,4 +1,5 @@
-"""Device -> host transfers of an engine step, all through here so they can be counted.
+"""Transfers between host and device of an engine step, all through here: device -> host ones
+counted, host -> device ones made so they never wait.
 
 On CUDA each one waits for every kernel queued before it (a host sync), so a step's stage
 times and its speed depend on how many there are. An engine step makes, on the `sorted` and
@@ -6,6 +7,10 @@ times and its speed depend on how many there are. An engine step makes, on the `
 end (the sampled tokens together with the step's routing statistics); on the grouped kernel,
 none per layer. On the CPU the same calls are made and counted, so a CPU test holds the
 budget (tests/test_moe.py).
+
+The other way, a plain copy of a host tensor to the GPU waits for the device as well (PyTorch
+copies from pageable memory and synchronizes); from page-locked memory, without waiting, it is
+queued like a kernel (`to_device`).
 """
 
 from __future__ import annotations
@@ -39,3 +44,17 @@ class HostTransfers:
             out.append(host[start:start + p.numel()].reshape(p.shape).to(p.dtype))
             start += p.numel()
         return out
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on the device, copied without waiting for the device: from page-locked
+    memory (torch's pinned allocator keeps the block until the copy is done)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def lists_to_device(lists: list[list[int]], device: torch.device) -> list[Tensor]:
+    """Lists of ints as int64 device tensors, in one copy that does not wait (`to_device`)."""
+    host = torch.tensor([x for xs in lists for x in xs], dtype=torch.long)
+    return list(to_device(host, device).split([len(xs) for xs in lists]))

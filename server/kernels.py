@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from server.host_transfer import to_device
+
 log = logging.getLogger(__name__)
 
 
@@ -100,8 +102,7 @@ def batched_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w13
     sizes = torch.tensor(counts)
     group = torch.repeat_interleave(torch.arange(s), sizes, output_size=m)
     at = group * most + torch.arange(m) - (sizes.cumsum(0) - sizes)[group]  # row in the batch
-    if xs.device.type == "cuda":  # from page-locked memory, so the copy does not wait
-        at = at.pin_memory().to(xs.device, non_blocking=True)
+    at = to_device(at, xs.device)
     padded = xs.new_zeros(s * most, d).index_copy_(0, at, xs).view(s, most, d)
     h = gated(torch.bmm(padded, w13.transpose(1, 2)))
     return torch.bmm(h, w2.transpose(1, 2)).view(s * most, d)[at]
@@ -114,7 +115,7 @@ def grouped_mm_experts(xs: Tensor, counts: Sequence[int] | Tensor, index: Sequen
     if list(index) != list(range(w13.shape[0])):
         raise ValueError("grouped_mm needs one group per weight row, in row order")
     if not isinstance(counts, Tensor):
-        counts = torch.tensor(counts, dtype=torch.int32, device=xs.device)
+        counts = to_device(torch.tensor(counts, dtype=torch.int32), xs.device)
     offs = counts.cumsum(0, dtype=torch.int32)
     h = gated(torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs))
     return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from records.declare import flat
 from records.server_settings import MoE
 from server.ep_exchange import ExpertSpread
 from server.expert_cache import LayerCache
+from server.host_transfer import lists_to_device
 from server.kernels import KERNELS, project, resolve_kernel
 from server.moe import Experts, MoELayer, SharedExpert, StepContext, random_expert
 from server.routing import Skew, router_class, router_options
@@ -166,17 +168,18 @@ class StepLayout:
         valid = [(p * width + t, first + t) for p, (first, n, _, _) in enumerate(fresh)
                  for t in range(n)]
 
-        def t(xs, dtype=torch.long):
-            return torch.tensor(xs, dtype=dtype, device=device)
-
+        (positions, token_slots, groups, last_index, decode_index, decode_slots, decode_lens_t,
+         prefill_flat, prefill_slots, prefill_from, prefill_to) = lists_to_device(
+            [positions, token_slots, groups, last_index, decode_index, decode_slots, decode_lens,
+             [i for row in prefill_index for i in row], [c[2] for c in fresh],
+             [v[0] for v in valid], [v[1] for v in valid]], device)
         longest = max(decode_lens, default=0)
         useful = sum(n for _, n, _, _ in fresh)
-        return cls(t(positions), t(token_slots), t(groups), t(last_index), t(decode_index),
-                   t(decode_slots), t(decode_lens), longest,
-                   t(prefill_index).reshape(len(fresh), width), t([c[2] for c in fresh]),
-                   t([v[0] for v in valid]), t([v[1] for v in valid]), resumed,
-                   sum(decode_lens), longest * len(decode_lens),
-                   useful + sum(n for _, n, _, _ in resumed), len(fresh) * width - useful)
+        return cls(positions, token_slots, groups, last_index, decode_index, decode_slots,
+                   decode_lens_t, longest, prefill_flat.reshape(len(fresh), width),
+                   prefill_slots, prefill_from, prefill_to, resumed, sum(decode_lens),
+                   longest * len(decode_lens), useful + sum(n for _, n, _, _ in resumed),
+                   len(fresh) * width - useful)
 
 
 class KVCache(nn.Module):
@@ -263,8 +266,8 @@ class Attention(nn.Module):
             if a.sliding_window:
                 mask &= keys_at >= layout.decode_lens[:, None] - a.sliding_window
             qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
-            o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=mask[:, None, None, :],
-                                               enable_gqa=True)
+            o = masked_attention(qd, keys, values, mask[:, None, None, :],
+                                 expand_heads=x.device.type == "cuda")
             out[layout.decode_index] = o.squeeze(2)
         if layout.prefill_slots.numel():
             width = layout.prefill_index.shape[1]
@@ -376,7 +379,9 @@ class Transformer(nn.Module):
         zero; the parameters named in keep (loaded from a checkpoint) are left as they are.
         Drawn on the CPU, so a seed means the same model on any device, and each expert from
         its own generator (server/moe.py random_expert), so the experts a process holds are
-        the same whichever it holds."""
+        the same whichever it holds. The experts, most of a model's weights, are drawn on
+        torch's CPU threads at once (a CPU draws about 120 M numbers a second per thread:
+        mixtral-8x7b's experts would take six minutes on one)."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name in keep or ".moe.experts." in name:
@@ -387,14 +392,20 @@ class Transformer(nn.Module):
             fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32)
                     .mul_(1 / math.sqrt(fan_in)))
-        for i, block in enumerate(self.layers):
-            experts = block.moe.experts
-            if f"layers.{i}.moe.experts.w13" in keep:
-                continue
-            for slot, expert in enumerate(experts.held):
-                w13, w2 = random_expert(seed, i, expert, self.args.dim, self.args.expert_dim)
+        todo = [(i, slot, expert) for i, block in enumerate(self.layers)
+                if f"layers.{i}.moe.experts.w13" not in keep
+                for slot, expert in enumerate(block.moe.experts.held)]
+
+        def draw(item: tuple[int, int, int]) -> None:
+            i, slot, expert = item
+            experts = self.layers[i].moe.experts
+            w13, w2 = random_expert(seed, i, expert, self.args.dim, self.args.expert_dim)
+            with torch.no_grad():  # per thread: the caller's does not reach the pool's
                 experts.w13[slot].copy_(w13)
                 experts.w2[slot].copy_(w2)
+
+        with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+            list(pool.map(draw, todo))
 
     @torch.no_grad()
     def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache,

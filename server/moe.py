@@ -11,6 +11,7 @@ M kept (token, expert) pairs.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,13 @@ from server.expert_cache import LayerCache
 from server.host_transfer import HostTransfers
 from server.kernels import Kernel, gated, grouped_mm_experts, project, swiglu
 from server.stages import StageTimer
+
+
+def tally(ids: Tensor, n: int) -> Tensor:
+    """How often each of 0..n-1 occurs in ids (int64 [n]): bincount's answer, without the host
+    reads bincount makes on CUDA (the ids' least and greatest values)."""
+    return torch.zeros(n, dtype=torch.long, device=ids.device).index_add_(0, ids,
+                                                                       torch.ones_like(ids))
 
 
 def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -56,15 +64,23 @@ def random_expert(seed: int, layer: int, expert: int, dim: int,
             torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden))
 
 
+CUDA_HOST_REGISTER_PORTABLE = 1  # page-locked for every GPU's context, not only the current one
+
+
 def pin_in_place(t: Tensor) -> None:
-    """Page-locks t's own memory for asynchronous copies to the GPU. Not pin_memory=True:
-    torch's pinned host allocator rounds each block up to a power of two (a 48 GiB layer stack
-    would lock 64 GiB); registering the tensor's memory locks exactly its bytes."""
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    """Page-locks t's own memory for asynchronous copies to the GPU, until t is freed. Not
+    pin_memory=True: torch's pinned host allocator rounds each block up to a power of two (a
+    48 GiB layer stack would lock 64 GiB); registering the tensor's memory locks exactly its
+    bytes."""
+    cudart, ptr = torch.cuda.cudart(), t.data_ptr()
+    err = cudart.cudaHostRegister(ptr, t.numel() * t.element_size(), CUDA_HOST_REGISTER_PORTABLE)
     if int(err) != 0:
         raise RuntimeError(f"cannot pin {t.numel() * t.element_size()} bytes of expert weights "
                            f"in host memory (cudaHostRegister error {int(err)}); free host "
                            "memory, or serve a smaller model")
+    # unregistered as t goes, before its memory does: an address the allocator hands out again
+    # must not be found registered still
+    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
 
 
 class Experts(nn.Module):
@@ -139,7 +155,7 @@ class MoELayer(nn.Module):
         if self.exchange is None:
             out = self.here(x, weights, flat, step)
         else:
-            step.routed.append(torch.bincount(flat, minlength=self.n_experts))
+            step.routed.append(tally(flat, self.n_experts))
             out = self.exchange.run(self, x, weights, flat, step)
         if self.shared is not None:
             out += self.shared(x)
@@ -150,7 +166,7 @@ class MoELayer(nn.Module):
         """Every expert in this process: sort the pairs by expert, drop what is over capacity,
         compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
-        counts = torch.bincount(flat, minlength=self.n_experts)  # [E]
+        counts = tally(flat, self.n_experts)  # [E]
         keep = None
         if self.capacity_factor is not None:
             cap = expert_capacity(x.shape[0], self.top_k, self.n_experts, self.capacity_factor)

@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30  # a step that takes longer at shutdown is hung (a stuck device)
 
 
+# Out of memory where a library, not torch's allocator, failed to allocate: raised as a plain
+# RuntimeError (cuBLAS's workspace, a CUDA call's own buffers)
+OUT_OF_MEMORY_MESSAGES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memory")
+
+
+def out_of_memory(exc: RuntimeError) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or any(
+        m in str(exc) for m in OUT_OF_MEMORY_MESSAGES)
+
+
 @dataclass
 class StatsSnapshot:
     telemetry: Telemetry
@@ -127,7 +137,7 @@ class Scheduler:
         with self._cond:
             return self.before.plus(self.batcher.telemetry)
 
-    def _out_of_memory(self, plan, exc: torch.OutOfMemoryError) -> None:
+    def _out_of_memory(self, plan, exc: RuntimeError) -> None:
         prompt = sum(n for _, n in plan.prefill)
         ran = len(plan.prefill) + len(plan.decode)
         log.warning("engine step out of memory (%d sequences, %d prompt tokens); failing them "
@@ -162,7 +172,9 @@ class Scheduler:
                     with self._cond:
                         b.fail_plan(plan, fault)
                     continue
-                except torch.OutOfMemoryError as exc:  # this step's requests, not the server
+                except RuntimeError as exc:  # out of memory: this step's requests, not the server
+                    if not out_of_memory(exc):
+                        raise
                     self._out_of_memory(plan, exc)
                     continue
                 with self._cond:

@@ -193,6 +193,7 @@ def test_torchrun_starts_the_ranks(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(master), "-m", "server",
          "--ep", "2", "--preset", "tiny", "--torch-threads", "1", "--dtype", "float32",
+         "--device", "cpu",
          "--port", "0", "--port-file", str(port_file)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

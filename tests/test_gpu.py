@@ -2,13 +2,18 @@
 the GPU as on the CPU; a server on the GPU streams, and GetStats reports the memory torch holds
 (reserved at least allocated) and a utilisation that is a percentage or unknown; stage times
 recorded on the server's own GPU (the second, where there are two) fit inside its steps; experts
-kept in host memory for the expert cache are pinned."""
+kept in host memory for the expert cache are pinned; an engine step waits for the GPU only at
+its counted reads."""
+
+import gc
+import warnings
 
 import pytest
 import torch
 
 from proto import moe_pb2
 from records.server_settings import MoE
+from server.engine import Engine, SeqInput
 from server.model import PRESETS, Transformer
 from server.moe import Experts
 from tests.conftest import running_server
@@ -43,6 +48,28 @@ def test_a_server_on_a_gpu_streams_and_reports_its_memory(index):
 
 
 def test_experts_kept_in_host_memory_are_pinned_at_their_own_size():
-    experts = Experts(PRESETS["tiny"], "cuda", torch.bfloat16, on_host=True)
-    for w in experts.weights:
-        assert w.device.type == "cpu" and w.is_pinned()
+    for _ in range(3):  # each unpinned as it goes: memory handed out again pins again
+        experts = Experts(PRESETS["tiny"], "cuda", torch.bfloat16, on_host=True)
+        for w in experts.weights:
+            assert w.device.type == "cpu" and w.is_pinned()
+        del experts, w
+        gc.collect()
+
+
+@pytest.mark.parametrize("kernel", ["sorted", "batched", "grouped_mm"])
+def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
+    engine = Engine("small", 4, "cuda", torch.bfloat16, 0, MoE(moe_kernel=kernel))
+    if engine.kernel_name != kernel:
+        pytest.skip(f"{kernel} falls back to {engine.kernel_name} here")
+    engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = engine.step([SeqInput(0, [5], 7, temperature=0.8), SeqInput(1, [6], 3),
+                                  SeqInput(2, [1] * 4, 0)])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(waits) <= result.host_transfers, waits

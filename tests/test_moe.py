@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from records.declare import flat
@@ -348,6 +348,51 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
     why = grouped_mm_unsupported(shape, cpu, torch.float32)
     assert why.startswith("its output differs from the sorted kernel's by up to ")
     assert resolve_kernel("grouped_mm", shape, cpu, torch.float32, cached=False) == "sorted"
+
+
+class DeviceWaits(TorchDispatchMode):
+    """The operators run under it that read the device from the host on CUDA (bincount reads
+    its ids' bounds, multinomial checks its input, .item() and `if tensor`, a boolean mask's
+    size, unique) or that size their output by a read (repeat_interleave without
+    output_size). Reads through server/host_transfer.py are not operators and not listed."""
+
+    WAITING = {"aten.bincount.default", "aten.multinomial.default", "aten.nonzero.default",
+               "aten._local_scalar_dense.default", "aten.masked_select.default",
+               "aten.is_nonzero.default"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name, kwargs = str(func), kwargs or {}
+        bool_index = name.startswith("aten.index") and any(
+            isinstance(t, Tensor) and t.dtype == torch.bool
+            for a in args if isinstance(a, list | tuple) for t in a)
+        if name in self.WAITING or "unique" in name or bool_index or (
+                name == "aten.repeat_interleave.Tensor" and kwargs.get("output_size") is None):
+            self.seen.append(name)
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("moe", [
+    MoE(), MoE(moe_kernel="batched"), MoE(moe_kernel="grouped_mm"),
+    MoE(moe_kernel="grouped_mm", capacity_factor=1.0), MoE(routing_skew="affinity:0.1"),
+], ids=str)
+def test_a_step_waits_for_the_device_only_where_it_counts(moe):
+    """No operator of a step (prefill, decode, a resumed prompt, sampling at a temperature)
+    reads the device behind the counted transfers' back. Copies to the device that wait (from
+    pageable memory) cannot be seen on a CPU; tests/test_gpu.py counts those on CUDA."""
+    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0, moe=moe)
+    with DeviceWaits() as waits:
+        engine.step([SeqInput(0, [1] * 7, 0, temperature=0.8), SeqInput(1, [2] * 3, 0)])
+        engine.step([SeqInput(0, [5], 7, temperature=0.8), SeqInput(1, [2] * 4, 3),
+                     SeqInput(2, [1] * 4, 0)])
+    assert waits.seen == []
+    with DeviceWaits() as waits:  # it would see them
+        torch.bincount(torch.tensor([1, 2]))
+        torch.multinomial(torch.tensor([0.5, 0.5]), 1)
+    assert waits.seen == ["aten.bincount.default", "aten.multinomial.default"]
 
 
 @pytest.mark.parametrize("kernel, capacity_factor, per_layer", [

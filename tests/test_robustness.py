@@ -196,9 +196,13 @@ def test_client_cancellations_are_counted_apart_and_free_the_server(tmp_path, cl
         assert end.kv_slots_in_use == 0
 
 
-def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(caplog):
-    # No GPU to exhaust here: the engine's step raises torch's own OutOfMemoryError once, as a
-    # CUDA step over its memory does.
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+], ids=["allocator", "cublas"])
+def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(caplog, error):
+    # No GPU to exhaust here: the engine's step raises once what a CUDA step over its memory
+    # raises, from torch's allocator or from cuBLAS's.
     with running_server(max_batch_size=4) as served:
         engine = served.app.service.scheduler.batcher.engine
         step, failed = engine.step, []
@@ -206,7 +210,7 @@ def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(c
         def step_once_out_of_memory(seqs):
             if not failed:
                 failed.append(len(seqs))
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+                raise error
             return step(seqs)
 
         engine.step = step_once_out_of_memory
