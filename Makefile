@@ -22,7 +22,7 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench gpu-check lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench gpu-check gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -155,10 +155,27 @@ bench: bench-engine bench-loadgen
 
 # The GPU path in one short run (server/gpu_check.py). Here: the project's environment, where the
 # parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python
-# (numpy, safetensors, tokenizers and pytest beside torch): make gpu-check GPU_PY=python3
+# (torch, numpy, safetensors, tokenizers, aiohttp, prometheus-client, psutil and pytest beside
+# it; the gRPC packages from make gpu-wheels): make gpu-check GPU_PY=python3
 GPU_PY ?=
-gpu-check: $(if $(GPU_PY),,install)
+gpu-check: $(if $(GPU_PY),gpu-proto,install)
 	$(if $(GPU_PY),$(GPU_PY) -m server.gpu_check --device cuda,$(PY) -m server.gpu_check)
+
+gpu-proto:
+	test -f proto/moe_pb2_grpc.py || $(GPU_PY) -m grpc_tools.protoc -I. --python_out=. \
+	  --pyi_out=. --grpc_python_out=. proto/moe.proto
+
+# For a GPU machine without a network: this environment's gRPC and protobuf as wheels for its
+# Python (GPU_PYVER, x86-64 Linux) in .whl/, to install there with
+# pip install --no-index --no-deps --target DIR .whl/*.whl, DIR on PYTHONPATH
+GPU_PYVER ?= 3.12
+GPU_WHEELS := grpcio|grpcio-health-checking|grpcio-reflection|grpcio-tools|protobuf
+gpu-wheels: install
+	rm -rf .whl
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYVER) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl \
+	  $$($(PY) -m pip freeze | grep -iE '^($(GPU_WHEELS))==')
 
 lint: install
 	$(VENV)/bin/ruff check .

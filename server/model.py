@@ -400,10 +400,12 @@ class Transformer(nn.Module):
             i, slot, expert = item
             experts = self.layers[i].moe.experts
             w13, w2 = random_expert(seed, i, expert, self.args.dim, self.args.expert_dim)
-            with torch.no_grad():  # per thread: the caller's does not reach the pool's
+            # the caller's modes are its thread's own: the pool's threads take them here
+            with torch.inference_mode(inference), torch.no_grad():
                 experts.w13[slot].copy_(w13)
                 experts.w2[slot].copy_(w2)
 
+        inference = torch.is_inference_mode_enabled()
         with ThreadPoolExecutor(torch.get_num_threads()) as pool:
             list(pool.map(draw, todo))
 

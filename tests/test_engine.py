@@ -136,3 +136,13 @@ def test_causal_attention_equals_the_masked_reference(start, window):
     torch.testing.assert_close(causal_attention(q, k, v, start, window), expected)
     if start or window:  # CUDA's way: the key heads repeated for the query heads first
         torch.testing.assert_close(masked_attention(q, k, v, mask, expand_heads=True), expected)
+
+
+def test_an_engine_built_under_inference_mode_has_the_same_weights():
+    # its experts are drawn on a pool of threads, which must take the caller's mode
+    with torch.inference_mode():
+        inside = Engine("tiny", kv_slots=1, device="cpu", dtype=torch.float32, seed=4)
+    outside = Engine("tiny", kv_slots=1, device="cpu", dtype=torch.float32, seed=4)
+    mine = dict(outside.model.named_parameters())
+    for name, p in inside.model.named_parameters():
+        assert torch.equal(p, mine[name]), name
