@@ -161,9 +161,10 @@ GPU_PY ?=
 gpu-check: $(if $(GPU_PY),gpu-proto,install)
 	$(if $(GPU_PY),$(GPU_PY) -m server.gpu_check --device cuda,$(PY) -m server.gpu_check)
 
+# the stubs made anew with that Python's grpc_tools (under a second), matching its grpcio
 gpu-proto:
-	test -f proto/moe_pb2_grpc.py || $(GPU_PY) -m grpc_tools.protoc -I. --python_out=. \
-	  --pyi_out=. --grpc_python_out=. proto/moe.proto
+	$(or $(GPU_PY),$(PY)) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+	  --grpc_python_out=. proto/moe.proto
 
 # For a GPU machine without a network: this environment's gRPC and protobuf as wheels for its
 # Python (GPU_PYVER, x86-64 Linux) in .whl/, to install there with

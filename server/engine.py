@@ -58,6 +58,14 @@ class StepResult:
     host_transfers: int = 0  # device -> host reads the step made (server/host_transfer.py)
 
 
+def indexed(device: torch.device) -> torch.device:
+    """The device with its index: plain cuda is the current GPU (torch.cuda.set_device and
+    the stage timer's events need the index)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def sample(probs: Tensor, gen: torch.Generator) -> Tensor:
     """One token drawn from probs [V], as a 0-d device tensor: the index of the largest
     probs / Exp(1) (the exponential race, which picks each token with its probability). It is
@@ -79,7 +87,7 @@ class Engine:
         self.args = args
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
-        self.device = torch.device(device)
+        self.device = indexed(torch.device(device))
         if self.device.type == "cuda":  # this thread's context and allocations go there
             torch.cuda.set_device(self.device)
         self.dtype = dtype

@@ -11,7 +11,7 @@ parts that can run on the CPU run there, and the rest say they were skipped.
    Mixtral's and of Qwen-MoE's layer (where sorted is launch-bound) and a 256-token one.
 4. A prefill step of new prompts (batched and padded), then one resuming a prompt after its
    cached prefix (a masked chunk), with attention held to the fused kernels (flash, memory
-   efficient; CUDA only).
+   efficient, cuDNN; CUDA only).
 5. `mixtral-8x7b` with the default KV pool (32 sequences): build time and memory; a
    32-sequence decode step and an 8 x 4096-token prefill (CUDA only).
 6. The tests marked gpu (tests/test_gpu.py), where pytest is installed.
@@ -33,9 +33,10 @@ from pathlib import Path
 import torch
 
 from records.server_settings import MoE
-from server.engine import Engine, SeqInput
+from server.engine import Engine, SeqInput, indexed
 from server.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported
 from server.model import PRESETS
+from server.settings import device_problem
 
 REPO = Path(__file__).resolve().parent.parent
 GB = 1e9
@@ -146,7 +147,8 @@ def fused_attention(device: torch.device) -> dict:
     out = {}
     for name, seqs in steps.items():
         try:
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                              SDPBackend.CUDNN_ATTENTION]):
                 engine.step(seqs)
             out[name] = "ok"
         except RuntimeError as exc:
@@ -161,7 +163,7 @@ def mixtral(device: torch.device) -> dict:
     start = time.perf_counter()
     try:
         engine = Engine("mixtral-8x7b", 32, str(device), torch.bfloat16, 0)
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:
         return {"ok": False, "error": f"build: {str(exc).splitlines()[0]}"}
     sync(device)
     out = {"init_s": time.perf_counter() - start,
@@ -170,7 +172,7 @@ def mixtral(device: torch.device) -> dict:
     try:
         seqs = decode_seqs(engine, 32, 128)
         out["decode_32_ms"] = median_ms(lambda: engine.step(seqs), device, 5)
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:
         out |= {"ok": False, "error": f"decode: {str(exc).splitlines()[0]}"}
         return out
     try:
@@ -180,7 +182,7 @@ def mixtral(device: torch.device) -> dict:
         engine.step(prompts)
         sync(device)
         out["prefill_8x4096_ms"] = (time.perf_counter() - start) * 1000
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:
         out |= {"ok": False, "error": f"prefill: {str(exc).splitlines()[0]}"}
         return out
     out |= {"ok": True, "peak_gb": torch.cuda.max_memory_allocated(device) / GB}
@@ -232,11 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="where to run (default: cuda where there is one, else cpu)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per kernel")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
+    if problem := device_problem(args.device):
+        p.error(f"--device: {problem} (torch {torch.__version__}"
+                + (", a CPU build)" if torch.version.cuda is None else ")"))
+    device = indexed(torch.device(args.device))
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            p.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device"
-                    + ("; it is a CPU build" if torch.version.cuda is None else ""))
         torch.cuda.set_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cases = [("mixtral-8x7b", 32), ("qwen1.5-moe-a2.7b", 32), ("mixtral-8x7b", 256)] \

@@ -194,10 +194,12 @@ def resolve_kernel(name: str, shape: tuple[int, int], device: torch.device, dtyp
         return "sorted"
     reason = "the expert cache is on (resident slots are not in expert order)" if cached \
         else grouped_mm_unsupported(shape, device, dtype)
+    if reason and name == "auto":
+        log.info("MoE kernel batched (--moe-kernel auto: grouped_mm unavailable: %s)", reason)
+        return "batched"
     if reason:
-        fallback = "batched" if name == "auto" else "sorted"
-        (log.info if name == "auto" else log.warning)(
-            "MoE kernel %s (--moe-kernel %s: grouped_mm unavailable: %s)", fallback, name, reason)
-        return fallback
+        log.warning("MoE kernel sorted (--moe-kernel grouped_mm: grouped_mm unavailable: %s)",
+                    reason)
+        return "sorted"
     log.info("MoE kernel grouped_mm (--moe-kernel %s: its probe passed on %s)", name, device)
     return "grouped_mm"

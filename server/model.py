@@ -19,6 +19,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import psutil
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -266,8 +267,9 @@ class Attention(nn.Module):
             if a.sliding_window:
                 mask &= keys_at >= layout.decode_lens[:, None] - a.sliding_window
             qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
-            o = masked_attention(qd, keys, values, mask[:, None, None, :],
-                                 expand_heads=x.device.type == "cuda")
+            mask = mask[:, None, None, :]
+            o = masked_attention(qd, keys, values, mask,
+                                 expand_heads=fused_refuses_grouped_mask(qd, keys, values, mask))
             out[layout.decode_index] = o.squeeze(2)
         if layout.prefill_slots.numel():
             width = layout.prefill_index.shape[1]
@@ -302,21 +304,33 @@ def causal_attention(q: Tensor, keys: Tensor, values: Tensor, start: int,
     mask = at <= rows  # [T, S]
     if window:
         mask &= at > rows - window
-    return masked_attention(q, keys, values, mask, expand_heads=q.device.type == "cuda")
+    return masked_attention(q, keys, values, mask,
+                            expand_heads=fused_refuses_grouped_mask(q, keys, values, mask))
 
 
 def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
                      expand_heads: bool) -> Tensor:
-    """SDPA under a boolean mask, the keys' G heads shared by the H query heads. On CUDA
-    (expand_heads) the keys and values are repeated to H heads first, as transformers does:
-    SDPA's memory-efficient kernel, the one fused kernel that takes a mask, refuses grouped
-    heads in many torch builds, and the math kernel it falls back to holds [P, H, T, S] float32
-    scores. The copy, [P, H, S, K], is one the math kernel makes as well."""
+    """SDPA under a boolean mask, the keys' G heads shared by the H query heads. With
+    expand_heads the keys and values are repeated to H heads first: on CUDA, where no fused
+    kernel of this build takes grouped heads with a mask (`fused_refuses_grouped_mask`), SDPA
+    would fall back to its math kernel and hold [P, H, T, S] float32 scores, and the copy,
+    [P, H, S, K], is one that kernel makes as well."""
     groups = q.shape[1] // keys.shape[1]
     if expand_heads and groups > 1:
         keys = keys.repeat_interleave(groups, dim=1)
         values = values.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def fused_refuses_grouped_mask(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> bool:
+    """On CUDA: neither SDPA's memory-efficient kernel nor cuDNN's, the fused ones that take a
+    mask, would run these grouped heads (many torch builds refuse them; newer ones do not, and
+    repeating the heads there would only multiply the keys read)."""
+    if q.device.type != "cuda" or q.shape[1] == keys.shape[1]:
+        return False
+    params = torch.backends.cuda.SDPAParams(q, keys, values, mask, 0.0, False, True)
+    return not (torch.backends.cuda.can_use_efficient_attention(params)
+                or torch.backends.cuda.can_use_cudnn_attention(params))
 
 
 class Block(nn.Module):
@@ -380,8 +394,9 @@ class Transformer(nn.Module):
         Drawn on the CPU, so a seed means the same model on any device, and each expert from
         its own generator (server/moe.py random_expert), so the experts a process holds are
         the same whichever it holds. The experts, most of a model's weights, are drawn on
-        torch's CPU threads at once (a CPU draws about 120 M numbers a second per thread:
-        mixtral-8x7b's experts would take six minutes on one)."""
+        torch's CPU threads at once, as many as a quarter of the free host memory holds (a CPU
+        draws about 120 M numbers a second per thread: mixtral-8x7b's experts would take six
+        minutes on one)."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or name in keep or ".moe.experts." in name:
@@ -396,6 +411,8 @@ class Transformer(nn.Module):
                 if f"layers.{i}.moe.experts.w13" not in keep
                 for slot, expert in enumerate(block.moe.experts.held)]
 
+        inference = torch.is_inference_mode_enabled()
+
         def draw(item: tuple[int, int, int]) -> None:
             i, slot, expert = item
             experts = self.layers[i].moe.experts
@@ -405,8 +422,11 @@ class Transformer(nn.Module):
                 experts.w13[slot].copy_(w13)
                 experts.w2[slot].copy_(w2)
 
-        inference = torch.is_inference_mode_enabled()
-        with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+        # each drawer holds an expert in float32 and its copy in the model's dtype
+        drawing = 3 * self.args.dim * self.args.expert_dim * 8
+        drawers = max(1, min(torch.get_num_threads(),
+                             psutil.virtual_memory().available // 4 // drawing))
+        with ThreadPoolExecutor(drawers) as pool:
             list(pool.map(draw, todo))
 
     @torch.no_grad()

@@ -60,8 +60,8 @@ def random_expert(seed: int, layer: int, expert: int, dim: int,
     """One expert's seeded random weights, fp32 on the CPU, w13 [2I, D] and w2 [D, I]: drawn
     from its own generator, so an expert is the same whichever process or device holds it."""
     gen = torch.Generator().manual_seed((seed * 1_000 + layer) * 1_000_000 + expert)
-    return (torch.randn(2 * hidden, dim, generator=gen) / math.sqrt(dim),
-            torch.randn(dim, hidden, generator=gen) / math.sqrt(hidden))
+    return (torch.randn(2 * hidden, dim, generator=gen).div_(math.sqrt(dim)),
+            torch.randn(dim, hidden, generator=gen).div_(math.sqrt(hidden)))
 
 
 CUDA_HOST_REGISTER_PORTABLE = 1  # page-locked for every GPU's context, not only the current one

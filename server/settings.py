@@ -30,6 +30,22 @@ REGISTRIES: dict[str, Registry] = {
 }
 
 
+def device_problem(name: str) -> str | None:
+    """Why torch cannot run on the device named, or None."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        return f"torch knows no device {name!r} ({str(e).splitlines()[0]})"
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return "cuda requested but torch sees no CUDA device; use --device cpu"
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        return f"{name}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    return None
+
+
 def check(settings: ServerSettings, ports: bool = True) -> None:
     """Everything the declaration cannot check alone; raises SettingsError naming the flag.
     ports: the listeners are free (not for a rank that only follows rank 0)."""
@@ -37,8 +53,8 @@ def check(settings: ServerSettings, ports: bool = True) -> None:
     model, moe = settings.model, settings.moe
     require(settings.serving.http_port is not None or not settings.serving.http_port_file,
             "http-port-file", "needs --http-port (the HTTP API is off without it)")
-    require(not (model.device or "").startswith("cuda") or torch.cuda.is_available(), "device",
-            "cuda requested but torch sees no CUDA device; use --device cpu")
+    if model.device and (problem := device_problem(model.device)):
+        raise SettingsError(f"--device: {problem}")
     args = model_args(model)
     try:
         routing.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from records.server_settings import MoE
-from server.engine import Engine, SeqInput
+from server.engine import Engine, SeqInput, indexed
 from server.model import PRESETS, causal_attention, masked_attention
 from tests.conftest import REPO
 
@@ -146,3 +146,11 @@ def test_an_engine_built_under_inference_mode_has_the_same_weights():
     mine = dict(outside.model.named_parameters())
     for name, p in inside.model.named_parameters():
         assert torch.equal(p, mine[name]), name
+
+
+def test_plain_cuda_is_the_current_gpu_by_its_index(monkeypatch):
+    # torch.cuda.set_device refuses a device without one
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert indexed(torch.device("cuda")) == torch.device("cuda", 3)
+    assert indexed(torch.device("cuda:1")) == torch.device("cuda", 1)
+    assert indexed(torch.device("cpu")) == torch.device("cpu")

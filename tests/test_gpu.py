@@ -67,8 +67,9 @@ def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = engine.step([SeqInput(0, [5], 7, temperature=0.8), SeqInput(1, [6], 3),
-                                  SeqInput(2, [1] * 4, 0)])
+            result = engine.step([SeqInput(0, [5], 7, temperature=0.8),  # decode
+                                  SeqInput(1, [6] * 4, 3),  # resumed: masked attention
+                                  SeqInput(2, [1] * 4, 0)])  # new
         finally:
             torch.cuda.set_sync_debug_mode("default")
     waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]

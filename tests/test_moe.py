@@ -4,7 +4,9 @@ balance, custom routers), routing skew, expert capacity and drops, the expert-we
 (same output, real counters, eviction policies) and stage timing."""
 
 import random
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from records.server_settings import MoE
 from server import kernels
 from server.engine import Engine, SeqInput
 from server.expert_cache import LayerCache
+from server.host_transfer import HostTransfers
 from server.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
 from server.model import PRESETS, Transformer
 from server.moe import StepContext, expert_capacity
@@ -351,18 +354,39 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
 
 
 class DeviceWaits(TorchDispatchMode):
-    """The operators run under it that read the device from the host on CUDA (bincount reads
-    its ids' bounds, multinomial checks its input, .item() and `if tensor`, a boolean mask's
-    size, unique) or that size their output by a read (repeat_interleave without
-    output_size). Reads through server/host_transfer.py are not operators and not listed."""
+    """What a step does that would wait for the device on CUDA, outside the counted reads of
+    server/host_transfer.py: operators that read it from the host (bincount its ids' bounds,
+    multinomial its input's checks, .item() and `if tensor`, a boolean mask's size, unique,
+    equal) or size their output by a read (repeat_interleave without output_size); and reads
+    by hand (.tolist(), .item(), .cpu(), .numpy()) of any tensor the helper did not hand over."""
 
     WAITING = {"aten.bincount.default", "aten.multinomial.default", "aten.nonzero.default",
                "aten._local_scalar_dense.default", "aten.masked_select.default",
-               "aten.is_nonzero.default"}
+               "aten.equal.default", "aten.allclose.default"}
+    READS = ("tolist", "item", "cpu", "numpy")
 
-    def __init__(self):
+    def __init__(self, monkeypatch):
         super().__init__()
         self.seen = []
+        handed = []  # the host's tensors: what the helper fetched (kept, so ids stay unique)
+        fetch = HostTransfers.fetch
+
+        def fetching(transfers, parts):
+            out = fetch(transfers, parts)
+            handed.extend(out)
+            return out
+
+        monkeypatch.setattr(HostTransfers, "fetch", fetching)
+        for name in self.READS:
+            monkeypatch.setattr(Tensor, name, self._watched(name, getattr(Tensor, name), handed))
+
+    def _watched(self, name, read, handed):
+        def watched(t, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if not caller.endswith("host_transfer.py") and all(t is not h for h in handed):
+                self.seen.append(f"{name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
+            return read(t, *args, **kwargs)
+        return watched
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name, kwargs = str(func), kwargs or {}
@@ -379,20 +403,22 @@ class DeviceWaits(TorchDispatchMode):
     MoE(), MoE(moe_kernel="batched"), MoE(moe_kernel="grouped_mm"),
     MoE(moe_kernel="grouped_mm", capacity_factor=1.0), MoE(routing_skew="affinity:0.1"),
 ], ids=str)
-def test_a_step_waits_for_the_device_only_where_it_counts(moe):
-    """No operator of a step (prefill, decode, a resumed prompt, sampling at a temperature)
-    reads the device behind the counted transfers' back. Copies to the device that wait (from
+def test_a_step_waits_for_the_device_only_where_it_counts(moe, monkeypatch):
+    """Nothing in a step (prefill, decode, a resumed prompt, sampling at a temperature) reads
+    the device behind the counted transfers' back. Copies to the device that wait (from
     pageable memory) cannot be seen on a CPU; tests/test_gpu.py counts those on CUDA."""
     engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0, moe=moe)
-    with DeviceWaits() as waits:
+    with DeviceWaits(monkeypatch) as waits:
         engine.step([SeqInput(0, [1] * 7, 0, temperature=0.8), SeqInput(1, [2] * 3, 0)])
         engine.step([SeqInput(0, [5], 7, temperature=0.8), SeqInput(1, [2] * 4, 3),
                      SeqInput(2, [1] * 4, 0)])
     assert waits.seen == []
-    with DeviceWaits() as waits:  # it would see them
+    with DeviceWaits(monkeypatch) as waits:  # it would see them
         torch.bincount(torch.tensor([1, 2]))
         torch.multinomial(torch.tensor([0.5, 0.5]), 1)
-    assert waits.seen == ["aten.bincount.default", "aten.multinomial.default"]
+        torch.ones(2).tolist()
+    assert waits.seen[:2] == ["aten.bincount.default", "aten.multinomial.default"]
+    assert waits.seen[2].startswith("tolist in test_moe.py:")
 
 
 @pytest.mark.parametrize("kernel, capacity_factor, per_layer", [

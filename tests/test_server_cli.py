@@ -6,8 +6,10 @@ import sys
 import time
 
 import pytest
+import torch
 
 from server.__main__ import parse_args
+from server.settings import device_problem
 from tests.conftest import REPO, server_process
 
 
@@ -68,3 +70,11 @@ def test_two_listeners_on_one_port_are_refused():
                            "--http-port", "50999"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--http-port: 50999 is also --port" in done.stderr
+
+
+def test_a_gpu_the_machine_lacks_is_named_with_those_it_has(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problem("cuda:2") == "cuda:2: torch sees 2 CUDA device(s), cuda:0 to cuda:1"
+    assert device_problem("cuda:1") is None and device_problem("cuda") is None
+    assert device_problem("cpu") is None
