@@ -145,7 +145,7 @@ class Engine:
         self.timer.begin()
         (tokens,) = lists_to_device([[t for s in seqs for t in s.token_ids]], self.device)
         layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
-                                  self.device)
+                                  self.device, self.kv_slots)
         token_bias = None
         if self.slot_bias is not None:
             for s in seqs:

@@ -118,8 +118,9 @@ class StepLayout:
     """Where each sequence's tokens sit in the flattened step, and where its cache lives.
 
     Attention runs batched as a padding batching engine runs it: decode sequences (one new
-    token) padded to the longest cached length, and new prompts' chunks padded to the longest
-    chunk; the padding is counted, so batching efficiency is measured. A chunk resuming a
+    token) padded to the longest cached length (over the whole pool in place where at least
+    half its slots decode), and new prompts' chunks padded to the longest chunk; the padding
+    is counted, so batching efficiency is measured. A chunk resuming a
     prompt part-prefilled in an earlier step (--max-prefill-tokens, latency_sensitive) attends
     to its cached prefix on its own. Index tensors are built here, once per step, so no layer
     reads the device back to place its outputs.
@@ -131,7 +132,11 @@ class StepLayout:
     last_index: Tensor  # [B] index in N of each sequence's last token
     decode_index: Tensor  # [Bd] indices in N of the decode tokens
     decode_slots: Tensor  # [Bd]
-    decode_lens: Tensor  # [Bd] cached length after this step
+    # Decode attends over R rows of keys: its sequences' slots gathered (R = Bd), or, where they
+    # are at least half the pool, the whole pool in place (R = pool): no copy of their keys, the
+    # other slots' rows computed on their first position and dropped (docs/measured.md)
+    decode_pool: int  # the pool's slots, attended in place; 0: the decode slots gathered
+    decode_lens: Tensor  # [R] each row's cached length after this step (1: a row dropped)
     decode_max_len: int
     # new prompts' chunks (from position 0, over one token): [P, T] indices in N of each one's
     # tokens, padded with its first, and each valid one's place in the flat [P x T] output and in N
@@ -141,13 +146,15 @@ class StepLayout:
     prefill_to: Tensor  # [n] indices into N
     resumed: list[tuple[int, int, int, int]]  # (first index in N, tokens, slot, start position)
     kv_useful: int  # decode attention: cached positions needed
-    kv_computed: int  # decode attention: positions computed (padded to the longest)
+    kv_computed: int  # decode attention: positions computed (every row padded to the longest)
     prefill_tokens: int  # prefill chunks: tokens
     prefill_padded: int  # new prompts' chunks: padding added to reach the longest one
 
     @classmethod
-    def build(cls, seqs: list[tuple[int, int, int]], device: torch.device) -> StepLayout:
-        """seqs: (slot, start position, number of new tokens) per sequence, in step order."""
+    def build(cls, seqs: list[tuple[int, int, int]], device: torch.device,
+              pool: int = 0) -> StepLayout:
+        """seqs: (slot, start position, number of new tokens) per sequence, in step order;
+        pool: the KV pool's slots (0: decode always gathers its slots)."""
         positions, token_slots, groups, last_index = [], [], [], []
         decode_index, decode_slots, decode_lens = [], [], []
         fresh, resumed = [], []  # (first index in N, length, slot, start)
@@ -168,18 +175,23 @@ class StepLayout:
         prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in fresh]
         valid = [(p * width + t, first + t) for p, (first, n, _, _) in enumerate(fresh)
                  for t in range(n)]
-
-        (positions, token_slots, groups, last_index, decode_index, decode_slots, decode_lens_t,
+        pooled = pool if decode_slots and 2 * len(decode_slots) >= pool else 0
+        row_lens = decode_lens
+        if pooled:
+            row_lens = [1] * pooled
+            for slot, n in zip(decode_slots, decode_lens, strict=True):
+                row_lens[slot] = n
+        (positions, token_slots, groups, last_index, decode_index, decode_slots, row_lens_t,
          prefill_flat, prefill_slots, prefill_from, prefill_to) = lists_to_device(
-            [positions, token_slots, groups, last_index, decode_index, decode_slots, decode_lens,
+            [positions, token_slots, groups, last_index, decode_index, decode_slots, row_lens,
              [i for row in prefill_index for i in row], [c[2] for c in fresh],
              [v[0] for v in valid], [v[1] for v in valid]], device)
         longest = max(decode_lens, default=0)
         useful = sum(n for _, n, _, _ in fresh)
         return cls(positions, token_slots, groups, last_index, decode_index, decode_slots,
-                   decode_lens_t, longest, prefill_flat.reshape(len(fresh), width),
+                   pooled, row_lens_t, longest, prefill_flat.reshape(len(fresh), width),
                    prefill_slots, prefill_from, prefill_to, resumed, sum(decode_lens),
-                   longest * len(decode_lens), useful + sum(n for _, n, _, _ in resumed),
+                   longest * len(row_lens), useful + sum(n for _, n, _, _ in resumed),
                    len(fresh) * width - useful)
 
 
@@ -260,16 +272,23 @@ class Attention(nn.Module):
         out = torch.empty_like(q)
         if layout.decode_index.numel():
             s = layout.decode_max_len
-            keys = k_cache[layout.decode_slots, :, :s]  # [Bd, G, S, K]
-            values = v_cache[layout.decode_slots, :, :s]
+            qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
+            if layout.decode_pool:
+                keys, values = k_cache[:, :, :s], v_cache[:, :, :s]  # [R, G, S, K], in place
+                qd = qd.new_zeros(layout.decode_pool, *qd.shape[1:]).index_copy_(
+                    0, layout.decode_slots, qd)
+            else:
+                keys = k_cache[layout.decode_slots, :, :s]
+                values = v_cache[layout.decode_slots, :, :s]
             keys_at = torch.arange(s, device=x.device)[None, :]
-            mask = keys_at < layout.decode_lens[:, None]  # [Bd, S]
+            mask = keys_at < layout.decode_lens[:, None]  # [R, S]
             if a.sliding_window:
                 mask &= keys_at >= layout.decode_lens[:, None] - a.sliding_window
-            qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
             mask = mask[:, None, None, :]
             o = masked_attention(qd, keys, values, mask,
                                  expand_heads=fused_refuses_grouped_mask(qd, keys, values, mask))
+            if layout.decode_pool:
+                o = o[layout.decode_slots]
             out[layout.decode_index] = o.squeeze(2)
         if layout.prefill_slots.numel():
             width = layout.prefill_index.shape[1]

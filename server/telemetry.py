@@ -152,7 +152,7 @@ class Telemetry:
     tokens_generated: int = 0
     prompt_tokens: int = 0
     kv_positions_useful: int = 0  # decode attention: cached positions the tokens needed
-    kv_positions_computed: int = 0  # ... and computed, padding to the longest sequence included
+    kv_positions_computed: int = 0  # ... and computed: padding to the longest, idle pool rows
     prefill_tokens: int = 0  # prompt tokens prefilled (chunks included)
     prefill_padded_tokens: int = 0  # padding the batched prefill attention added to them
     expert_bytes_read: int = 0  # expert weights the active experts read, summed over steps

@@ -3,6 +3,7 @@ equals one request at a time, whatever the router, kernel or expert cache; and `
 its CPU parts here, naming what it skipped; prefill attention, causal without a mask, equals the
 masked definition."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import torch.nn.functional as F
 
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput, indexed
-from server.model import PRESETS, causal_attention, masked_attention
+from server.model import PRESETS, StepLayout, causal_attention, masked_attention
+from server.moe import StepContext
 from tests.conftest import REPO
 
 
@@ -154,3 +156,23 @@ def test_plain_cuda_is_the_current_gpu_by_its_index(monkeypatch):
     assert indexed(torch.device("cuda")) == torch.device("cuda", 3)
     assert indexed(torch.device("cuda:1")) == torch.device("cuda", 1)
     assert indexed(torch.device("cpu")) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_decode_over_the_pool_in_place_equals_decode_over_its_slots_gathered(window):
+    """Three of four slots decoding attend over the pool in place (the idle slot's row
+    dropped); the same step gathering its slots gives the same logits."""
+    args = dataclasses.replace(PRESETS["tiny"], sliding_window=window)
+    engine = Engine(args, kv_slots=4, device="cpu", dtype=torch.float64, seed=2)
+    engine.step([SeqInput(slot, [3 + slot] * (4 + 3 * slot), 0) for slot in (0, 1, 3)])
+    seqs = [(3, 13, 1), (0, 4, 1), (1, 7, 1)]  # not in slot order
+    logits, computed = [], []
+    for pool in (4, 0):
+        layout = StepLayout.build(seqs, engine.device, pool)
+        engine.timer.begin()
+        logits.append(engine.model(torch.tensor([7, 8, 9]), layout, engine.kv,
+                                   StepContext(layout.groups, 3, engine.timer)))
+        engine.timer.end()
+        computed.append((layout.decode_pool, layout.kv_useful, layout.kv_computed))
+    torch.testing.assert_close(logits[0], logits[1])
+    assert computed == [(4, 14 + 5 + 8, 14 * 4), (0, 14 + 5 + 8, 14 * 3)]
