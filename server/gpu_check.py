@@ -27,13 +27,14 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput, indexed
+from server.host_transfer import cuda_waits
 from server.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported
 from server.model import PRESETS
 from server.settings import device_problem
@@ -71,18 +72,8 @@ def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
             continue
         seqs = decode_seqs(engine, 8, 16)
         sync(device)
-        syncs = None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                result = engine.step(seqs)
-            finally:
-                if device.type == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
-        if device.type == "cuda":
-            syncs = sum("synchroniz" in str(w.message) for w in caught)
+        result, syncs = cuda_waits(partial(engine.step, seqs)) if device.type == "cuda" \
+            else (engine.step(seqs), None)
         out[kernel] = {"counted": result.host_transfers,
                        "budget": 1 + (kernel != "grouped_mm") * PRESETS["small"].n_layers,
                        "cuda_syncs": syncs}

@@ -15,10 +15,15 @@ queued like a kernel (`to_device`).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,3 +63,16 @@ def lists_to_device(lists: list[list[int]], device: torch.device) -> list[Tensor
     """Lists of ints as int64 device tensors, in one copy that does not wait (`to_device`)."""
     host = torch.tensor([x for xs in lists for x in xs], dtype=torch.long)
     return list(to_device(host, device).split([len(xs) for xs in lists]))
+
+
+def cuda_waits(fn: Callable[[], T]) -> tuple[T, int]:
+    """fn()'s result and how many times it waited for the GPU, as CUDA's sync debug mode
+    reports them (gpu-check and tests/test_gpu.py hold a step to its counted reads by it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, sum("synchroniz" in str(w.message) for w in caught)

@@ -120,10 +120,10 @@ class StepLayout:
     Attention runs batched as a padding batching engine runs it: decode sequences (one new
     token) padded to the longest cached length (over the whole pool in place where at least
     half its slots decode), and new prompts' chunks padded to the longest chunk; the padding
-    is counted, so batching efficiency is measured. A chunk resuming a
-    prompt part-prefilled in an earlier step (--max-prefill-tokens, latency_sensitive) attends
-    to its cached prefix on its own. Index tensors are built here, once per step, so no layer
-    reads the device back to place its outputs.
+    is counted, so batching efficiency is measured. A chunk resuming a prompt part-prefilled
+    in an earlier step (--max-prefill-tokens, latency_sensitive) attends to its cached prefix
+    on its own. Index tensors are built here, once per step, so no layer reads the device
+    back to place its outputs.
     """
 
     positions: Tensor  # [N] position of each token in its sequence

@@ -6,7 +6,6 @@ kept in host memory for the expert cache are pinned; an engine step waits for th
 its counted reads."""
 
 import gc
-import warnings
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch
 from proto import moe_pb2
 from records.server_settings import MoE
 from server.engine import Engine, SeqInput
+from server.host_transfer import cuda_waits
 from server.model import PRESETS, Transformer
 from server.moe import Experts
 from tests.conftest import running_server
@@ -63,14 +63,8 @@ def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
         pytest.skip(f"{kernel} falls back to {engine.kernel_name} here")
     engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            result = engine.step([SeqInput(0, [5], 7, temperature=0.8),  # decode
-                                  SeqInput(1, [6] * 4, 3),  # resumed: masked attention
-                                  SeqInput(2, [1] * 4, 0)])  # new
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert len(waits) <= result.host_transfers, waits
+    result, waits = cuda_waits(lambda: engine.step([
+        SeqInput(0, [5], 7, temperature=0.8),  # decode
+        SeqInput(1, [6] * 4, 3),  # resumed: masked attention
+        SeqInput(2, [1] * 4, 0)]))  # new
+    assert waits <= result.host_transfers
