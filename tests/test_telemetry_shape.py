@@ -1,0 +1,23 @@
+"""A GetStats reply and a /metrics scrape hold what they held before the engine's telemetry
+was declared once (records/engine_telemetry.py), field by field: every field, family, help
+text, label set and deterministic value, after the same sequential workload on one rank and
+on two (tests/telemetry_shape.py; only the values that depend on the machine's timing are
+masked)."""
+
+import json
+
+import pytest
+
+from tests.telemetry_shape import FIXTURES, SCENARIOS, observe
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_getstats_and_metrics_are_what_they_were(scenario):
+    before = json.loads((FIXTURES / f"{scenario}.json").read_text())
+    now = json.loads(json.dumps(observe(scenario)))  # as the fixture holds it: JSON types
+    assert sorted(now["getstats"]) == sorted(before["getstats"])
+    for name, value in before["getstats"].items():
+        assert now["getstats"][name] == value, f"GetStats field {name}"
+    assert sorted(now["metrics"]) == sorted(before["metrics"])
+    for family, value in before["metrics"].items():
+        assert now["metrics"][family] == value, f"/metrics family {family}"
