@@ -8,7 +8,7 @@ PROTO_OUT := proto/moe_pb2.py proto/moe_pb2_grpc.py
 PRESET ?= small
 PORT ?= 50051
 # Every batching policy, from the server's registry (fcfs first: the comparisons' baseline).
-POLICIES = $(shell $(PY) -c 'from server.policies import POLICIES; print(*POLICIES)')
+POLICIES = $(shell $(PY) -c 'from server.scheduling.policies import POLICIES; print(*POLICIES)')
 DEMO_POLICIES ?= $(POLICIES)
 DEMO_PRESET ?= small
 DEMO_RUN_S ?= 20
@@ -146,20 +146,20 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" -n 2; $(PYTEST_OK_IF_EMPTY)
 
 bench-engine: install
-	$(PY) -m server.bench_engine
+	$(PY) -m server.tools.bench_engine
 
 bench-loadgen: install
 	$(PY) -m loadgen.bench_loadgen
 
 bench: bench-engine bench-loadgen
 
-# The GPU path in one short run (server/gpu_check.py). Here: the project's environment, where the
+# The GPU path in one short run (server/tools/gpu_check.py). Here: the project's environment, where the
 # parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python
 # (torch, numpy, safetensors, tokenizers, aiohttp, prometheus-client, psutil and pytest beside
 # it; the gRPC packages from make gpu-wheels): make gpu-check GPU_PY=python3
 GPU_PY ?=
 gpu-check: $(if $(GPU_PY),gpu-proto,install)
-	$(if $(GPU_PY),$(GPU_PY) -m server.gpu_check --device cuda,$(PY) -m server.gpu_check)
+	$(if $(GPU_PY),$(GPU_PY) -m server.tools.gpu_check --device cuda,$(PY) -m server.tools.gpu_check)
 
 # the stubs made anew with that Python's grpc_tools (under a second), matching its grpcio
 gpu-proto:

@@ -6,7 +6,7 @@ import os
 import sys
 
 from analysis import capacity, compare, diagnosis, report, soak, sweep
-from analysis.files import RunDirError
+from analysis.readers.files import RunDirError
 
 COMMANDS = (report, compare, soak, capacity, diagnosis, sweep)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from analysis.arguments import number, numbers
-from analysis.files import RunDirError
-from analysis.rundir import load_run
-from analysis.samples import expert_intervals
-from analysis.server_stats import expert_shares
+from analysis.readers.files import RunDirError
+from analysis.readers.rundir import load_run
+from analysis.readers.samples import expert_intervals
+from analysis.readers.server_stats import expert_shares
 from analysis.tables import markdown_table, text_table
 from records.jsonform import dumps
 from records.rundir import SAMPLES, SUMMARY

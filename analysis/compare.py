@@ -21,10 +21,10 @@ from matplotlib.patches import Patch
 from analysis import bootstrap
 from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
-from analysis.files import RunDirError
-from analysis.latency import stats_ms
-from analysis.rundir import Run, load_run
-from analysis.server_stats import server_view
+from analysis.readers.files import RunDirError
+from analysis.readers.latency import stats_ms
+from analysis.readers.rundir import Run, load_run
+from analysis.readers.server_stats import server_view
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
 from records.jsonform import dumps

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis import bootstrap
-from analysis.latency import US_PER_MS
-from analysis.rows import column, measured_ok
-from analysis.rundir import Run
+from analysis.readers.latency import US_PER_MS
+from analysis.readers.rows import column, measured_ok
+from analysis.readers.rundir import Run
 from records.hdr import percentile_us
 from records.load_settings import Slo
 from records.requests import RequestRow

@@ -4,15 +4,15 @@ the numbers, with their times, that made it fire, did not, or could not be judge
 Throughput: the wait queue grows while the device is under-utilised (the scheduler, policy or
 KV pool holds requests back), or the requests in the server grow while it is busy
 (compute-saturated, the knee; in a stress run, the step it stopped on saturation; both in
-analysis/saturation.py); one layer's
+analysis/rules/saturation.py); one layer's
 expert load is far above its mean; copying expert weights in takes a large share of step
 time; the exchanges between expert-parallel ranks wait long or fill the link
-(analysis/expert_parallel.py). Latency: windows whose TTFT or TPOT p99 jumps, lined up with a
+(analysis/rules/expert_parallel.py). Latency: windows whose TTFT or TPOT p99 jumps, lined up with a
 hot expert, a cache-miss burst, queue growth or the load generator's own lateness
-(analysis/spikes.py); and the
+(analysis/rules/spikes.py); and the
 generator's lateness, or its closed loop, over the whole run. Failures: which codes, when, and
-when the server could not be reached (analysis/failures.py); faults the server injected on
-purpose, and when (analysis/faults.py). Reads only run-directory files.
+when the server could not be reached (analysis/rules/failures.py); faults the server injected on
+purpose, and when (analysis/rules/faults.py). Reads only run-directory files.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ import argparse
 
 import numpy as np
 
-from analysis.delivery import delivery_split
-from analysis.delivery import lines as delivery_lines
-from analysis.expert_parallel import communication
-from analysis.failures import failures
-from analysis.faults import faults
-from analysis.files import RunDirError
-from analysis.finding import Finding
-from analysis.latency import stats_ms
-from analysis.rundir import Run, load_run
-from analysis.saturation import queue_rules
-from analysis.server_stats import expert_shares, server_view
-from analysis.spikes import (
+from analysis.readers.files import RunDirError
+from analysis.readers.latency import stats_ms
+from analysis.readers.rundir import Run, load_run
+from analysis.readers.server_stats import expert_shares, server_view
+from analysis.rules.delivery import delivery_split
+from analysis.rules.delivery import lines as delivery_lines
+from analysis.rules.expert_parallel import communication
+from analysis.rules.failures import failures
+from analysis.rules.faults import faults
+from analysis.rules.finding import Finding
+from analysis.rules.saturation import queue_rules
+from analysis.rules.spikes import (
     CAUSES,
     MIN_WINDOW_SAMPLES,
     SPIKE_FACTOR,
@@ -65,7 +65,7 @@ def diagnose(run: Run) -> list[Finding]:
 
 
 def rules(signals: Signals) -> list[Finding]:
-    """Every rule on a run's signals (analysis/spikes.py signals_of)."""
+    """Every rule on a run's signals (analysis/rules/spikes.py signals_of)."""
     return [failures(signals.run), faults(signals.run), *queue_rules(signals), _imbalance(signals),
             _data_movement(signals), communication(signals.run.summary.server), _spikes(signals),
             _generator(signals), _write_delay(signals)]
@@ -250,7 +250,7 @@ def _generator(d: Signals) -> Finding:
 
 def _write_delay(d: Signals) -> Finding:
     """The server's own part of the delivery lag: stamped -> its transport accepted the
-    message (analysis/delivery.py)."""
+    message (analysis/rules/delivery.py)."""
     rule = ("server_write_delay", "Server write delay")
     split = delivery_split(d.run)
     if split is None or split.write is None:
@@ -298,7 +298,7 @@ def render_markdown(findings: list[Finding]) -> str:
     fired = [f for f in findings if f.fired]
     parts = ["## Diagnosis",
              f"{len(fired)} of {len(findings)} rules fired (seed 5.3; thresholds in "
-             "`analysis/diagnosis.py`, `saturation.py` and `spikes.py`)."]
+             "`analysis/diagnosis.py` and `analysis/rules/`)."]
     for f in fired:
         parts += [f"### {f.title}", f.verdict, "\n".join(f"- {e}" for e in f.evidence)]
     if quiet := [f for f in findings if f.judged and not f.fired]:

@@ -7,29 +7,29 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.breakdown import PARTS, TtftSplit, ttft_split
-from analysis.delivery import delivery_split
-from analysis.delivery import lines as delivery_lines
 from analysis.diagnosis import render_markdown as diagnosis_markdown
 from analysis.diagnosis import render_text as diagnosis_text
 from analysis.diagnosis import rules
-from analysis.expert_parallel import EpView, ep_view
-from analysis.expert_parallel import lines as ep_lines
-from analysis.files import RunDirError
-from analysis.finding import Finding
-from analysis.latency import stats_ms
-from analysis.plot import plot_latency_cdf
-from analysis.plot_breakdown import plot_ttft_split
-from analysis.plot_experts import plot_experts
-from analysis.plot_stress import plot_stress
-from analysis.plot_timeline import Imbalance, Phases, plot_over_time, plot_stages
+from analysis.plots.cdf import plot_latency_cdf
+from analysis.plots.experts import plot_experts
+from analysis.plots.stress import plot_stress
+from analysis.plots.timeline import Imbalance, Phases, plot_over_time, plot_stages
+from analysis.plots.ttft_split import plot_ttft_split
+from analysis.readers.files import RunDirError
+from analysis.readers.latency import stats_ms
+from analysis.readers.rundir import Run, load_run
+from analysis.readers.samples import ServerSeries
+from analysis.readers.server_stats import ServerView, server_view
+from analysis.readers.timeseries import ClientSeries, client_series
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
-from analysis.rundir import Run, load_run
-from analysis.samples import ServerSeries
-from analysis.server_stats import ServerView, server_view
-from analysis.spikes import signals_of
+from analysis.rules.delivery import delivery_split
+from analysis.rules.delivery import lines as delivery_lines
+from analysis.rules.expert_parallel import EpView, ep_view
+from analysis.rules.expert_parallel import lines as ep_lines
+from analysis.rules.finding import Finding
+from analysis.rules.spikes import signals_of
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
-from analysis.timeseries import ClientSeries, client_series
+from analysis.ttft_split import PARTS, TtftSplit, ttft_split
 from records.declare import applies, flat, leaves
 from records.jsonform import dumps
 from records.load_settings import LoadSettings

@@ -4,7 +4,7 @@ rate, stage time per step, batching efficiency)."""
 
 from __future__ import annotations
 
-from analysis.server_stats import ServerView, expert_shares
+from analysis.readers.server_stats import ServerView, expert_shares
 from analysis.tables import (
     STAT_COLUMNS,
     fmt_ms,

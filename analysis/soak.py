@@ -37,11 +37,11 @@ from matplotlib.figure import Figure
 from scipy import stats
 
 from analysis.arguments import number
-from analysis.faults import open_windows
-from analysis.files import RunDirError
-from analysis.intervals import Interval, load_intervals, merged
-from analysis.latency import US_PER_MS
-from analysis.rundir import read_rows, read_samples, read_summary
+from analysis.readers.files import RunDirError
+from analysis.readers.intervals import Interval, load_intervals, merged
+from analysis.readers.latency import US_PER_MS
+from analysis.readers.rundir import read_rows, read_samples, read_summary
+from analysis.rules.faults import open_windows
 from analysis.tables import fmt_ms, markdown_table, text_table
 from records.hdr import percentile_us
 from records.jsonform import dumps

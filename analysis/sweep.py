@@ -12,9 +12,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.expert_parallel import ep_view
-from analysis.files import RunDirError
-from analysis.rundir import load_run
+from analysis.readers.files import RunDirError
+from analysis.readers.rundir import load_run
+from analysis.rules.expert_parallel import ep_view
 from analysis.tables import text_table
 from records.jsonform import dumps
 

@@ -10,9 +10,9 @@ the run is set up; once the target's client is imported and connected the sender
 ({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n} and exits. Every second it also writes
-{"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness (loadgen/loop_lag.py).
-It builds the same schedule and requests as the gevent path (loadgen/arrivals.py,
-profiles.py, workload.py). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
+{"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
+(loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
+(loadgen/traffic/). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
 processes. Output goes through a non-blocking pipe writer, so a slow reader never stalls the
 sends.
 """
@@ -25,11 +25,11 @@ import sys
 import time
 
 from loadgen.client import StreamResult, astream_request, cut_off
-from loadgen.loop_lag import asyncio_probe
-from loadgen.profiles import schedule_of
-from loadgen.target import target_of
-from loadgen.text_tokens import TextCounter
-from loadgen.workload import Workload
+from loadgen.recording.loop_lag import asyncio_probe
+from loadgen.targets.target import target_of
+from loadgen.targets.text_tokens import TextCounter
+from loadgen.traffic.profiles import schedule_of
+from loadgen.traffic.workload import Workload
 from records.declare import build
 from records.load_settings import LoadSettings
 

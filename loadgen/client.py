@@ -5,7 +5,7 @@ The counting rule, the same for every target (docs/metrics.md): a message counts
 carries at least one token; its receive time and token count are kept. Messages without
 tokens (a role or usage event) are read for the finish reason and usage only. Where the
 protocol sends text, each message's text is kept until the stream ends and then counted
-(loadgen/text_tokens.py); a message left with no token merges into the next.
+(loadgen/targets/text_tokens.py); a message left with no token merges into the next.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from loadgen.target import Chunk, RequestSpec, Target
+from loadgen.targets.target import Chunk, RequestSpec, Target
 from records.requests import CLIENT_CANCELLED
 
 CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
-# (texts, usage) -> tokens of each text: loadgen/text_tokens.py's TextCounter
+# (texts, usage) -> tokens of each text: loadgen/targets/text_tokens.py's TextCounter
 Counter = Callable[[list[str], dict[str, int]], list[int]]
 
 

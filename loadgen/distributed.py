@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from loadgen.recorder import Recorder
-from loadgen.rundir import write_json, write_run_dir
-from loadgen.summary import histogram_encodings, summarize
+from loadgen.recording.recorder import Recorder
+from loadgen.recording.rundir import write_json, write_run_dir
+from loadgen.recording.summary import histogram_encodings, summarize
 from records.load_settings import LoadSettings
 from records.rundir import WORKERS
 from records.summary import ServerSnapshots, Summary, WorkerFigures

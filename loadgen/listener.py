@@ -21,17 +21,17 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
-from loadgen.html_report import add_to_report
-from loadgen.latency_table import write_latency_csv
-from loadgen.recorder import Recorder
+from loadgen.recording.recorder import Recorder
+from loadgen.recording.rundir import write_run_dir
+from loadgen.recording.summary import histogram_encodings
+from loadgen.recording.timing import StreamTiming
 from loadgen.run import Run
-from loadgen.rundir import write_run_dir
 from loadgen.settings import check, with_run_dir
-from loadgen.summary import histogram_encodings
-from loadgen.target import Target, target_of
-from loadgen.timeline import Timeline
-from loadgen.timing import StreamTiming
-from loadgen.web_tab import add_tab
+from loadgen.targets.target import Target, target_of
+from loadgen.web.html_report import add_to_report
+from loadgen.web.latency_table import write_latency_csv
+from loadgen.web.tab import add_tab
+from loadgen.web.timeline import Timeline
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -170,7 +170,7 @@ class RunListener:
         """Each request once into Locust's own statistics, so its request rate and failures are
         the run's: named by its class ("generate" without classes), its time the end-to-end
         latency from the scheduled send, its size the output tokens; a failure by its status.
-        TTFT, TPOT and ITL are in the web UI's Latency (HDR) tab (loadgen/web_tab.py)."""
+        TTFT, TPOT and ITL are in the web UI's Latency (HDR) tab (loadgen/web/tab.py)."""
         end_ns = result.recv_ns[-1] if result.recv_ns else time.monotonic_ns()
         failed = not result.ok and result.status != CLIENT_CANCELLED  # cancelled on purpose
         self.environment.events.request.fire(
@@ -218,7 +218,7 @@ class RunListener:
 
     def extend_html_report(self, **_) -> None:
         """Locust writes its --html report as the process quits, just before this: the truthful
-        figures join it (loadgen/html_report.py)."""
+        figures join it (loadgen/web/html_report.py)."""
         html_file = getattr(self.environment.parsed_options, "html_file", None)
         if html_file and self.written is not None and Path(html_file).exists():
             add_to_report(Path(html_file), *self.written, self.timeline)

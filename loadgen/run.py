@@ -20,17 +20,17 @@ from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
 from loadgen.client import StreamResult, cut_off, stream_request
-from loadgen.intervals import IntervalLog
-from loadgen.loop_lag import gevent_probe
-from loadgen.profiles import schedule_of
-from loadgen.recorder import Recorder
+from loadgen.recording.intervals import IntervalLog
+from loadgen.recording.loop_lag import gevent_probe
+from loadgen.recording.recorder import Recorder
+from loadgen.recording.summary import summarize
+from loadgen.recording.timing import StreamTiming
 from loadgen.stress import Stress
-from loadgen.summary import summarize
-from loadgen.target import Target
-from loadgen.text_tokens import TextCounter
-from loadgen.timeline import Timeline
-from loadgen.timing import StreamTiming
-from loadgen.workload import Workload
+from loadgen.targets.target import Target
+from loadgen.targets.text_tokens import TextCounter
+from loadgen.traffic.profiles import schedule_of
+from loadgen.traffic.workload import Workload
+from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
 from records.rundir import SAMPLES

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from loadgen.profiles import Profile, read_trace
-from loadgen.target import TARGETS, settings_problem
-from loadgen.workload import load_dataset, parse_classes
+from loadgen.targets.target import TARGETS, settings_problem
+from loadgen.traffic.profiles import Profile, read_trace
+from loadgen.traffic.workload import load_dataset, parse_classes
 from records.declare import Registry, SettingsError, check_names
 from records.load_settings import LoadSettings
 

@@ -4,7 +4,7 @@ too."""
 
 from __future__ import annotations
 
-from loadgen.timing import StreamTiming
+from loadgen.recording.timing import StreamTiming
 from records.load_settings import Slo
 
 # summary.json's name of each objective -> its setting.

@@ -30,8 +30,8 @@ from pathlib import Path
 import gevent
 
 from loadgen import slo
-from loadgen.arrivals import gap_s
-from loadgen.timing import stream_timing
+from loadgen.recording.timing import stream_timing
+from loadgen.traffic.arrivals import gap_s
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
 from records.rundir import STEPS

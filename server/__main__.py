@@ -13,8 +13,8 @@ import sys
 from records.declare import SettingsError, add_arguments, from_options
 from records.server_settings import ServerSettings
 from server.app import start
-from server.ep_engine import follow_rank_0
-from server.ep_group import launched
+from server.build import follow_rank_0
+from server.parallel.group import launched
 from server.settings import REGISTRIES, check
 
 log = logging.getLogger("server")

@@ -1,12 +1,12 @@
-"""Wiring: server settings become an engine, a scheduler, a started gRPC server and, with
---http-port, the OpenAI-compatible HTTP API beside it."""
+"""Wiring: server settings become an engine (server/build.py), the engine thread that batches
+for it, a started gRPC server and, with --http-port, the OpenAI-compatible HTTP API beside it,
+and, with --metrics-port, the Prometheus endpoint."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -16,20 +16,18 @@ from grpc_health.v1 import health, health_pb2
 
 from records.declare import SettingsError, argv_of
 from records.server_settings import ServerSettings
-from server.checkpoint import open_checkpoint
-from server.engine import Engine
-from server.ep_engine import distributed_engine
-from server.ep_group import launched, spawn
-from server.generation import Generations, Limits
-from server.heap import HeapTrimmer
-from server.http_api import start_http
-from server.metrics import serve_metrics
-from server.policies import build_policy
-from server.scheduler import Scheduler
-from server.security import guard_of
-from server.service import SERVICE_NAME, MoEService, create_server, server_options
-from server.settings import DTYPES, check, model_args, resolve
-from server.telemetry import StepLog
+from server.build import build_engine
+from server.engine.interface import Engine
+from server.frontends.admission import Admission, RequestLimits
+from server.frontends.grpc_service import SERVICE_NAME, MoEService, create_server, server_options
+from server.frontends.http_api import start_http
+from server.frontends.prometheus import serve_metrics
+from server.frontends.security import guard_of
+from server.scheduling.engine_thread import EngineThread
+from server.scheduling.heap import HeapTrimmer
+from server.scheduling.policies import build_policy
+from server.settings import check, resolve
+from server.telemetry.window import StepLog
 
 log = logging.getLogger(__name__)
 FLUSH_S = 2.0  # after the engine stops, for the streams it ended to send their last message
@@ -41,12 +39,11 @@ class App:
     port: int
     service: MoEService
     health: health.aio.HealthServicer
+    engine: Engine  # stopped after the drain; over ranks, a failed one stops the server
     metrics_server: object | None = None  # the Prometheus HTTP server, when on
     metrics_port: int | None = None
     http: web.AppRunner | None = None  # the OpenAI-compatible API, when on
     http_port: int | None = None
-    # an expert-parallel engine's ranks: stopped after the drain; a failed one stops the server
-    stop_engine: Callable[[], None] | None = None
     failed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def not_serving(self) -> None:
@@ -55,7 +52,7 @@ class App:
         log.error("engine failed: health set to NOT_SERVING")
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.stop_engine is not None:
+        if self.engine.world > 1:
             self.failed.set()
 
     async def drain(self, grace_s: float) -> None:
@@ -63,19 +60,18 @@ class App:
         (UNAVAILABLE, HTTP 503: the listeners stay open), while open streams get grace_s to
         finish; then the engine stops, the streams still open end with finish reason ABORT,
         and only then do the listeners close, with no call left to cancel."""
-        generations = self.service.generations
-        generations.draining = True
+        admission = self.service.admission
+        admission.draining = True
         await self.health.enter_graceful_shutdown()
-        await generations.idle(grace_s)
-        generations.scheduler.stop("the server shut down before the request finished")
-        await generations.idle(FLUSH_S)
+        await admission.idle(grace_s)
+        admission.engine_thread.stop("the server shut down before the request finished")
+        await admission.idle(FLUSH_S)
         await self.server.stop(FLUSH_S)
         if self.http is not None:
             await self.http.cleanup()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
-        if self.stop_engine is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.stop_engine)
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
 
 
 async def start(settings: ServerSettings) -> App:
@@ -88,41 +84,34 @@ async def start(settings: ServerSettings) -> App:
         torch.set_num_threads(model.torch_threads)
     name = model.checkpoint or model.preset
     log.info("building %s on %s (%s), seed %d", name, model.device, model.dtype, model.seed)
-    source = open_checkpoint(model.checkpoint, model.context_len) if model.checkpoint \
-        else model_args(model)
-    parallel = settings.parallel
-    if parallel.ep > 1:  # the other ranks, unless torchrun started them
-        ranks, meet = ([], "env://") if launched() else spawn(parallel.ep, as_given)
-        engine = distributed_engine(settings, ranks, meet)
-    else:
-        engine = Engine(source, settings.kv_slots, model.device, DTYPES[model.dtype],
-                        model.seed, settings.moe)
+    engine = build_engine(settings, as_given)
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
-    scheduler = Scheduler(engine, build_policy(settings.batching), serving.max_queue, step_log,
-                          settings.faults, HeapTrimmer(model.heap_trim_s),
-                          settings.batching.max_prefill_tokens)
-    scheduler.start()
-    limits = Limits(engine.args.vocab_size, engine.args.max_seq_len, serving.max_tokens_limit,
-                    serving.max_streams_per_client)
-    generations = Generations(scheduler, limits)
+    engine_thread = EngineThread(engine, build_policy(settings.batching), serving.max_queue,
+                                 step_log, settings.faults, HeapTrimmer(model.heap_trim_s),
+                                 settings.batching.max_prefill_tokens)
+    engine_thread.start()
+    limits = RequestLimits(engine.args.vocab_size, engine.args.max_seq_len,
+                           serving.max_tokens_limit, serving.max_streams_per_client)
+    admission = Admission(engine_thread, limits)
     guard = guard_of(settings.security)
-    service = MoEService(generations, settings, guard.tokens)
+    service = MoEService(admission, settings, guard.tokens)
     server, port, health_servicer = await create_server(
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)
-    app = App(server, port, service, health_servicer, stop_engine=getattr(engine, "stop", None))
+    app = App(server, port, service, health_servicer, engine)
     loop = asyncio.get_running_loop()
-    scheduler.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task, app.not_serving())
+    engine_thread.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task,
+                                                                 app.not_serving())
     metrics_host = settings.security.metrics_host or serving.host
     try:
         if serving.metrics_port is not None:
-            app.metrics_server, app.metrics_port = serve_metrics(scheduler, settings,
+            app.metrics_server, app.metrics_port = serve_metrics(engine_thread, settings,
                                                                  metrics_host,
                                                                  serving.metrics_port)
         if serving.http_port is not None:
-            app.http, app.http_port = await start_http(generations, name, serving.host,
+            app.http, app.http_port = await start_http(admission, name, serving.host,
                                                        serving.http_port, serving.grace_s,
                                                        settings.limits.max_message_bytes, guard)
     except OSError as exc:  # taken since server/settings.py checked the ports

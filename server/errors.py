@@ -1,8 +1,11 @@
-"""Domain errors of the server; service.py maps each to one gRPC status code."""
+"""Domain errors of the server, raised at any layer; each front end answers them with the status
+server/frontends/statuses.py gives them."""
 
 
 class ServerError(Exception):
     """Base: the message is shown to the client and must say what to change."""
+
+    retry_after_s: float | None = None  # when a retry may succeed, where known
 
 
 class InvalidRequestError(ServerError):
@@ -12,8 +15,6 @@ class InvalidRequestError(ServerError):
 class QueueFullError(ServerError):
     """Admission control refused the request (a full queue, a client over its quota); retrying
     later may succeed (RESOURCE_EXHAUSTED, HTTP 429), after retry_after_s where known."""
-
-    retry_after_s: float | None = None
 
 
 class StepOutOfMemory(ServerError):

@@ -11,13 +11,12 @@ import torch
 
 from records.declare import Registry, SettingsError, check_names, require
 from records.server_settings import Model, ServerSettings
-from server import ep_group, expert_cache, kernels, routing
-from server.checkpoint import open_checkpoint
-from server.model import PRESETS, ModelArgs
-from server.policies import POLICIES, build_policy
-from server.security import check_exposure, guard_of
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from server.engine import expert_cache, kernels, routing
+from server.engine.checkpoint import open_checkpoint
+from server.engine.model import DTYPES, PRESETS, ModelArgs
+from server.frontends.security import check_exposure, guard_of
+from server.parallel.group import launched
+from server.scheduling.policies import POLICIES, build_policy
 
 REGISTRIES: dict[str, Registry] = {
     "presets": PRESETS,
@@ -71,9 +70,9 @@ def check(settings: ServerSettings, ports: bool = True) -> None:
 def check_parallel(settings: ServerSettings, args: ModelArgs) -> None:
     """What expert parallelism needs of the model and the other settings."""
     p, moe = settings.parallel, settings.moe
-    launched = ep_group.launched()
-    require(launched is None or launched[1] == p.ep, "ep",
-            f"is {p.ep} but torch.distributed's WORLD_SIZE is {launched and launched[1]}")
+    started = launched()
+    require(started is None or started[1] == p.ep, "ep",
+            f"is {p.ep} but torch.distributed's WORLD_SIZE is {started and started[1]}")
     if p.ep == 1:
         require(p.ep_placement == "contiguous" and not p.ep_redundant, "ep-placement",
                 "places experts over ranks: needs --ep 2 or more")

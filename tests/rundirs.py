@@ -77,7 +77,8 @@ def encoded(values_ms) -> str:
 
 def write_hlog(path: Path, intervals_ms: list, interval_s: float = 1.0,
                start_unix_s: float = 1.8e9) -> None:
-    """One interval of `interval_s` per list of values (ms), as loadgen/intervals.py writes them."""
+    """One interval of `interval_s` per list of values (ms), as the load generator writes them
+    (loadgen/recording/intervals.py)."""
     with open(path, "w") as f:
         writer = HistogramLogWriter(f)
         writer.output_log_format_version()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.server_stats import server_view
+from analysis.readers.server_stats import server_view
 from tests.cli import Done, analysis
 from tests.rundirs import encoded, snapshots, step_row, summary_json
 

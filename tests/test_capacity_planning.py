@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from analysis.capacity import capacity_factor, factor_row, load_from_numbers, planned_capacity
-from server.moe import expert_capacity
+from server.engine.moe import expert_capacity
 from tests.cli import Done, analysis
 from tests.rundirs import write_samples
 from tests.test_analysis import write_run

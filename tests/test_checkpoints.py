@@ -17,10 +17,10 @@ import torch
 from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
-from server.checkpoint import CheckpointError, open_checkpoint
-from server.engine import Engine
-from server.model import StepLayout
-from server.moe import StepContext
+from server.engine.checkpoint import CheckpointError, open_checkpoint
+from server.engine.local import LocalEngine
+from server.engine.model import StepLayout
+from server.engine.moe import StepContext
 from server.settings import check, resolve
 from tests.checkpoints import architectures, shard, write_checkpoint
 from tests.conftest import REPO, running_server
@@ -48,7 +48,7 @@ def checkpoints(tmp_path_factory):
     return made
 
 
-def prefill_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
+def prefill_logits(engine: LocalEngine, ids: list[int]) -> torch.Tensor:
     layout = StepLayout.build([(0, 0, len(ids))], engine.device)
     engine.timer.begin()
     logits = engine.model(torch.tensor(ids), layout, engine.kv,
@@ -67,7 +67,7 @@ def greedy(model, ids: list[int]) -> list[int]:
 @pytest.mark.parametrize("name", [*ARCHITECTURES, "mixtral fused"])
 def test_prefill_logits_match_transformers(checkpoints, name):
     directory, model = checkpoints[name]
-    engine = Engine(open_checkpoint(str(directory)), kv_slots=2, device="cpu",
+    engine = LocalEngine.from_checkpoint(open_checkpoint(str(directory)), kv_slots=2, device="cpu",
                     dtype=torch.float32, seed=0)
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode(prompt)
@@ -96,7 +96,7 @@ def test_greedy_tokens_equal_transformers_generate_while_batched(checkpoints, na
         for t in threads:
             t.join(timeout=60)
         stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
-        tokenizer = served.app.service.generations.tokenizer
+        tokenizer = served.app.service.admission.tokenizer
     assert stats.batch_size.max == len(PROMPTS)
     generated = []
     for i, prompt in enumerate(PROMPTS):
@@ -131,7 +131,8 @@ def test_dtype_is_the_checkpoint_s_on_cuda_and_float32_on_cpu(tmp_path):
     assert (on_cpu.model.dtype, on_cuda.model.dtype, asked.model.dtype) == (
         "float32", "bfloat16", "bfloat16")
     assert on_cpu.model.preset == "" and on_cpu.moe.renormalize is True  # norm_topk_prob
-    engine = Engine(open_checkpoint(str(tmp_path)), 1, "cpu", torch.bfloat16, 0)
+    engine = LocalEngine.from_checkpoint(open_checkpoint(str(tmp_path)), 1, "cpu", torch.bfloat16,
+                                         0)
     assert engine.model.layers[0].moe.experts.w13.dtype == torch.bfloat16
 
 
@@ -189,7 +190,7 @@ def test_weights_that_do_not_match_are_refused_naming_the_tensor(tmp_path, how, 
     else:
         damage(tmp_path, how)
     with pytest.raises(CheckpointError, match=f"^--model: .*{message}"):
-        Engine(open_checkpoint(str(tmp_path)), 1, "cpu", torch.float32, 0)
+        LocalEngine.from_checkpoint(open_checkpoint(str(tmp_path)), 1, "cpu", torch.float32, 0)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from analysis import bootstrap
 from analysis.compare import compare
 from analysis.confidence import METRICS, window_edges_ms
-from analysis.rundir import load_run
+from analysis.readers.rundir import load_run
 from tests.cli import Done, analysis
 from tests.rundirs import encoded, histogram, png_size, request_row, write_rows, write_summary
 

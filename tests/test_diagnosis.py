@@ -12,9 +12,9 @@ import pytest
 
 from analysis import diagnosis
 from analysis.diagnosis import diagnose, render_markdown, render_text
-from analysis.intervals import read_hlog
-from analysis.rundir import load_run
-from analysis.spikes import merge_windows
+from analysis.readers.intervals import read_hlog
+from analysis.readers.rundir import load_run
+from analysis.rules.spikes import merge_windows
 from tests.rundirs import encoded, request_row, step_row, write_hlog, write_rows, write_samples
 from tests.test_analysis import snapshot, write_run
 

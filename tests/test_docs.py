@@ -12,7 +12,7 @@ from records.readme import render
 from records.requests import RequestRow
 from records.server_stats import ServerSample
 from records.summary import StepRow, Summary
-from server.policies import POLICIES
+from server.scheduling.policies import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
 

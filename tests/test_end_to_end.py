@@ -18,9 +18,9 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 
-from analysis.intervals import load_intervals
-from analysis.rundir import read_samples
-from analysis.samples import server_series
+from analysis.readers.intervals import load_intervals
+from analysis.readers.rundir import read_samples
+from analysis.readers.samples import server_series
 from proto import moe_pb2, moe_pb2_grpc
 from tests.conftest import REPO, server_process, stop_process
 

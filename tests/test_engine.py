@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from records.server_settings import MoE
-from server.engine import Engine, SeqInput, indexed
-from server.model import PRESETS, StepLayout, causal_attention, masked_attention
-from server.moe import StepContext
+from server.engine.interface import SeqInput
+from server.engine.local import LocalEngine, indexed
+from server.engine.model import PRESETS, StepLayout, causal_attention, masked_attention
+from server.engine.moe import StepContext
 from tests.conftest import REPO
 
 
-def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[int]:
+def greedy_alone(engine: LocalEngine, prompt: list[int], n: int, key: int) -> list[int]:
     out = []
     tokens, pos = prompt, 0
     for _ in range(n):
@@ -36,7 +37,8 @@ def greedy_alone(engine: Engine, prompt: list[int], n: int, key: int) -> list[in
     MoE(routing_skew="zipf:1.2", expert_cache=3, cache_policy="lfu"),
 ], ids=str)
 def test_batched_decode_matches_one_request_at_a_time(moe):
-    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float64, seed=3, moe=moe)
+    engine = LocalEngine.from_preset("tiny", kv_slots=4, device="cpu",
+                                     dtype=torch.float64, seed=3, moe=moe)
     prompts = [[256, *b"hello"], [256, *b"a much longer prompt, to mix lengths"], [256, 7]]
     n = 12
     expected = [greedy_alone(engine, p, n, key) for key, p in enumerate(prompts)]
@@ -64,7 +66,7 @@ def test_batched_decode_matches_one_request_at_a_time(moe):
 
 
 def test_seeded_sampling_repeats():
-    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0)
+    engine = LocalEngine.from_preset("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0)
 
     def sample(seed):
         return engine.step([SeqInput(0, [256, 1, 2, 3], 0, temperature=1.0, seed=seed),
@@ -75,7 +77,7 @@ def test_seeded_sampling_repeats():
 
 
 def test_chunked_prefill_beside_another_prefill_matches_whole_prefill():
-    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float64, seed=5)
+    engine = LocalEngine.from_preset("tiny", kv_slots=2, device="cpu", dtype=torch.float64, seed=5)
     a = [256, *b"a long prompt that is prefilled in two chunks"]
     b = [256, *b"short"]
     n = 6
@@ -97,7 +99,7 @@ def test_chunked_prefill_beside_another_prefill_matches_whole_prefill():
 
 
 def test_prefill_padding_is_counted():
-    engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0)
+    engine = LocalEngine.from_preset("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0)
     result = engine.step([SeqInput(0, [1] * 10, 0), SeqInput(1, [2] * 4, 0), SeqInput(2, [3], 7)])
     # the 4-token prompt padded to 10
     assert (result.prefill_tokens, result.prefill_padded) == (14, 6)
@@ -105,7 +107,7 @@ def test_prefill_padding_is_counted():
 
 
 def test_gpu_check_runs_its_cpu_parts_and_says_what_it_skipped():
-    done = subprocess.run([sys.executable, "-m", "server.gpu_check", "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "server.tools.gpu_check", "--device", "cpu",
                            "--repeats", "2"], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -143,8 +145,9 @@ def test_causal_attention_equals_the_masked_reference(start, window):
 def test_an_engine_built_under_inference_mode_has_the_same_weights():
     # its experts are drawn on a pool of threads, which must take the caller's mode
     with torch.inference_mode():
-        inside = Engine("tiny", kv_slots=1, device="cpu", dtype=torch.float32, seed=4)
-    outside = Engine("tiny", kv_slots=1, device="cpu", dtype=torch.float32, seed=4)
+        inside = LocalEngine.from_preset("tiny", kv_slots=1, device="cpu", dtype=torch.float32,
+                                         seed=4)
+    outside = LocalEngine.from_preset("tiny", kv_slots=1, device="cpu", dtype=torch.float32, seed=4)
     mine = dict(outside.model.named_parameters())
     for name, p in inside.model.named_parameters():
         assert torch.equal(p, mine[name]), name
@@ -163,7 +166,7 @@ def test_decode_over_the_pool_in_place_equals_decode_over_its_slots_gathered(win
     """Three of four slots decoding attend over the pool in place (the idle slot's row
     dropped); the same step gathering its slots gives the same logits."""
     args = dataclasses.replace(PRESETS["tiny"], sliding_window=window)
-    engine = Engine(args, kv_slots=4, device="cpu", dtype=torch.float64, seed=2)
+    engine = LocalEngine(args, kv_slots=4, device="cpu", dtype=torch.float64, seed=2)
     engine.step([SeqInput(slot, [3 + slot] * (4 + 3 * slot), 0) for slot in (0, 1, 3)])
     seqs = [(3, 13, 1), (0, 4, 1), (1, 7, 1)]  # not in slot order
     logits, computed = [], []

@@ -22,9 +22,9 @@ import torch
 from proto import moe_pb2, moe_pb2_grpc
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
-from server.ep_placement import balanced, contiguous, imbalance, rank_loads
-from server.link import Link
-from server.policies import POLICIES
+from server.parallel.link import Link
+from server.parallel.placement import balanced, contiguous, imbalance, rank_loads
+from server.scheduling.policies import POLICIES
 from server.settings import check
 from tests.conftest import REPO, running_server, server_process, stop_process
 
@@ -250,7 +250,7 @@ def ep_snapshot(uptime_s: float, bytes_each: int, exposed_ms: float, step_ms: fl
 
 @pytest.mark.parametrize("exposed_ms, fired", [(50.0, False), (300.0, True)])
 def test_the_communication_rule_answers_whether_the_exchanges_saturate(exposed_ms, fired):
-    from analysis.expert_parallel import communication, ep_view
+    from analysis.rules.expert_parallel import communication, ep_view
     from tests.rundirs import snapshots
 
     server = snapshots(ep_snapshot(1.0, 0, 0.0, 0.0, 0, [[0, 0], [0, 0]]),
@@ -269,7 +269,7 @@ def test_the_communication_rule_answers_whether_the_exchanges_saturate(exposed_m
 
 
 def test_one_rank_is_not_judged_for_communication():
-    from analysis.expert_parallel import communication
+    from analysis.rules.expert_parallel import communication
     from tests.rundirs import snapshots
 
     finding = communication(snapshots({"uptime_s": 1.0, "steps": 1}, None))

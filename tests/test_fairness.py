@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from proto import moe_pb2
-from server.batcher import fair_order
-from server.policies import POLICIES
+from server.scheduling.fairness import fair_order
+from server.scheduling.policies import POLICIES
 from tests.conftest import running_server
 
 Req = moe_pb2.GenerateRequest
@@ -77,7 +77,7 @@ def test_a_client_over_its_quota_gets_resource_exhausted_with_a_retry_hint(token
                                 metadata=as_(FLOOD)) for _ in range(2)]
         deadline = time.monotonic() + 10
         # both open: each message is held back 3 s
-        while sum(s.app.service.generations.open_by_client.values()) < 2:
+        while sum(s.app.service.admission.open_by_client.values()) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         with pytest.raises(grpc.RpcError) as err:

@@ -12,10 +12,11 @@ import torch
 
 from proto import moe_pb2
 from records.server_settings import MoE
-from server.engine import Engine, SeqInput
-from server.host_transfer import cuda_waits
-from server.model import PRESETS, Transformer
-from server.moe import Experts
+from server.engine.host_transfer import cuda_waits
+from server.engine.interface import SeqInput
+from server.engine.local import LocalEngine
+from server.engine.model import PRESETS, Transformer
+from server.engine.moe import Experts
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +59,7 @@ def test_experts_kept_in_host_memory_are_pinned_at_their_own_size():
 
 @pytest.mark.parametrize("kernel", ["sorted", "batched", "grouped_mm"])
 def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
-    engine = Engine("small", 4, "cuda", torch.bfloat16, 0, MoE(moe_kernel=kernel))
+    engine = LocalEngine.from_preset("small", 4, "cuda", torch.bfloat16, 0, MoE(moe_kernel=kernel))
     if engine.kernel_name != kernel:
         pytest.skip(f"{kernel} falls back to {engine.kernel_name} here")
     engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])

@@ -7,7 +7,7 @@ import ctypes
 import psutil
 
 from proto import moe_pb2
-from server.heap import HeapTrimmer, malloc_trim
+from server.scheduling.heap import HeapTrimmer, malloc_trim
 from tests.conftest import running_server
 from tests.test_telemetry import scrape
 

@@ -9,12 +9,12 @@ import statistics
 import pytest
 from hdrh.histogram import HdrHistogram
 
-from loadgen.arrivals import arrival_offsets_s, worker_arrivals
 from loadgen.client import StreamResult
-from loadgen.histograms import HIGHEST_US, Histogram
-from loadgen.recorder import Recorder
+from loadgen.recording.histograms import HIGHEST_US, Histogram
+from loadgen.recording.recorder import Recorder
+from loadgen.recording.timing import stream_timing
 from loadgen.stress import short_of_sent
-from loadgen.timing import stream_timing
+from loadgen.traffic.arrivals import arrival_offsets_s, worker_arrivals
 from records import hdr
 from records.declare import SettingsError, build
 from records.jsonform import to_json

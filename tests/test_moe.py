@@ -15,14 +15,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from records.declare import flat
 from records.server_settings import MoE
-from server import kernels
-from server.engine import Engine, SeqInput
-from server.expert_cache import LayerCache
-from server.host_transfer import HostTransfers
-from server.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
-from server.model import PRESETS, Transformer
-from server.moe import StepContext, expert_capacity
-from server.routing import (
+from server.engine import kernels
+from server.engine.expert_cache import LayerCache
+from server.engine.host_transfer import HostTransfers
+from server.engine.interface import SeqInput
+from server.engine.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
+from server.engine.local import LocalEngine
+from server.engine.model import PRESETS, Transformer
+from server.engine.moe import StepContext, expert_capacity
+from server.engine.routing import (
     BalancedRouter,
     NoisyTopKRouter,
     Skew,
@@ -32,7 +33,7 @@ from server.routing import (
     router_class,
     router_options,
 )
-from server.stages import STAGES, StageTimer
+from server.engine.stages import STAGES, StageTimer
 
 TINY = PRESETS["tiny"]
 E, K = TINY.n_experts, TINY.top_k
@@ -287,7 +288,7 @@ def test_random_eviction_is_seeded():
 
 
 def test_stage_times_add_up_to_the_step():
-    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0)
+    engine = LocalEngine.from_preset("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0)
     seqs = [SeqInput(0, [1] * 40, 0), SeqInput(1, [2], 5), SeqInput(2, [3], 9)]
     start = time.perf_counter()
     result = engine.step(seqs)
@@ -305,7 +306,8 @@ def test_stage_times_add_up_to_the_step():
     MoE(routing_skew="affinity:0.1"), MoE(routing_skew="hot:0.3"),
 ], ids=str)
 def test_engine_runs_with_every_option(moe):
-    engine = Engine("tiny", kv_slots=2, device="cpu", dtype=torch.float32, seed=0, moe=moe)
+    engine = LocalEngine.from_preset("tiny", kv_slots=2, device="cpu",
+                                     dtype=torch.float32, seed=0, moe=moe)
     result = engine.step([SeqInput(0, [5] * 6, 0, routing_key=11),
                           SeqInput(1, [7] * 3, 0, routing_key=12)])
     assert len(result.next_ids) == 2 and result.routed.sum() == 9 * K * TINY.n_layers
@@ -339,7 +341,7 @@ def test_split_linear_equals_the_plain_matmul(rows, out):
 def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch, caplog):
     shape = (TINY.expert_dim, TINY.dim)
     cpu = torch.device("cpu")
-    with caplog.at_level("INFO", logger="server.kernels"):
+    with caplog.at_level("INFO", logger="server.engine.kernels"):
         assert resolve_kernel("auto", shape, cpu, torch.float32, cached=False) == "sorted"
     assert "MoE kernel sorted (--moe-kernel auto: on cpu, where batched's padding rows cost" \
         in caplog.text
@@ -355,7 +357,7 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
 
 class DeviceWaits(TorchDispatchMode):
     """What a step does that would wait for the device on CUDA, outside the counted reads of
-    server/host_transfer.py: operators that read it from the host (bincount its ids' bounds,
+    server/engine/host_transfer.py: operators that read it from the host (bincount its ids' bounds,
     multinomial its input's checks, .item() and `if tensor`, a boolean mask's size, unique,
     equal) or size their output by a read (repeat_interleave without output_size); and reads
     by hand (.tolist(), .item(), .cpu(), .numpy()) of any tensor the helper did not hand over."""
@@ -407,7 +409,8 @@ def test_a_step_waits_for_the_device_only_where_it_counts(moe, monkeypatch):
     """Nothing in a step (prefill, decode, a resumed prompt, sampling at a temperature) reads
     the device behind the counted transfers' back. Copies to the device that wait (from
     pageable memory) cannot be seen on a CPU; tests/test_gpu.py counts those on CUDA."""
-    engine = Engine("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0, moe=moe)
+    engine = LocalEngine.from_preset("tiny", kv_slots=4, device="cpu",
+                                     dtype=torch.float32, seed=0, moe=moe)
     with DeviceWaits(monkeypatch) as waits:
         engine.step([SeqInput(0, [1] * 7, 0, temperature=0.8), SeqInput(1, [2] * 3, 0)])
         engine.step([SeqInput(0, [5], 7, temperature=0.8), SeqInput(1, [2] * 4, 3),
@@ -428,7 +431,8 @@ def test_a_step_reads_the_device_within_its_budget(kernel, capacity_factor, per_
     # per MoE layer on the sorted and batched kernels (the expert counts), none on the grouped
     # kernel
     moe = MoE(moe_kernel=kernel, capacity_factor=capacity_factor)
-    engine = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0, moe=moe)
+    engine = LocalEngine.from_preset("tiny", kv_slots=3, device="cpu",
+                                     dtype=torch.float32, seed=0, moe=moe)
     if engine.kernel_name != kernel:
         pytest.skip(f"{kernel} is not available here")
     prefill = engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
@@ -438,8 +442,9 @@ def test_a_step_reads_the_device_within_its_budget(kernel, capacity_factor, per_
         assert len(result.active) == TINY.n_layers and all(isinstance(a, int)
                                                             for a in result.active)
         assert result.seq_experts.dtype == torch.bool
-    reference = Engine("tiny", kv_slots=3, device="cpu", dtype=torch.float32, seed=0,
-                       moe=MoE(moe_kernel="reference", capacity_factor=capacity_factor))
+    reference = LocalEngine.from_preset("tiny", kv_slots=3, device="cpu", dtype=torch.float32,
+                                        seed=0, moe=MoE(moe_kernel="reference",
+                                                        capacity_factor=capacity_factor))
     reference.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
     expected = reference.step([SeqInput(0, [5], 7), SeqInput(1, [6], 3),
                                SeqInput(2, [1] * 4, 0)])

@@ -1,5 +1,5 @@
-"""Batching policy invariants, driving the real batcher with a deterministic fake clock and
-a fake engine whose step time grows with tokens and with distinct experts: static never
+"""Batching policy invariants, driving the real batching loop with a deterministic fake clock
+and a fake engine whose step time grows with tokens and with distinct experts: static never
 admits mid-batch, fcfs keeps arrival order, dynamic's buckets respect the wait bound,
 expert_aware activates fewer experts than fcfs under affinity and still serves everyone
 within its age bound, latency_sensitive keeps the token budget and never skips a running
@@ -17,12 +17,14 @@ import torch
 
 from proto import moe_pb2
 from records.server_settings import Batching
-from server.batcher import Batcher, Request, TokenEvent
-from server.engine import StepResult
-from server.policies import POLICIES, build_policy, length_bucket
-from server.routing import request_key
-from server.stages import STAGES
-from server.tokenizer import ByteTokenizer
+from server.engine.interface import StepResult
+from server.engine.routing import request_key
+from server.engine.slots import SlotPool
+from server.engine.stages import STAGES
+from server.engine.tokenizer import ByteTokenizer
+from server.scheduling.batching_loop import BatchingLoop
+from server.scheduling.policies import POLICIES, build_policy, length_bucket
+from server.scheduling.requests import Request, TokenEvent
 from tests.conftest import running_server
 
 MS = 1_000_000
@@ -42,27 +44,33 @@ class FakeEngine:
     costs 0.05 ms per token plus 1 ms per distinct expert per layer."""
 
     args = SimpleNamespace(n_layers=N_LAYERS, n_experts=N_EXPERTS, top_k=2)
-    caches = []
-    expert_bytes = 1
     tokenizer = ByteTokenizer()
+    device = torch.device("cpu")
+    seed = 0
+    kernel_name = "fake"
+    world = 1
+    expert_bytes = 1
 
     def __init__(self, clock: FakeClock, kv_slots: int):
         self.clock = clock
         self.kv_slots = kv_slots
-        self._free = list(range(kv_slots))
+        self.slots = SlotPool(range(kv_slots))
+        self.caches = []
         self.key_of: dict[int, int] = {}
         self.active_per_step: list[int] = []
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return len(self.slots)
 
     def allocate_slot(self) -> int:
-        return self._free.pop()
+        return self.slots.take()
 
     def free_slot(self, slot: int) -> None:
-        assert slot not in self._free, "slot freed twice"
-        self._free.append(slot)
+        self.slots.give(slot)  # refuses a slot freed twice
+
+    def stop(self) -> None:
+        """Nothing runs beside it."""
 
     def step(self, seqs) -> StepResult:
         used = torch.zeros(len(seqs), N_LAYERS, N_EXPERTS, dtype=torch.bool)
@@ -95,6 +103,7 @@ class Recording:
 
     def __init__(self, policy, run: Run):
         self.policy, self.run = policy, run
+        self.max_batch_size = policy.max_batch_size
 
     def plan(self, v):
         plan = self.policy.plan(v)
@@ -112,8 +121,8 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
     run = Run(engine, [])
     batching = Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)
     policy = Recording(build_policy(batching), run)
-    batcher = Batcher(engine, policy, max_queue=10_000, clock=clock,
-                      max_prefill_tokens=max_prefill_tokens)
+    loop = BatchingLoop(engine, policy, max_queue=10_000, clock=clock,
+                        max_prefill_tokens=max_prefill_tokens)
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
         while pending and pending[0][1][0] * MS <= clock.now_ns:
@@ -124,10 +133,10 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
                           sink=run.events[rid].append, ignore_eos=True, priority=priority,
                           received_ns=int(t_ms * MS))
             run.requests.append(req)
-            batcher.submit(req)
-        if batcher.idle and not pending:
+            loop.enqueue(req)
+        if loop.idle and not pending:
             return run
-        plan = batcher.plan()
+        plan = loop.plan()
         if not plan:
             wake = clock.now_ns + int(plan.wake_in_s * 1e9) if plan.wake_in_s is not None else None
             nxt = int(pending[0][1][0] * MS) if pending else None
@@ -135,7 +144,7 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
                 "stuck: nothing planned, nothing to wait for"
             clock.now_ns = max(clock.now_ns + 1, min(t for t in (wake, nxt) if t is not None))
             continue
-        batcher.apply(plan, *batcher.run(plan))
+        loop.apply(plan, *loop.run(plan))
     raise AssertionError("simulation did not finish")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from analysis.rundir import load_run
+from analysis.readers.rundir import load_run
 from proto import moe_pb2
 from records.declare import flat
 from records.jsonform import dumps, from_json, to_json

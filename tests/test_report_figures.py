@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from analysis.breakdown import ttft_split
-from analysis.intervals import load_intervals
-from analysis.rundir import Run, read_samples
-from analysis.samples import server_series
-from analysis.server_stats import server_view
-from analysis.timeseries import client_series
+from analysis.readers.intervals import load_intervals
+from analysis.readers.rundir import Run, read_samples
+from analysis.readers.samples import server_series
+from analysis.readers.server_stats import server_view
+from analysis.readers.timeseries import client_series
+from analysis.ttft_split import ttft_split
 from tests.cli import analysis
 from tests.rundirs import (
     histogram,

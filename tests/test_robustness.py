@@ -14,8 +14,8 @@ import torch
 
 from proto import moe_pb2, moe_pb2_grpc
 from records.server_settings import Limits
-from server.service import server_options
-from server.tokenizer import ByteTokenizer
+from server.engine.tokenizer import ByteTokenizer
+from server.frontends.grpc_service import server_options
 from tests.cli import analysis
 from tests.conftest import (
     REPO,
@@ -204,7 +204,7 @@ def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(c
     # No GPU to exhaust here: the engine's step raises once what a CUDA step over its memory
     # raises, from torch's allocator or from cuBLAS's.
     with running_server(max_batch_size=4) as served:
-        engine = served.app.service.scheduler.batcher.engine
+        engine = served.app.service.engine_thread.batching.engine
         step, failed = engine.step, []
 
         def step_once_out_of_memory(seqs):
@@ -215,7 +215,7 @@ def test_a_step_out_of_memory_fails_its_requests_only_and_the_server_serves_on(c
 
         engine.step = step_once_out_of_memory
         request = moe_pb2.GenerateRequest(prompt="hello", max_tokens=4, ignore_eos=True)
-        with caplog.at_level(logging.WARNING, logger="server.scheduler"):
+        with caplog.at_level(logging.WARNING, logger="server.scheduling.engine_thread"):
             with pytest.raises(grpc.RpcError) as err:
                 list(served.stub.Generate(request))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from proto import moe_pb2, moe_pb2_grpc
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
-from server.security import Tokens, check_exposure, guard_of
+from server.frontends.security import Tokens, check_exposure, guard_of
 from tests.conftest import REPO, running_server
 from tests.test_end_to_end import locust
 

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from proto import moe_pb2
-from server.tokenizer import ByteTokenizer
+from server.engine.tokenizer import ByteTokenizer
 from tests.conftest import running_server
 
 Req = moe_pb2.GenerateRequest
@@ -150,7 +150,7 @@ def test_engine_failure_fails_requests_instead_of_hanging():
         def broken_step(seqs):
             raise RuntimeError("simulated kernel fault")
 
-        served.app.service.scheduler.engine.step = broken_step
+        served.app.service.engine_thread.engine.step = broken_step
         with pytest.raises(grpc.RpcError) as err:
             list(served.stub.Generate(Req(prompt="x", max_tokens=4), timeout=10))
         assert err.value.code() == grpc.StatusCode.INTERNAL

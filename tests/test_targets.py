@@ -10,7 +10,7 @@ import json
 import pytest
 
 from loadgen.settings import check
-from loadgen.target import TARGETS
+from loadgen.targets.target import TARGETS
 from records.declare import SettingsError, build
 from records.jsonform import to_json
 from records.load_settings import LoadSettings

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.histograms import Histogram
-from loadgen.html_report import with_section
-from loadgen.recorder import CLIENT_METRICS
+from loadgen.recording.histograms import Histogram
+from loadgen.recording.recorder import CLIENT_METRICS
 from loadgen.settings import REGISTRIES
-from loadgen.timeline import Figures, Timeline
-from loadgen.web_form import FIRST, form_spec
+from loadgen.web.form import FIRST, form_spec
+from loadgen.web.html_report import with_section
+from loadgen.web.timeline import Figures, Timeline
 from records.declare import applies, build, leaves
 from records.jsonform import from_json
 from records.load_settings import LoadSettings

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from analysis.delivery import delivery_split
 from analysis.diagnosis import diagnose
-from analysis.rundir import load_run
+from analysis.readers.rundir import load_run
+from analysis.rules.delivery import delivery_split
 from records.server_stats import Histogram, bucket_stats
 from tests.conftest import REPO, server_process
 from tests.rundirs import encoded

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from loadgen.profiles import Profile
-from loadgen.workload import Workload, load_dataset, parse_classes
+from loadgen.traffic.profiles import Profile
+from loadgen.traffic.workload import Workload, load_dataset, parse_classes
 from records.declare import build
 from records.load_settings import LoadSettings
 

@@ -1,0 +1,278 @@
+"""Accounting and latency recording for one run, and the numbers of its summary.
+
+Every request the schedule produced ends in exactly one bucket: not sent (the generator's
+own in-flight limit, or due just as the run stopped), ok, or failed by status code.
+Requests scheduled during warm-up are counted but kept out of the latency histograms;
+throughput counts what completed inside the measured window, whenever it was scheduled.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from loadgen import slo as objectives
+from loadgen.client import StreamResult
+from loadgen.recording.histograms import Histogram
+from loadgen.recording.timing import StreamTiming, stream_timing
+from records.jsonform import from_json, to_json
+from records.load_settings import LoadSettings, Slo
+from records.requests import CLIENT_CANCELLED, RequestRow
+from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
+
+CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
+                  "send_lag", "delivery_lag", "loop_lag")
+CLASS_METRICS = ("ttft", "tpot", "e2e")
+SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
+LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
+MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
+                 "slo_judged", "rows_omitted", "off_length")
+LATE_LOOP_MS = 5.0  # the generator's loop lag p99 above this: its timestamps are that late
+# past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
+BUSY_CPU_PERCENT = 50.0
+
+
+@dataclass
+class Recorder:
+    """Requests are folded in as they finish and only a row each is kept, so memory grows
+    with requests, not with tokens, however long the run."""
+
+    start_ns: int
+    warmup_s: float
+    slo: Slo = field(default_factory=Slo)
+    stop_ns: int | None = None  # end of the schedule, set when the run stops
+    client: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    interval: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    server: dict[str, Histogram] = field(
+        default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
+    classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
+    class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
+    rows: list[RequestRow] = field(default_factory=list)  # one per request sent, up to max_rows
+    max_rows: int = 100_000  # requests.jsonl cap: memory stays bounded in a soak
+    rows_omitted: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    not_sent: int = 0
+    late_sends: int = 0
+    warmup: int = 0
+    window_tokens: int = 0  # output tokens received inside the measured window
+    window_ok: int = 0  # ok requests that completed inside it (whenever scheduled)
+    window_good: int = 0  # ... and met the SLOs
+    # measured ok requests meeting each objective, and all
+    slo_met: Counter = field(default_factory=Counter)
+    slo_judged: int = 0  # measured ok requests
+    off_length: int = 0  # ok requests whose server counted another output length than asked
+
+    @classmethod
+    def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
+        """The recorder a run with these settings keeps: its warm-up, SLOs and row cap."""
+        return cls(start_ns, settings.recording.warmup_s, settings.slo,
+                   max_rows=settings.recording.max_request_rows)
+
+    @property
+    def warmup_end_ns(self) -> int:
+        return self.start_ns + int(self.warmup_s * 1e9)
+
+    def in_window(self, t_ns: int) -> bool:
+        return self.warmup_end_ns <= t_ns and (self.stop_ns is None or t_ns <= self.stop_ns)
+
+    def add(self, result: StreamResult) -> StreamTiming | None:
+        """Accounts for a finished request; returns its timing when it is measured and ok."""
+        self.statuses[result.status] += 1
+        done = result.usage.get("completion_tokens")
+        self.off_length += bool(result.ok and result.max_tokens and done is not None
+                                and done != result.max_tokens)
+        if result.klass:
+            self.class_statuses.setdefault(result.klass, Counter())[result.status] += 1
+        lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
+        if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
+            self.late_sends += 1
+        self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True)
+                                  if self.in_window(t))
+        timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens,
+                               result.server_elapsed_us) if result.ok else None
+        checks = objectives.checks(self.slo, timing) if timing else {}
+        if timing and self.in_window(result.recv_ns[-1]):
+            self.window_ok += 1
+            self.window_good += all(checks.values())
+        warmup = result.scheduled_ns < self.warmup_end_ns
+        self.warmup += warmup
+        if len(self.rows) < self.max_rows:
+            self.rows.append(self.row(result, timing, warmup))
+        else:
+            self.rows_omitted += 1
+        if warmup:
+            return None
+        if lag_us is not None:
+            self.record("send_lag", lag_us)
+        if timing is None:
+            return None
+        self.slo_judged += 1
+        self.slo_met.update([name for name, ok in checks.items() if ok]
+                            + (["all"] if all(checks.values()) else []))
+        for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
+            self.record(name, getattr(timing, f"{name}_us"))
+        for itl in timing.itl_us:
+            self.record("itl", itl)
+        for itl in timing.itl_token_us:
+            self.record("itl_token", itl)
+        for lag in timing.delivery_lag_us:
+            # clamps the sub-microsecond rounding below zero
+            self.record("delivery_lag", max(lag, 0))
+        if timing.tpot_us is not None:
+            self.record("tpot", timing.tpot_us)
+        if result.klass:
+            hists = self.classes.setdefault(result.klass, {m: Histogram() for m in CLASS_METRICS})
+            for name in CLASS_METRICS:
+                if getattr(timing, f"{name}_us") is not None:
+                    hists[name].record(getattr(timing, f"{name}_us"))
+        for name in SERVER_METRICS:
+            if f"{name}_us" in result.usage:
+                self.server[name].record(result.usage[f"{name}_us"])
+        return timing
+
+    def export(self) -> dict:
+        """Everything a merge needs, as plain types (Locust sends it between processes)."""
+        return {
+            "client": {name: [h.encode(), h.clamped] for name, h in self.client.items()},
+            "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
+            "statuses": dict(self.statuses), "slo_met": dict(self.slo_met),
+            "rows": to_json(self.rows),
+            "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()}
+                        for k, hists in self.classes.items()},
+            "class_statuses": {k: dict(v) for k, v in self.class_statuses.items()},
+            **{k: getattr(self, k) for k in MERGED_COUNTS},
+        }
+
+    def absorb(self, part: dict) -> None:
+        """Adds another recorder's export: histograms exactly (HDR add), counts summed."""
+        for kind, hists in (("client", self.client), ("server", self.server)):
+            for name, (encoded, clamped) in part[kind].items():
+                hists[name].merge(encoded, clamped)
+        self.statuses.update(part["statuses"])
+        for klass, hists in part["classes"].items():
+            mine = self.classes.setdefault(klass, {m: Histogram() for m in CLASS_METRICS})
+            for name, (encoded, clamped) in hists.items():
+                mine[name].merge(encoded, clamped)
+        for klass, counts in part["class_statuses"].items():
+            self.class_statuses.setdefault(klass, Counter()).update(counts)
+        self.slo_met.update(part["slo_met"])
+        room = self.max_rows - len(self.rows)
+        self.rows.extend(from_json(RequestRow, row, "a worker's row")
+                         for row in part["rows"][:room])
+        self.rows_omitted += max(0, len(part["rows"]) - room)
+        for k in MERGED_COUNTS:
+            setattr(self, k, getattr(self, k) + part[k])
+
+    def loop_lag(self, t_ns: int, late_us: int) -> None:
+        """One wake of the event-loop probe (loadgen/recording/loop_lag.py), in the window."""
+        if self.in_window(t_ns):
+            self.record("loop_lag", late_us)
+
+    def record(self, metric: str, value_us: float) -> None:
+        """Into the run's histogram and the current interval's."""
+        self.client[metric].record(value_us)
+        self.interval[metric].record(value_us)
+
+    def take_interval(self) -> dict[str, Histogram]:
+        """The interval histograms so far; recording goes on into fresh ones."""
+        taken = self.interval
+        self.interval = {m: Histogram() for m in CLIENT_METRICS}
+        return taken
+
+    def class_figures(self) -> dict[str, ClassFigures]:
+        """Each request class on its own: counts, and latency of its measured ok requests."""
+        def stats(klass: str, metric: str) -> Stats:
+            return self.classes[klass][metric].stats() if klass in self.classes else Stats(count=0)
+
+        return {k: ClassFigures(sent=sum(counts.values()), ok=counts["OK"],
+                                ttft_ms=stats(k, "ttft"), tpot_ms=stats(k, "tpot"),
+                                e2e_ms=stats(k, "e2e"))
+                for k, counts in sorted(self.class_statuses.items())}
+
+    def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> RequestRow:
+        """The request's line in requests.jsonl, times in ms from the run's start."""
+        return RequestRow(
+            request_id=r.request_id, klass=r.klass, status=r.status, details=r.details,
+            warmup=warmup, scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
+            sent_ms=(r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
+            output_tokens=sum(r.tokens), messages=len(r.tokens),
+            ttft_ms=t.ttft_us / 1000 if t else None,
+            tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,
+            e2e_ms=t.e2e_us / 1000 if t else None,
+            **{f"server_{k}": v for k, v in r.usage.items()})
+
+    def slo_shares(self) -> SloShares:
+        """The objectives and the share of measured ok requests meeting each, and all."""
+        given = objectives.objectives_ms(self.slo)
+        share = {n: self.slo_met[n] / self.slo_judged if self.slo_judged else None
+                 for n in [*given, "all"]}
+        return SloShares(objectives_ms=given, requests=self.slo_judged, met_share=share)
+
+    def accounting(self) -> Accounting:
+        failed = {code: n for code, n in sorted(self.statuses.items())
+                  if code not in ("OK", CLIENT_CANCELLED)}
+        return Accounting(sent=sum(self.statuses.values()), ok=self.statuses["OK"],
+                          failed=sum(failed.values()), not_sent=self.not_sent,
+                          failed_by_code=failed, warmup=self.warmup,
+                          rows_omitted=self.rows_omitted,
+                          cancelled=self.statuses[CLIENT_CANCELLED])
+
+    @property
+    def window_s(self) -> float:
+        """The measured window: end of warm-up to the end of the schedule."""
+        return max(self.stop_ns - self.warmup_end_ns, 1) / 1e9
+
+    def throughput(self, window_s: float) -> Throughput:
+        """Rates over the measured window: output tokens received in it, and ok requests
+        (meeting the SLOs, for goodput) that completed in it."""
+        return Throughput(window_s=window_s, output_tokens_per_s=self.window_tokens / window_s,
+                          requests_per_s=self.window_ok / window_s,
+                          goodput_requests_per_s=self.window_good / window_s)
+
+    def generator_health(self, cpu_percent: float, closed_loop: bool = False) -> Generator:
+        lag = self.client["send_lag"].stats()
+        warnings = []
+        if closed_loop:
+            warnings.append("closed loop: each user waited for its previous response before "
+                            "sending, so a slow or stalled server received fewer requests and "
+                            "its queueing is under-stated (coordinated omission); use --mode "
+                            "fixed to measure latency under a given load")
+        if cpu_percent > BUSY_CPU_PERCENT:
+            warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above "
+                            f"{BUSY_CPU_PERCENT:g}% its receive timestamps lag (tens of ms at "
+                            "p99): add Locust worker processes (--processes N, with -u N) or "
+                            "lower the rate")
+        loop = self.client["loop_lag"].stats()
+        if (loop.p99 or 0) > LATE_LOOP_MS:
+            warnings.append(
+                f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
+                f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; use --client "
+                "aio (open-loop modes), add Locust worker processes (--processes N, with -u N), "
+                "or lower the rate")
+        if self.late_sends:
+            warnings.append(
+                f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
+                f"{LATE_SEND_MS:g} ms after their scheduled time "
+                f"(send lag p99 {lag.p99 or 0:.1f} ms, "
+                f"max {lag.max or 0:.1f} ms): "
+                "the load generator could not keep up; latencies still count from the schedule, "
+                "but add Locust worker processes (--processes N, with -u N) or lower the rate to "
+                "measure the server alone")
+        if self.not_sent:
+            warnings.append(f"{self.not_sent} scheduled requests were not sent: over "
+                            "--max-in-flight (the server is not keeping up with the offered "
+                            "rate), or due just as the run stopped")
+        if self.off_length:
+            warnings.append(f"{self.off_length} of {self.statuses['OK']} ok requests got another "
+                            "output length than --max-tokens asked (the server's usage says so): "
+                            "it ended them at end-of-sequence, so the workload is not the one "
+                            "asked for (TPOT still holds); use a server that takes ignore_eos "
+                            "or min_tokens (--exact-length)")
+        clamped = sum(h.clamped for h in self.client.values())
+        if clamped:
+            warnings.append(f"{clamped} latency values fell outside the histogram range "
+                            "and were clamped")
+        return Generator(late_sends=self.late_sends, late_threshold_ms=LATE_SEND_MS,
+                         cpu_percent=cpu_percent, warnings=warnings)

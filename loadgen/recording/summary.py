@@ -1,0 +1,36 @@
+"""summary.json and histograms.json from a recorder: one process's, or several merged."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from loadgen.recording.recorder import Recorder
+from records.load_settings import LoadSettings
+from records.summary import Summary
+
+
+def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float,
+              window_s: float, cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
+    """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
+    has them); warnings: the caller's, after the recorder's own."""
+    generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed")
+    return Summary(
+        run_dir=settings.recording.run_dir,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        duration_s=duration_s,
+        window_s=window_s,
+        config=settings,
+        metrics={f"{name}_ms": h.stats() for name, h in rec.client.items()},
+        server_time_ms={name: h.stats() for name, h in rec.server.items()},
+        throughput=rec.throughput(window_s),
+        slo=rec.slo_shares(),
+        requests=rec.accounting(),
+        generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings]),
+        classes=rec.class_figures(),
+    )
+
+
+def histogram_encodings(rec: Recorder) -> dict[str, str]:
+    hists = {**rec.client, **{f"server_{k}": v for k, v in rec.server.items()}}
+    return {name: h.encode() for name, h in hists.items()}

@@ -1,0 +1,95 @@
+"""The OpenAI-compatible reference server of loadgen/delay_server.py (aiohttp): /v1/completions
+and /v1/chat/completions stream the Pacer's schedule as server-sent events ("tok " a token, a
+chat stream opening with a role event), then usage (stream_options.include_usage) and [DONE];
+/v1/models names the model "delay". Each chunk carries `server_elapsed_us`, as this project's
+server does, so delivery lag is measured over HTTP too.
+
+Faults: `http-500` (an error reply), `not-sse` (a JSON body instead of a stream), `no-done`
+(no [DONE] at the end), `bad-json` (one event that is not JSON, then the stream goes on),
+`error-event` (an error event after the first chunk, and the end), `drop` (the connection
+closed after the first chunk).
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from loadgen.reference.pacer import Pacer
+
+WORD = "tok "  # one token: one word, 4 characters
+MODEL = "delay"
+
+
+def event(data: dict | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+def app(pacer: Pacer) -> web.Application:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        fault = pacer.fault()
+        if fault == "http-500":
+            return web.json_response({"error": {"message": "delay server: an injected fault",
+                                                "type": "internal_error", "code": 500}},
+                                     status=500)
+        if fault == "not-sse":
+            return web.json_response({"choices": [{"index": 0, "text": WORD * max_tokens}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        envelope = {"id": "cmpl-delay", "object": kind, "created": 0, "model": MODEL}
+        if chat:
+            await response.write(event(envelope | {"choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""},
+                 "finish_reason": None}]}))
+        async for m in pacer.messages(max_tokens):
+            text = WORD * m.tokens
+            choice = ({"index": 0, "delta": {"content": text}} if chat
+                      else {"index": 0, "text": text})
+            choice["finish_reason"] = "length" if m.last else None
+            if body.get("return_token_ids"):
+                choice["token_ids"] = [65] * m.tokens
+            await response.write(event(envelope | {"choices": [choice],
+                                                   "server_elapsed_us": m.elapsed_us}))
+            if m.index == 0 and fault == "bad-json":
+                await response.write(b"data: {not json\n\n")
+            if m.index == 0 and fault == "error-event":
+                await response.write(event({"error": {"message": "delay server: an injected "
+                                                      "fault", "code": 500}}))
+                return response
+            if m.index == 0 and fault == "drop":
+                request.transport.close()
+                return response
+        if (body.get("stream_options") or {}).get("include_usage"):
+            prompt = body.get("prompt") if not chat else body.get("messages")
+            # token ids as sent, else a word a token
+            prompt_tokens = len(prompt) if not chat else len(json.dumps(prompt).split())
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
+                     "total_tokens": prompt_tokens + max_tokens}
+            await response.write(event(envelope | {"choices": [], "usage": usage}))
+        if fault != "no-done":
+            await response.write(event("[DONE]"))
+        await response.write_eof()
+        return response
+
+    application = web.Application()
+    application.add_routes([web.get("/v1/models", models),
+                            web.post("/v1/completions", generate),
+                            web.post("/v1/chat/completions", generate)])
+    return application
+
+
+async def start(protocol: str, pacer: Pacer):
+    """The server started on its loopback port (--port; 0: any free one): (port, its stop)."""
+    runner = web.AppRunner(app(pacer), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", pacer.args.port)
+    await site.start()
+    return runner.addresses[0][1], runner.cleanup

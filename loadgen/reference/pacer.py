@@ -1,0 +1,75 @@
+"""The known schedule every reference server follows (loadgen/delay_server.py describes it):
+each stream's messages, when each is due, the stall window and the faults in turn."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a stream, when it is due."""
+
+    tokens: int  # tokens it carries
+    index: int  # of its first token in the stream
+    last: bool
+    elapsed_us: int  # since the stream's request arrived
+
+
+class Pacer:
+    """The known schedule, shared by every protocol's server."""
+
+    def __init__(self, args):
+        self.args = args
+        self.started = time.monotonic()
+        self.first_arrival: float | None = None  # the stall is timed from it
+        self.slots = asyncio.Semaphore(args.capacity)
+        self.faults = [f for f in args.faults.split(",") if f]
+        self.arrivals = itertools.count()
+        self.finished = 0
+
+    def fault(self) -> str:
+        """The fault of the stream arriving now ("" for none): each in turn, then a whole one."""
+        if not self.faults:
+            return ""
+        turn = next(self.arrivals) % (len(self.faults) + 1)
+        return self.faults[turn] if turn < len(self.faults) else ""
+
+    async def wait_until(self, due_s: float) -> float:
+        """Sleeps until due_s (monotonic), plus whatever of the stall window the wake-up falls
+        into; returns the stall it waited, by which every later message of the stream moves."""
+        await asyncio.sleep(max(0.0, due_s - time.monotonic()))
+        stall_from = self.first_arrival + self.args.stall_at_s
+        now = time.monotonic()
+        if self.args.stall_s and stall_from <= now < stall_from + self.args.stall_s:
+            await asyncio.sleep(stall_from + self.args.stall_s - now)
+            return stall_from + self.args.stall_s - now
+        return 0.0
+
+    async def messages(self, max_tokens: int) -> AsyncIterator[Message]:
+        """A stream of max_tokens tokens, each message at its time."""
+        received = time.monotonic_ns()
+        if self.first_arrival is None:
+            self.first_arrival = received / 1e9
+        per_chunk = self.args.tokens_per_chunk
+        async with self.slots:
+            # Deadlines from the moment the stream got its slot, not from the previous wake-up:
+            # a late wake-up (a busy machine) does not push back every later message.
+            start_s, stalled_s = time.monotonic(), 0.0
+            sent = 0
+            while sent < max_tokens:
+                n = 1 if sent == 0 else min(per_chunk, max_tokens - sent)
+                last_token = sent + n - 1
+                due_s = start_s + stalled_s + (self.args.ttft_ms
+                                               + last_token * self.args.itl_ms) / 1e3
+                stalled_s += await self.wait_until(due_s)
+                elapsed_us = (time.monotonic_ns() - received) // 1000
+                yield Message(n, sent, sent + n == max_tokens, elapsed_us)
+                sent += n
+        self.finished += 1

@@ -1,0 +1,276 @@
+"""The `openai` target: OpenAI-compatible streaming over HTTP/1.1 server-sent events (vLLM,
+SGLang, TGI, llama.cpp, Ollama, this project's server with --http-port).
+
+One request is one POST to --endpoint (/v1/completions: the prompt as token ids, so its length
+is exact; /v1/chat/completions: as one user message of text) with `stream`,
+`stream_options.include_usage` and, with --exact-length, vLLM's `ignore_eos` and `min_tokens`.
+Each event is one message: its text (or its token ids, with --token-ids), the finish reason,
+the usage on the last, and `server_elapsed_us` where the server sends it (this project's
+servers). The stream must end with `[DONE]`.
+
+Greenlets read with geventhttpclient (the HTTP client of Locust's FastHttpUser) and the aio
+sender with aiohttp; both reuse connections and read in large blocks (aiohttp's 64 KiB
+default buffer costs at long contexts, vLLM issue 39963).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+
+from loadgen.targets.credentials import Credentials
+from loadgen.targets.sse import EventStream
+from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
+from records.load_settings import TargetSettings
+
+READ_BUFFER = 4 * 1024 * 1024  # bytes read at once; events of long contexts fit whole
+MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on in-flight requests
+ERROR_BODY = 4096  # bytes of an error reply kept for its message
+DONE = "[DONE]"
+
+
+def base_url(host: str) -> str:
+    """http://HOST:PORT from --host (http:// when it has no scheme)."""
+    return (host if "://" in host else f"http://{host}").rstrip("/")
+
+
+def error_message(status: int, body: bytes) -> TargetError:
+    """An HTTP error reply: its OpenAI-style message where the body has one."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        detail = json.loads(text)
+        error = detail.get("error", detail) if isinstance(detail, dict) else detail
+        message = error.get("message", text) if isinstance(error, dict) else str(error)
+    except ValueError:
+        message = text
+    return TargetError(f"HTTP_{status}", " ".join(str(message).split())[:300])
+
+
+class Reader:
+    """An event stream's messages, one line at a time; `done` once [DONE] came."""
+
+    def __init__(self, target: OpenAITarget):
+        self.target = target
+        self.events = EventStream()
+        self.done = False
+
+    def line(self, line: bytes) -> Chunk | None:
+        data = self.events.line(line)
+        return None if data is None else self.data(data)
+
+    def data(self, data: str) -> Chunk | None:
+        chunk = self.target.chunk_of(data)
+        self.done = chunk is None
+        return chunk
+
+    def finish(self) -> None:
+        """At the end of the body: an event left open counts; without [DONE] the stream is
+        INCOMPLETE."""
+        if not self.done and (data := self.events.end()) is not None:
+            self.data(data)
+        if not self.done:
+            raise TargetError("INCOMPLETE", "the event stream ended without [DONE]")
+
+
+class OpenAITarget:
+    name = "openai"
+    over_http = True
+    takes_text = True
+    required: tuple[str, ...] = ()
+
+    def __init__(self, settings: TargetSettings):
+        self.settings = settings
+        self.chat = settings.endpoint.rstrip("/").endswith("/chat/completions")
+        self.streams_text = not settings.token_ids
+        self.model = settings.model  # "" until /v1/models names one
+        self.credentials = Credentials(settings)
+        key = settings.api_key or os.environ.get("OPENAI_API_KEY", "")
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+                        **({"Authorization": f"Bearer {key}"} if key else
+                           self.credentials.header)}
+        for header in settings.headers:
+            name, _, value = header.partition(":")
+            self.headers[name.strip()] = value.strip()
+
+    # --- the protocol ---
+
+    def body(self, spec: RequestSpec) -> bytes:
+        s = self.settings
+        body = {"max_tokens": spec.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": spec.text}]
+        else:
+            body["prompt"] = list(spec.prompt_ids) or spec.prompt_text
+        if s.exact_length:
+            body |= {"ignore_eos": True, "min_tokens": spec.max_tokens}
+        if s.token_ids:
+            body["return_token_ids"] = True
+        return json.dumps(body).encode()
+
+    def chunk_of(self, data: str) -> Chunk | None:
+        """One event's data as a Chunk; None for [DONE]."""
+        if data == DONE:
+            return None
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise TargetError("BAD_STREAM", f"an event is not JSON: {data[:200]!r}") from None
+        if not isinstance(event, dict):
+            raise TargetError("BAD_STREAM", f"an event is not a JSON object: {data[:200]!r}")
+        if "error" in event:
+            error = event["error"]
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise TargetError("SERVER_ERROR", str(message)[:300])
+        choices = event.get("choices") or []
+        usage = event.get("usage") or {}
+        if not isinstance(choices, list) or not isinstance(usage, dict):
+            raise TargetError("BAD_STREAM", f"an event without a choices list: {data[:200]!r}")
+        counts = {k: usage[k] for k in ("prompt_tokens", "completion_tokens")
+                  if isinstance(usage.get(k), int)}
+        elapsed = event.get("server_elapsed_us", 0)
+        if not choices:
+            return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0)
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
+        if self.chat:
+            delta = choice.get("delta") or {}
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+        else:
+            text = choice.get("text") or ""
+        ids = choice.get("token_ids")
+        tokens = len(ids) if isinstance(ids, list) else 0
+        return Chunk(tokens=tokens, text="" if tokens else text,
+                     server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
+                     finish_reason=choice.get("finish_reason") or "", usage=counts)
+
+    def check_reply(self, status: int, content_type: str, body: bytes) -> None:
+        """Raises unless the reply is the start of an event stream; body: an error's first
+        bytes."""
+        if status != 200:
+            raise error_message(status, body)
+        if not content_type.startswith("text/event-stream"):
+            raise TargetError("BAD_STREAM", f"the server answered {content_type or 'no type'}, "
+                              f"not an event stream: does {self.settings.endpoint} stream?")
+
+    # --- greenlets (geventhttpclient) ---
+
+    def connect(self, host: str):
+        from geventhttpclient import HTTPClient
+
+        url = base_url(host)
+        tls = ({"ssl_context_factory": lambda *_, **__: self.credentials.ssl_context()}
+               if url.startswith("https://") else {})
+        return HTTPClient.from_url(url, concurrency=MAX_STREAMS, connection_timeout=10,
+                                   network_timeout=24 * 3600, block_size=READ_BUFFER, **tls)
+
+    def stream(self, conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
+        import gevent
+
+        deadline = TargetError("DEADLINE_EXCEEDED", f"no end after {timeout_s:g} s "
+                               "(--request-timeout-s)")
+        with gevent.Timeout(timeout_s, deadline):
+            response = conn.request("POST", self.settings.endpoint, body=self.body(spec),
+                                    headers=self.headers)
+            try:
+                status = response.status_code
+                self.check_reply(status, response.get("content-type", ""),
+                                 response.read(ERROR_BODY) if status != 200 else b"")
+                reader = Reader(self)
+                while not reader.done and (line := response.readline(b"\n")):
+                    if (chunk := reader.line(line)) is not None:
+                        yield chunk
+                reader.finish()
+            finally:
+                response.release()
+
+    def close(self, conn) -> None:
+        conn.close()
+
+    # --- the aio sender (aiohttp) ---
+
+    async def aconnect(self, host: str):
+        import aiohttp
+
+        session = aiohttp.ClientSession(
+            base_url(host), read_bufsize=READ_BUFFER,
+            connector=aiohttp.TCPConnector(limit=0, ssl=self.credentials.ssl_context()
+                                           if base_url(host).startswith("https://") else True),
+            timeout=aiohttp.ClientTimeout(total=None, connect=10))
+        if not self.model:
+            try:
+                async with session.get("/v1/models", headers=self.headers,
+                                       timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                    self.model = model_of(await reply.read()) if reply.status == 200 else ""
+            except (aiohttp.ClientError, TimeoutError):
+                pass  # the requests will say why
+        return session
+
+    async def astream(self, conn, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
+        import aiohttp
+
+        async with conn.post(self.settings.endpoint, data=self.body(spec), headers=self.headers,
+                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            status = response.status
+            self.check_reply(status, response.headers.get("Content-Type", ""),
+                             await response.content.read(ERROR_BODY) if status != 200 else b"")
+            reader = Reader(self)
+            while not reader.done and (line := await response.content.readline()):
+                if (chunk := reader.line(line)) is not None:
+                    yield chunk
+            reader.finish()
+
+    async def aclose(self, conn) -> None:
+        await conn.close()
+
+    # --- failures and readiness ---
+
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """A refused, reset or half-read connection is UNAVAILABLE (geventhttpclient says it with
+        http.client's exceptions, aiohttp with its ClientErrors), past the deadline
+        DEADLINE_EXCEEDED; the rest as every target."""
+        if isinstance(exc, TimeoutError):
+            return "DEADLINE_EXCEEDED", "no end within --request-timeout-s"
+        broken = (OSError, http.client.HTTPException)
+        if isinstance(exc, broken) or type(exc).__module__.startswith("aiohttp"):
+            return "UNAVAILABLE", f"connection to the server failed: {type(exc).__name__}: " \
+                                  f"{exc}"[:300]
+        return failure_of(exc)
+
+    def probe(self, host: str) -> str:
+        """GET /v1/models: the server answers, and names the model when --model does not."""
+        url = f"{base_url(host)}/v1/models"
+        try:
+            tls = self.credentials.ssl_context() if url.startswith("https://") else None
+            with urllib.request.urlopen(urllib.request.Request(url, headers=self.headers),
+                                        timeout=5, context=tls) as reply:
+                self.model = self.model or model_of(reply.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                return f"openai server at {base_url(host)} refused GET /v1/models with HTTP " \
+                       f"{exc.code}: check --api-key or --auth-token"
+            if exc.code >= 500:
+                return f"openai server at {base_url(host)} answered HTTP {exc.code} to GET " \
+                       "/v1/models"
+        except (OSError, ValueError) as exc:
+            return f"openai server at {base_url(host)} is not answering: {exc}"
+        return ""
+
+    def stats(self, host: str) -> None:
+        return None
+
+
+def model_of(body: bytes) -> str:
+    """The first model a /v1/models reply lists, "" when it lists none."""
+    try:
+        data = json.loads(body).get("data") or []
+        return str(data[0]["id"]) if data else ""
+    except (ValueError, AttributeError, KeyError, TypeError, IndexError):
+        return ""

@@ -1,0 +1,147 @@
+"""Targets: what the load generator needs from a server protocol, and the registry of them.
+
+A target is one small class holding everything protocol-specific: it builds the protocol's
+request from the workload's neutral `RequestSpec`, streams it (a blocking version for Locust's
+greenlets and an async one for the aio sender), turns each streamed message into a `Chunk`,
+maps errors onto one status vocabulary (docs/metrics.md) and probes readiness. Modes,
+arrivals, recording, distribution and analysis never ask which target runs.
+
+Targets load by name when first used, so a run imports only its own protocol's client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from records.declare import leaves
+from records.load_settings import LoadSettings, TargetSettings
+from records.server_stats import ServerStats
+
+# name -> module:Class; adding a target is its class and a line here.
+TARGETS = {
+    "moe": "loadgen.targets.moe:MoeTarget",
+    "openai": "loadgen.targets.openai:OpenAITarget",
+    "vllm-grpc": "loadgen.targets.engines:VllmTarget",
+    "sglang-grpc": "loadgen.targets.engines:SglangTarget",
+    "trtllm-grpc": "loadgen.targets.engines:TrtllmTarget",
+    "triton": "loadgen.targets.triton:TritonTarget",
+}
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What the workload asks of one request, whatever the protocol."""
+
+    request_id: str
+    max_tokens: int  # output tokens; exact where the protocol can ignore end-of-sequence
+    prompt_ids: tuple[int, ...] = ()  # token ids of printable bytes (synthetic prompts) ...
+    prompt_text: str = ""  # ... or text (a dataset's prompts); one of the two is set
+    klass: str = ""  # the request class, "" without classes
+    cancel_after: int = 0  # the client cancels once this many output tokens arrived; 0: never
+
+    @property
+    def text(self) -> str:
+        """The prompt as text: for ids, the bytes they stand for (synthetic prompts are ASCII)."""
+        return self.prompt_text or bytes(self.prompt_ids).decode("ascii", errors="replace")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """One streamed message, as the load generator records it."""
+
+    tokens: int = 0  # output tokens it carries, where the protocol says (ids, a count) ...
+    text: str = ""  # ... or the text it carries, counted when the stream ends (text_tokens.py)
+    server_elapsed_us: int = 0  # the server's time from the request to this message; 0 unknown
+    finish_reason: str = ""  # set on the message that ends the stream
+    # the server's own account, on the last message; keys as RequestRow's server_* fields
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class TargetError(Exception):
+    """A protocol-level failure: the status (docs/metrics.md) and what happened."""
+
+    def __init__(self, status: str, details: str):
+        super().__init__(f"{status}: {details}")
+        self.status, self.details = status, details
+
+
+class Target(Protocol):
+    name: ClassVar[str]
+    over_http: ClassVar[bool]  # --host is http://HOST:PORT (or HOST:PORT) rather than HOST:PORT
+    takes_text: ClassVar[bool]  # prompts may go as text; else as token ids only
+    required: ClassVar[tuple[str, ...]]  # Target settings it cannot run without
+    streams_text: bool  # its messages carry text, counted by loadgen/targets/text_tokens.py
+
+    def connect(self, host: str) -> Any:
+        """A connection for one Locust user (a channel, an HTTP pool), used from greenlets."""
+
+    def stream(self, conn: Any, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
+        """The request's messages as they arrive; raises on failure (see `failure`)."""
+
+    async def aconnect(self, host: str) -> Any:
+        """A connection for the aio sender, on its event loop."""
+
+    def astream(self, conn: Any, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
+        """`stream` on asyncio."""
+
+    def close(self, conn: Any) -> None: ...
+
+    async def aclose(self, conn: Any) -> None: ...
+
+    def failure(self, exc: BaseException) -> tuple[str, str]:
+        """(status, details) of an exception `stream` raised."""
+
+    def probe(self, host: str) -> str:
+        """Why the server is not ready ("" when it is), in one line naming host and protocol."""
+
+    def stats(self, host: str) -> ServerStats | None:
+        """The server's telemetry (GetStats), or None when the protocol has none."""
+
+
+def target_class(name: str) -> type[Target]:
+    module, _, cls = TARGETS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def target_of(settings: TargetSettings) -> Target:
+    """The target --target names, built with its settings."""
+    return target_class(settings.target)(settings)
+
+
+def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
+    """(flag, what is wrong) where the settings do not suit the target, None when they do."""
+    name = settings.target.target
+    cls = target_class(name)
+    if problem := host_problem(name, settings.sender.host):
+        return "host", problem
+    for leaf in leaves(TargetSettings):
+        if leaf.name in cls.required and not getattr(settings.target, leaf.name):
+            return leaf.flag, f"the {name} target needs it"
+    for leaf in leaves(TargetSettings):
+        path = getattr(settings.target, leaf.name)
+        if leaf.name.startswith("tls_") and path and not os.access(path, os.R_OK):
+            return leaf.flag, f"cannot read {path}"
+    if settings.workload.dataset and not cls.takes_text and not settings.target.tokenizer:
+        return "dataset", (f"the {name} target takes token ids only: give --tokenizer to turn "
+                           "the dataset's prompts into ids")
+    return None
+
+
+def host_problem(name: str, host: str) -> str | None:
+    """What is wrong with --host for this target, None when nothing is."""
+    if "://" in host and not target_class(name).over_http:
+        return f"the {name} target speaks gRPC: give HOST:PORT, without a scheme, got {host!r}"
+    if "://" in host and not host.startswith(("http://", "https://")):
+        return f"must be http://HOST:PORT or https://HOST:PORT, got {host!r}"
+    return None
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """A failure every target shares: its own TargetError, or a fault of the client."""
+    if isinstance(exc, TargetError):
+        return exc.status, exc.details
+    return "CLIENT_ERROR", repr(exc)

@@ -1,0 +1,109 @@
+"""What each request asks for, seeded by its run-wide index so any process builds the same
+request: one shape (--prompt-tokens, --max-tokens), request classes drawn by weight
+(--classes, mixed mode), or conversations from a ShareGPT-style file (--dataset).
+
+Synthetic prompts are token ids of printable ASCII bytes: sent as ids where the protocol
+takes ids (valid for any server whose vocabulary starts with the 256 byte tokens, so their
+length is exact and the generator never needs the server's tokenizer), as that ASCII text
+where it takes text. Dataset prompts are text; their token counts are the server's
+(usage.prompt_tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loadgen.targets.target import RequestSpec
+from records.load_settings import LoadSettings
+
+PRINTABLE = range(32, 127)
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    name: str
+    weight: float
+    prompt_tokens: int
+    max_tokens: int
+
+
+def parse_classes(spec: str) -> list[RequestClass]:
+    """'name:weight:prompt_tokens:max_tokens,...'"""
+    classes = []
+    for item in spec.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 4:
+            raise ValueError(f"class {item!r} is not name:weight:prompt_tokens:max_tokens")
+        name, weight, prompt, out = parts
+        try:
+            c = RequestClass(name, float(weight), int(prompt), int(out))
+        except ValueError:
+            raise ValueError(f"class {item!r}: weight, prompt_tokens and max_tokens must be "
+                             "numbers") from None
+        if c.weight <= 0 or c.prompt_tokens < 1 or c.max_tokens < 1:
+            raise ValueError(f"class {item!r}: weight above 0, prompt_tokens and max_tokens "
+                             "at least 1")
+        classes.append(c)
+    if len({c.name for c in classes}) != len(classes):
+        raise ValueError(f"class names repeat in {spec!r}")
+    return classes
+
+
+def load_dataset(path: str) -> list[tuple[str, str]]:
+    """(prompt, reply) pairs from a ShareGPT-style JSON list: each item's 'conversations'
+    holds turns with 'from' (human/gpt) and 'value'; the first human turn and the reply to
+    it are used, conversations without both are skipped."""
+    try:
+        items = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    pairs = []
+    for item in items if isinstance(items, list) else []:
+        turns = item.get("conversations", []) if isinstance(item, dict) else []
+        for ask, reply in zip(turns, turns[1:], strict=False):
+            if (ask.get("from") == "human" and reply.get("from") == "gpt"
+                    and ask.get("value") and reply.get("value")):
+                pairs.append((ask["value"], reply["value"]))
+                break
+    if not pairs:
+        raise ValueError(f"{path} has no conversation with a human turn followed by a gpt turn")
+    return pairs
+
+
+class Workload:
+    def __init__(self, settings: LoadSettings):
+        self.seed = settings.traffic.seed
+        self.shape = c = settings.workload
+        uses_classes = settings.traffic.mode == "mixed" and not c.dataset
+        self.classes = parse_classes(c.classes) if uses_classes else []
+        self.dataset = load_dataset(c.dataset) if c.dataset else []
+
+    def request(self, index: int) -> RequestSpec:
+        """The request with this run-wide index (its class '' without classes), and whether and
+        when the client cancels it (drawn apart, so --cancel-share changes no request)."""
+        spec = self._spec(index)
+        rng = random.Random(f"{self.seed}:{index}:cancel")
+        if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
+            return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))
+        return spec
+
+    def _spec(self, index: int) -> RequestSpec:
+        c = self.shape
+        rng = random.Random(f"{self.seed}:{index}")
+        rid = f"{self.seed}-{index}"
+        if self.dataset:
+            prompt, reply = rng.choice(self.dataset)
+            out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped
+            return RequestSpec(rid, out, prompt_text=prompt, klass="dataset")
+        if self.classes:
+            k = rng.choices(self.classes, weights=[k.weight for k in self.classes])[0]
+            length, out, name = k.prompt_tokens, k.max_tokens, k.name
+        else:
+            length = (rng.randint(c.prompt_tokens, c.prompt_tokens_max) if c.prompt_tokens_max
+                      else c.prompt_tokens)
+            out, name = c.max_tokens, ""
+        ids = tuple(rng.choice(PRINTABLE) for _ in range(length))
+        return RequestSpec(rid, out, prompt_ids=ids, klass=name)

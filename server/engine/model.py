@@ -1,0 +1,467 @@
+"""A decoder-only Mixture-of-Experts transformer: seeded random weights for the presets, or a
+Hugging Face checkpoint's (server/engine/checkpoint.py). The shapes and the variations the supported
+families need (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) are ModelArgs fields: head size, q/k/v
+biases, q/k normalisation, clipping, a shared expert, tied embeddings, a sliding window.
+
+One forward pass serves a whole engine step: the tokens of every sequence in the step are
+flattened into one row, so prefill chunks and single decode tokens share every matmul and
+the MoE layer (server/engine/moe.py) sees all of the step's tokens at once.
+
+Shape letters: N tokens in the step, D model dim, H query heads, G kv heads, K head dim,
+E experts, I expert hidden dim, S cached positions, B sequences, V vocabulary, L layers,
+Q = H x K and C = G x K the query and key widths.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psutil
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from records.declare import flat
+from records.server_settings import MoE
+from server.engine.expert_cache import LayerCache
+from server.engine.host_transfer import lists_to_device
+from server.engine.kernels import KERNELS, project, resolve_kernel
+from server.engine.moe import Experts, MoELayer, SharedExpert, StepContext, random_expert
+from server.engine.routing import Skew, router_class, router_options
+from server.engine.tokenizer import VOCAB_SIZE
+from server.parallel.exchange import ExpertSpread
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int = VOCAB_SIZE
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    n_experts: int = 4
+    top_k: int = 2
+    expert_dim: int = 128
+    max_seq_len: int = 256
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    # router weights renormalised over the chosen k (Mixtral); Qwen1.5-MoE does not
+    renormalize: bool = True
+    head_dim: int = 0  # 0 = dim // n_heads (Qwen3-MoE sets its own)
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2-MoE)
+    out_bias: bool = False  # ... and on the output projection
+    qk_norm: str = ""  # "head": RMSNorm of each head of q and k (Qwen3-MoE); "full": of the
+    #                    whole q and k projections (OLMoE); "": none
+    clip_qkv: float | None = None  # q, k and v clamped to +-this (OLMoE's option)
+    shared_expert_dim: int = 0  # a SwiGLU every token passes, gated by sigmoid(x . g) (Qwen2-MoE)
+    tie_embeddings: bool = False  # the output projection is the embedding matrix
+    sliding_window: int = 0  # attend to at most this many latest positions (Mixtral); 0 = all
+
+    def __post_init__(self):
+        if not self.head_dim:
+            if self.dim % self.n_heads:
+                raise ValueError("dim must divide by n_heads (or give head_dim)")
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must divide by n_kv_heads")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (rotary halves), got {self.head_dim}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k must be in 1..{self.n_experts}, got {self.top_k}")
+        if self.qk_norm not in ("", "head", "full"):
+            raise ValueError(f"qk_norm must be '', 'head' or 'full', got {self.qk_norm!r}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+# The floating-point types the engine computes in, by the name --dtype and config.json use.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+PRESETS: dict[str, ModelArgs] = {
+    # Tests: a decode step in about a millisecond on 2 CPU cores.
+    "tiny": ModelArgs(),
+    # CPU load tests: 20-50 tokens/s per stream, saturating around a batch of 8-16 streams.
+    "small": ModelArgs(dim=768, n_layers=6, n_heads=12, n_kv_heads=4, n_experts=8, top_k=2,
+                       expert_dim=1536, max_seq_len=1024),
+    # CPU load tests with fine-grained experts (Qwen-MoE-like: many small experts, several per
+    # token, and a shared one), so policies and the expert cache meet realistic expert counts: a
+    # decode step of 8 streams takes tens of ms on 2 CPU cores, as small's does.
+    "fine": ModelArgs(dim=512, n_layers=6, n_heads=8, n_kv_heads=4, n_experts=64, top_k=8,
+                      expert_dim=256, shared_expert_dim=1024, max_seq_len=1024),
+    # Real shapes, for GPUs.
+    "mixtral-8x7b": ModelArgs(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                              n_experts=8, top_k=2, expert_dim=14336, max_seq_len=4096,
+                              rope_base=1e6),
+    "qwen1.5-moe-a2.7b": ModelArgs(vocab_size=151936, dim=2048, n_layers=24, n_heads=16,
+                                   n_kv_heads=16, n_experts=60, top_k=4, expert_dim=1408,
+                                   max_seq_len=4096, rope_base=1e6, renormalize=False,
+                                   qkv_bias=True, shared_expert_dim=5632, norm_eps=1e-6),
+    # Fine-grained experts: many small ones, several per token.
+    "qwen3-30b-a3b": ModelArgs(vocab_size=151936, dim=2048, n_layers=48, n_heads=32,
+                               n_kv_heads=4, head_dim=128, n_experts=128, top_k=8,
+                               expert_dim=768, max_seq_len=4096, rope_base=1e6, qk_norm="head",
+                               norm_eps=1e-6),
+    "olmoe-1b-7b": ModelArgs(vocab_size=50304, dim=2048, n_layers=16, n_heads=16, n_kv_heads=16,
+                             n_experts=64, top_k=8, expert_dim=1024, max_seq_len=4096,
+                             qk_norm="full", renormalize=False),
+}
+
+
+@dataclass
+class StepLayout:
+    """Where each sequence's tokens sit in the flattened step, and where its cache lives.
+
+    Attention runs batched as a padding batching engine runs it: decode sequences (one new
+    token) padded to the longest cached length (over the whole pool in place where at least
+    half its slots decode), and new prompts' chunks padded to the longest chunk; the padding
+    is counted, so batching efficiency is measured. A chunk resuming a prompt part-prefilled
+    in an earlier step (--max-prefill-tokens, latency_sensitive) attends to its cached prefix
+    on its own. Index tensors are built here, once per step, so no layer reads the device
+    back to place its outputs.
+    """
+
+    positions: Tensor  # [N] position of each token in its sequence
+    token_slots: Tensor  # [N] KV cache slot of each token
+    groups: Tensor  # [N] index of each token's sequence in the step
+    last_index: Tensor  # [B] index in N of each sequence's last token
+    decode_index: Tensor  # [Bd] indices in N of the decode tokens
+    decode_slots: Tensor  # [Bd]
+    # Decode attends over R rows of keys: its sequences' slots gathered (R = Bd), or, where they
+    # are at least half the pool, the whole pool in place (R = pool): no copy of their keys, the
+    # other slots' rows computed on their first position and dropped (docs/measured.md)
+    decode_pool: int  # the pool's slots, attended in place; 0: the decode slots gathered
+    decode_lens: Tensor  # [R] each row's cached length after this step (1: a row dropped)
+    decode_max_len: int
+    # new prompts' chunks (from position 0, over one token): [P, T] indices in N of each one's
+    # tokens, padded with its first, and each valid one's place in the flat [P x T] output and in N
+    prefill_index: Tensor
+    prefill_slots: Tensor  # [P]
+    prefill_from: Tensor  # [n] indices into [P x T]
+    prefill_to: Tensor  # [n] indices into N
+    resumed: list[tuple[int, int, int, int]]  # (first index in N, tokens, slot, start position)
+    kv_useful: int  # decode attention: cached positions needed
+    kv_computed: int  # decode attention: positions computed (every row padded to the longest)
+    prefill_tokens: int  # prefill chunks: tokens
+    prefill_padded: int  # new prompts' chunks: padding added to reach the longest one
+
+    @classmethod
+    def build(cls, seqs: list[tuple[int, int, int]], device: torch.device,
+              pool: int = 0) -> StepLayout:
+        """seqs: (slot, start position, number of new tokens) per sequence, in step order;
+        pool: the KV pool's slots (0: decode always gathers its slots)."""
+        positions, token_slots, groups, last_index = [], [], [], []
+        decode_index, decode_slots, decode_lens = [], [], []
+        fresh, resumed = [], []  # (first index in N, length, slot, start)
+        offset = 0
+        for i, (slot, start, n) in enumerate(seqs):
+            positions.extend(range(start, start + n))
+            token_slots.extend([slot] * n)
+            groups.extend([i] * n)
+            last_index.append(offset + n - 1)
+            if n == 1:
+                decode_index.append(offset)
+                decode_slots.append(slot)
+                decode_lens.append(start + 1)
+            else:
+                (resumed if start else fresh).append((offset, n, slot, start))
+            offset += n
+        width = max((n for _, n, _, _ in fresh), default=0)
+        prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in fresh]
+        valid = [(p * width + t, first + t) for p, (first, n, _, _) in enumerate(fresh)
+                 for t in range(n)]
+        pooled = pool if decode_slots and 2 * len(decode_slots) >= pool else 0
+        row_lens = decode_lens
+        if pooled:
+            row_lens = [1] * pooled
+            for slot, n in zip(decode_slots, decode_lens, strict=True):
+                row_lens[slot] = n
+        (positions, token_slots, groups, last_index, decode_index, decode_slots, row_lens_t,
+         prefill_flat, prefill_slots, prefill_from, prefill_to) = lists_to_device(
+            [positions, token_slots, groups, last_index, decode_index, decode_slots, row_lens,
+             [i for row in prefill_index for i in row], [c[2] for c in fresh],
+             [v[0] for v in valid], [v[1] for v in valid]], device)
+        longest = max(decode_lens, default=0)
+        useful = sum(n for _, n, _, _ in fresh)
+        return cls(positions, token_slots, groups, last_index, decode_index, decode_slots,
+                   pooled, row_lens_t, longest, prefill_flat.reshape(len(fresh), width),
+                   prefill_slots, prefill_from, prefill_to, resumed, sum(decode_lens),
+                   longest * len(row_lens), useful + sum(n for _, n, _, _ in resumed),
+                   len(fresh) * width - useful)
+
+
+class KVCache(nn.Module):
+    """The preallocated pool: `slots` sequences of up to max_seq_len positions per layer."""
+
+    def __init__(self, args: ModelArgs, slots: int, device, dtype):
+        super().__init__()
+        shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, device, dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+                * self.weight)
+
+
+def rope_tables(args: ModelArgs, device) -> tuple[Tensor, Tensor]:
+    half = args.head_dim // 2
+    freqs = 1.0 / args.rope_base ** (torch.arange(half, device=device, dtype=torch.float32) / half)
+    angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()  # [S, K/2] each
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [N, heads, K]; cos/sin: [N, K/2], rotating the two halves of each head
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, device, dtype):
+        super().__init__()
+        self.args = args
+        self.wqkv = nn.Linear(args.dim, args.q_dim + 2 * args.kv_dim, bias=args.qkv_bias,
+                              device=device, dtype=dtype)
+        self.wo = nn.Linear(args.q_dim, args.dim, bias=args.out_bias, device=device, dtype=dtype)
+        widths = {"head": (args.head_dim, args.head_dim), "full": (args.q_dim, args.kv_dim)}
+        if args.qk_norm:
+            q_width, k_width = widths[args.qk_norm]
+            self.q_norm = RMSNorm(q_width, args.norm_eps, device, dtype)
+            self.k_norm = RMSNorm(k_width, args.norm_eps, device, dtype)
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [N, H, K], k and v [N, G, K], normalised and clipped as the model does, before
+        the rotary embedding."""
+        a = self.args
+        n = x.shape[0]
+        q, k, v = project(self.wqkv, x).split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+        if a.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if a.clip_qkv is not None:
+            q, k, v = (t.clamp(-a.clip_qkv, a.clip_qkv) for t in (q, k, v))
+        q = q.view(n, a.n_heads, a.head_dim)
+        k = k.view(n, a.n_kv_heads, a.head_dim)
+        if a.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v.view(n, a.n_kv_heads, a.head_dim)
+
+    def forward(self, x: Tensor, layout: StepLayout, cos: Tensor, sin: Tensor,
+                k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        a = self.args
+        n = x.shape[0]
+        q, k, v = self.qkv(x)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache[layout.token_slots, :, layout.positions] = k
+        v_cache[layout.token_slots, :, layout.positions] = v
+
+        out = torch.empty_like(q)
+        if layout.decode_index.numel():
+            s = layout.decode_max_len
+            qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
+            if layout.decode_pool:
+                keys, values = k_cache[:, :, :s], v_cache[:, :, :s]  # [R, G, S, K], in place
+                qd = qd.new_zeros(layout.decode_pool, *qd.shape[1:]).index_copy_(
+                    0, layout.decode_slots, qd)
+            else:
+                keys = k_cache[layout.decode_slots, :, :s]
+                values = v_cache[layout.decode_slots, :, :s]
+            keys_at = torch.arange(s, device=x.device)[None, :]
+            mask = keys_at < layout.decode_lens[:, None]  # [R, S]
+            if a.sliding_window:
+                mask &= keys_at >= layout.decode_lens[:, None] - a.sliding_window
+            mask = mask[:, None, None, :]
+            o = masked_attention(qd, keys, values, mask,
+                                 expand_heads=fused_refuses_grouped_mask(qd, keys, values, mask))
+            if layout.decode_pool:
+                o = o[layout.decode_slots]
+            out[layout.decode_index] = o.squeeze(2)
+        if layout.prefill_slots.numel():
+            width = layout.prefill_index.shape[1]
+            keys = k_cache[layout.prefill_slots, :, :width]  # [P, G, T, K]
+            values = v_cache[layout.prefill_slots, :, :width]
+            qp = q[layout.prefill_index].transpose(1, 2)  # [P, H, T, K]
+            o = causal_attention(qp, keys, values, 0, a.sliding_window)
+            out[layout.prefill_to] = o.transpose(1, 2).flatten(0, 1)[layout.prefill_from]
+        for first, length, slot, start in layout.resumed:
+            s = start + length
+            qr = q[first:first + length].transpose(0, 1)[None]  # [1, H, T, K]
+            o = causal_attention(qr, k_cache[slot, :, :s][None], v_cache[slot, :, :s][None],
+                                 start, a.sliding_window)
+            out[first:first + length] = o[0].transpose(0, 1)
+        return project(self.wo, out.reshape(n, a.q_dim))
+
+
+def causal_attention(q: Tensor, keys: Tensor, values: Tensor, start: int,
+                     window: int) -> Tensor:
+    """Prompt tokens at positions start.. (q [P, H, T, K]) over their sequences' keys up to
+    and including themselves (keys [P, G, start + T, K]). New prompts (start 0) go to SDPA as
+    causal attention, never as a mask, so a fused kernel (flash or memory-efficient) runs where
+    the build has one and no [T, S] scores exist. A prompt resumed after a cached prefix (its
+    rows at the end of the keys) or a sliding window the keys outgrow takes a [T, S] mask:
+    torch's lower-right causal bias would spare it, but importing it costs 70 MB and 1.2 s
+    (it loads torch._dynamo; docs/measured.md)."""
+    t, s = q.shape[2], keys.shape[2]
+    if start == 0 and not (window and s > window):
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    rows = torch.arange(start, start + t, device=q.device)[:, None]
+    at = torch.arange(s, device=q.device)[None, :]
+    mask = at <= rows  # [T, S]
+    if window:
+        mask &= at > rows - window
+    return masked_attention(q, keys, values, mask,
+                            expand_heads=fused_refuses_grouped_mask(q, keys, values, mask))
+
+
+def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor,
+                     expand_heads: bool) -> Tensor:
+    """SDPA under a boolean mask, the keys' G heads shared by the H query heads. With
+    expand_heads the keys and values are repeated to H heads first: on CUDA, where no fused
+    kernel of this build takes grouped heads with a mask (`fused_refuses_grouped_mask`), SDPA
+    would fall back to its math kernel and hold [P, H, T, S] float32 scores, and the copy,
+    [P, H, S, K], is one that kernel makes as well."""
+    groups = q.shape[1] // keys.shape[1]
+    if expand_heads and groups > 1:
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def fused_refuses_grouped_mask(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> bool:
+    """On CUDA: neither SDPA's memory-efficient kernel nor cuDNN's, the fused ones that take a
+    mask, would run these grouped heads (many torch builds refuse them; newer ones do not, and
+    repeating the heads there would only multiply the keys read)."""
+    if q.device.type != "cuda" or q.shape[1] == keys.shape[1]:
+        return False
+    params = torch.backends.cuda.SDPAParams(q, keys, values, mask, 0.0, False, True)
+    return not (torch.backends.cuda.can_use_efficient_attention(params)
+                or torch.backends.cuda.can_use_cudnn_attention(params))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, moe: MoELayer, device, dtype):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.attention = Attention(args, device, dtype)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.moe = moe
+
+
+class Transformer(nn.Module):
+    """The model, every layer complete when built from the MoE settings: its router (with the
+    options it takes), kernel (grouped_mm falls back to sorted where it cannot run: see
+    `kernel_name`), capacity factor, routing skew and expert cache."""
+
+    def __init__(self, args: ModelArgs, moe: MoE = MoE(), seed: int = 0, device="cpu",
+                 dtype=torch.float32, spread: ExpertSpread | None = None):
+        """spread: the experts are spread over ranks; this process holds its share."""
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, device=device, dtype=dtype)
+        cached = moe.expert_cache > 0
+        self.kernel_name = resolve_kernel(moe.moe_kernel, (args.expert_dim, args.dim),
+                                          torch.device(device), dtype, cached)
+        router = router_class(moe.router)
+        options = router_options(router, flat(moe))  # the MoE settings it takes by name
+        skew = Skew.parse(moe.routing_skew)
+        rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
+
+        def moe_layer(i: int) -> MoELayer:
+            experts = Experts(args, device, dtype, on_host=cached,
+                              held=spread.held(i) if spread else None)
+            bias = skew.layer_bias(args.n_experts, args.top_k, i, seed)
+            cache = LayerCache(experts.weights, moe.expert_cache, torch.device(device),
+                               moe.cache_policy, rng) if cached else None
+            shared = (SharedExpert(args.dim, args.shared_expert_dim, device, dtype)
+                      if args.shared_expert_dim else None)
+            return MoELayer(layer=i, top_k=args.top_k,
+                            router=router(args, i, seed, device, dtype, **options),
+                            experts=experts, kernel=KERNELS[self.kernel_name],
+                            capacity_factor=moe.capacity_factor,
+                            skew_bias=None if bias is None else bias.to(device), cache=cache,
+                            shared=shared, n_experts=args.n_experts,
+                            exchange=spread.exchange(i) if spread else None)
+
+        self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype)
+                                    for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, device, dtype)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False, device=device, dtype=dtype)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args, device)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_random(self, seed: int, keep: frozenset[str] = frozenset()) -> None:
+        """Seeded random weights scaled so activations stay O(1) through the layers, biases
+        zero; the parameters named in keep (loaded from a checkpoint) are left as they are.
+        Drawn on the CPU, so a seed means the same model on any device, and each expert from
+        its own generator (server/engine/moe.py random_expert), so the experts a process holds are
+        the same whichever it holds. The experts, most of a model's weights, are drawn on
+        torch's CPU threads at once, as many as a quarter of the free host memory holds (a CPU
+        draws about 120 M numbers a second per thread: mixtral-8x7b's experts would take six
+        minutes on one)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name in keep or ".moe.experts." in name:
+                continue
+            if name.endswith(".bias"):
+                p.zero_()
+                continue
+            fan_in = p.shape[-1] if p.dim() > 1 and "tok_embeddings" not in name else 1
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32)
+                    .mul_(1 / math.sqrt(fan_in)))
+        todo = [(i, slot, expert) for i, block in enumerate(self.layers)
+                if f"layers.{i}.moe.experts.w13" not in keep
+                for slot, expert in enumerate(block.moe.experts.held)]
+
+        inference = torch.is_inference_mode_enabled()
+
+        def draw(item: tuple[int, int, int]) -> None:
+            i, slot, expert = item
+            experts = self.layers[i].moe.experts
+            w13, w2 = random_expert(seed, i, expert, self.args.dim, self.args.expert_dim)
+            # the caller's modes are its thread's own: the pool's threads take them here
+            with torch.inference_mode(inference), torch.no_grad():
+                experts.w13[slot].copy_(w13)
+                experts.w2[slot].copy_(w2)
+
+        # each drawer holds an expert in float32 and its copy in the model's dtype
+        drawing = 3 * self.args.dim * self.args.expert_dim * 8
+        drawers = max(1, min(torch.get_num_threads(),
+                             psutil.virtual_memory().available // 4 // drawing))
+        with ThreadPoolExecutor(drawers) as pool:
+            list(pool.map(draw, todo))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache,
+                step: StepContext) -> Tensor:
+        """Logits of each sequence's last token [B, V]; routing counts go into step."""
+        cos = self.rope_cos[layout.positions]
+        sin = self.rope_sin[layout.positions]
+        x = self.tok_embeddings(tokens)  # [N, D]
+        step.timer.mark("preprocess")
+        for i, layer in enumerate(self.layers):
+            x = x + layer.attention(layer.attention_norm(x), layout, cos, sin,
+                                    cache.k[i], cache.v[i])
+            step.timer.mark("attention")
+            x = x + layer.moe(layer.ffn_norm(x), step)  # marks routing, expert_compute, combine
+        return project(self.output, self.norm(x[layout.last_index])).float()

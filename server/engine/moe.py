@@ -1,0 +1,241 @@
+"""The MoE feed-forward layer: route -> capacity -> dispatch -> expert compute -> combine.
+
+Dispatch sorts the step's (token, expert) pairs by expert so each expert's tokens are one
+contiguous slice; combine scatters the weighted outputs back to their tokens. With expert
+parallelism these two are where the all-to-all exchange goes.
+
+Shape letters: N tokens, D model dim, E experts, I expert hidden dim, k experts per token,
+M kept (token, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from server.engine.expert_cache import LayerCache
+from server.engine.host_transfer import HostTransfers
+from server.engine.kernels import Kernel, gated, grouped_mm_experts, project, swiglu
+from server.engine.stages import StageTimer
+
+
+def tally(ids: Tensor, n: int) -> Tensor:
+    """How often each of 0..n-1 occurs in ids (int64 [n]): bincount's answer, without the host
+    reads bincount makes on CUDA (the ids' least and greatest values)."""
+    return torch.zeros(n, dtype=torch.long, device=ids.device).index_add_(0, ids,
+                                                                       torch.ones_like(ids))
+
+
+def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Slots per expert in one step: ceil(tokens x k / experts x CF)."""
+    return math.ceil(tokens * top_k / n_experts * capacity_factor)
+
+
+@dataclass
+class StepContext:
+    """What one forward pass needs beyond the tokens, and what it reports back."""
+
+    groups: Tensor  # [N] index of each token's sequence in the step
+    n_seqs: int
+    timer: StageTimer
+    token_bias: Tensor | None = None  # [N, L, E] per-request routing bias (affinity skew)
+    # per layer [B, E]: experts each sequence used
+    seq_experts: list[Tensor] = field(default_factory=list)
+    # per layer [E]: (token, expert) pairs routed
+    routed: list[Tensor] = field(default_factory=list)
+    dropped: list[Tensor] = field(default_factory=list)  # per layer [E]: pairs over capacity
+    # per layer: experts that computed (a 0-d device tensor on the grouped kernel until the
+    # step's one transfer at its end)
+    active: list[int | Tensor] = field(default_factory=list)
+    comm: list = field(default_factory=list)  # per layer: its exchange (server/parallel/)
+    host: HostTransfers = field(default_factory=HostTransfers)  # the step's device -> host reads
+
+
+def random_expert(seed: int, layer: int, expert: int, dim: int,
+                  hidden: int) -> tuple[Tensor, Tensor]:
+    """One expert's seeded random weights, fp32 on the CPU, w13 [2I, D] and w2 [D, I]: drawn
+    from its own generator, so an expert is the same whichever process or device holds it."""
+    gen = torch.Generator().manual_seed((seed * 1_000 + layer) * 1_000_000 + expert)
+    return (torch.randn(2 * hidden, dim, generator=gen).div_(math.sqrt(dim)),
+            torch.randn(dim, hidden, generator=gen).div_(math.sqrt(hidden)))
+
+
+CUDA_HOST_REGISTER_PORTABLE = 1  # page-locked for every GPU's context, not only the current one
+
+
+def pin_in_place(t: Tensor) -> None:
+    """Page-locks t's own memory for asynchronous copies to the GPU, until t is freed. Not
+    pin_memory=True: torch's pinned host allocator rounds each block up to a power of two (a
+    48 GiB layer stack would lock 64 GiB); registering the tensor's memory locks exactly its
+    bytes."""
+    cudart, ptr = torch.cuda.cudart(), t.data_ptr()
+    err = cudart.cudaHostRegister(ptr, t.numel() * t.element_size(), CUDA_HOST_REGISTER_PORTABLE)
+    if int(err) != 0:
+        raise RuntimeError(f"cannot pin {t.numel() * t.element_size()} bytes of expert weights "
+                           f"in host memory (cudaHostRegister error {int(err)}); free host "
+                           "memory, or serve a smaller model")
+    # unregistered as t goes, before its memory does: an address the allocator hands out again
+    # must not be found registered still
+    weakref.finalize(t, cudart.cudaHostUnregister, ptr)
+
+
+class Experts(nn.Module):
+    """One layer's expert weights, stacked: w13 [S, 2I, D] (the gate projection's rows, then
+    the up projection's) and w2 [S, D, I], slot j holding expert held[j] (every expert, in
+    order, unless the experts are spread over ranks). With an expert cache they stay in host
+    memory (pinned on CUDA) and the cache holds the resident ones."""
+
+    def __init__(self, args, device, dtype, on_host: bool = False,
+                 held: list[int] | None = None):
+        super().__init__()
+        self.held = list(range(args.n_experts)) if held is None else held
+        s, i, d = len(self.held), args.expert_dim, args.dim
+        where = "cpu" if on_host else device
+        self.w13 = nn.Parameter(torch.empty(s, 2 * i, d, dtype=dtype, device=where))
+        self.w2 = nn.Parameter(torch.empty(s, d, i, dtype=dtype, device=where))
+        if on_host and torch.device(device).type == "cuda":
+            for w in self.weights:
+                pin_in_place(w)
+
+    @property
+    def weights(self) -> tuple[Tensor, Tensor]:
+        return self.w13, self.w2
+
+
+class SharedExpert(nn.Module):
+    """An expert every token passes, beside the routed ones, its output scaled by
+    sigmoid(x . g) (Qwen2-MoE's shared expert): w13 [2I, D] fused as the routed experts' are,
+    w2 [D, I], gate [1, D]."""
+
+    def __init__(self, dim: int, hidden: int, device, dtype):
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False, device=device, dtype=dtype)
+        self.w2 = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
+        self.gate = nn.Linear(dim, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(self.gate(x)) * project(self.w2, gated(project(self.w13, x)))
+
+
+class MoELayer(nn.Module):
+    """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
+    layer-wide routing bias, expert cache, shared expert and exchange never change afterwards.
+    The exchange (server/parallel/exchange.py) carries tokens to experts held by other ranks and
+    back; without one every expert is here."""
+
+    def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
+                 kernel: Kernel, capacity_factor: float | None = None,
+                 skew_bias: Tensor | None = None, cache: LayerCache | None = None,
+                 shared: SharedExpert | None = None, exchange=None,
+                 n_experts: int | None = None):
+        super().__init__()
+        self.layer = layer
+        self.top_k = top_k
+        self.n_experts = n_experts or len(experts.held)
+        self.router = router
+        self.experts = experts
+        self.kernel = kernel
+        self.capacity_factor = capacity_factor
+        # [E] layer-wide routing bias
+        self.register_buffer("skew_bias", skew_bias, persistent=False)
+        self.cache = cache
+        self.shared = shared
+        self.exchange = exchange
+
+    def forward(self, x: Tensor, step: StepContext) -> Tensor:
+        weights, experts = self.route(x, step)
+        flat = experts.flatten()  # [N*k]
+        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.bool, device=x.device)
+        step.seq_experts.append(used.index_put_((step.groups.repeat_interleave(self.top_k), flat),
+                                                torch.ones_like(flat, dtype=torch.bool)))
+        if self.exchange is None:
+            out = self.here(x, weights, flat, step)
+        else:
+            step.routed.append(tally(flat, self.n_experts))
+            out = self.exchange.run(self, x, weights, flat, step)
+        if self.shared is not None:
+            out += self.shared(x)
+            step.timer.mark("expert_compute")
+        return out
+
+    def here(self, x: Tensor, weights: Tensor, flat: Tensor, step: StepContext) -> Tensor:
+        """Every expert in this process: sort the pairs by expert, drop what is over capacity,
+        compute each expert's slice, combine."""
+        order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
+        counts = tally(flat, self.n_experts)  # [E]
+        keep = None
+        if self.capacity_factor is not None:
+            cap = expert_capacity(x.shape[0], self.top_k, self.n_experts, self.capacity_factor)
+            starts = counts.cumsum(0) - counts
+            rank = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
+            keep = rank < cap
+            kept = counts.clamp(max=cap)
+            step.dropped.append(counts - kept)
+        else:
+            kept = counts
+        step.routed.append(counts)
+        if keep is None and self.cache is None and self.kernel is grouped_mm_experts:
+            kept_counts = kept  # on the device: the grouped kernel's offsets come from it
+            step.active.append((kept > 0).sum())
+        else:
+            kept_counts = step.host.to_list(kept)  # the layer's one host sync
+            step.active.append(sum(1 for n in kept_counts if n))
+            if keep is not None:  # the kept pairs first, in order; sized here, not by a mask
+                order = order[(~keep).to(torch.uint8).argsort(stable=True)[:sum(kept_counts)]]
+        step.timer.mark("routing")
+
+        token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
+        ys = self.compute(self.dispatch(x, token_of), kept_counts)
+        step.timer.mark("expert_compute")
+
+        out = self.combine(ys, token_of, weights.flatten()[order], x)
+        step.timer.mark("combine")
+        return out
+
+    def route(self, x: Tensor, step: StepContext) -> tuple[Tensor, Tensor]:
+        bias = self.skew_bias
+        if step.token_bias is not None:
+            layer_bias = step.token_bias[:, self.layer]
+            bias = layer_bias if bias is None else bias + layer_bias
+        return self.router(x, bias, step.groups)
+
+    def compute(self, xs: Tensor, counts: list[int]) -> Tensor:
+        if self.cache is None:
+            return self.kernel(xs, counts, range(self.n_experts), *self.experts.weights)
+        # Through the cache, expert by expert, resident ones first: visiting the same experts in
+        # id order every step is a scan that makes LRU evict exactly the expert needed next.
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        resident = self.cache.slot_of
+        ys = torch.empty_like(xs)
+        for e in sorted((e for e, n in enumerate(counts) if n), key=lambda e: e not in resident):
+            a, b = starts[e], starts[e + 1]
+            (slot,) = self.cache.ensure([e])
+            ys[a:b] = self.kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident)
+        return ys
+
+    @staticmethod
+    def dispatch(x: Tensor, token_of: Tensor) -> Tensor:
+        """Each kept (token, expert) pair's input, grouped by expert [M, D]."""
+        return x[token_of]
+
+    @staticmethod
+    def combine(ys: Tensor, token_of: Tensor, weights: Tensor, x: Tensor) -> Tensor:
+        """Weighted sum of each token's expert outputs; dropped pairs add nothing."""
+        return torch.zeros_like(x).index_add_(0, token_of, ys * weights[:, None].to(ys.dtype))
+
+    def reference(self, x: Tensor, step: StepContext) -> Tensor:
+        """The same layer token by token, dropless: slow, for tests."""
+        weights, experts = self.route(x, step)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(self.top_k):
+                e = int(experts[t, j])
+                y = swiglu(x[t:t + 1], *(w[e] for w in self.experts.weights))
+                out[t] += weights[t, j].to(x.dtype) * y[0]
+        return out if self.shared is None else out + self.shared(x)

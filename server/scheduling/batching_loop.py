@@ -1,0 +1,194 @@
+"""The continuous-batching loop, one step at a time, without threads: plan (the policy),
+run (the engine), apply (tokens to requests). The engine thread
+(server/scheduling/engine_thread.py) runs it; tests drive it directly with a fake clock and a
+fake engine.
+
+`plan` and `apply` change shared state and run under the engine thread's lock; `run` only
+touches the engine and runs outside it, so submits, cancels and stats never wait for a
+step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+
+from server.engine.expert_cache import CacheCounters
+from server.engine.interface import Engine, SeqInput, StepResult
+from server.engine.routing import request_key
+from server.errors import QueueFullError
+from server.scheduling.fairness import fair_order
+from server.scheduling.faults import Injector
+from server.scheduling.policies import Policy, StepPlan, View, within_prefill_budget
+from server.scheduling.requests import FailureEvent, Request, TokenEvent, Usage
+from server.telemetry.window import StepLog, Telemetry, count_bounds
+
+LENGTH, STOP = "LENGTH", "STOP"
+LIFETIME_PRIOR_S = 1.0  # a request's lifetime before any has finished
+LIFETIME_WEIGHT = 0.1  # of each finished request in the moving average (the last ~10 count)
+MIN_RETRY_S = 0.05
+
+
+class BatchingLoop:
+    def __init__(self, engine: Engine, policy: Policy, max_queue: int,
+                 clock: Callable[[], int] = time.monotonic_ns, step_log: StepLog | None = None,
+                 faults: Injector | None = None, max_prefill_tokens: int | None = None):
+        """max_prefill_tokens: prompt tokens per step under any policy; None: no cap."""
+        self.engine = engine
+        self.faults = faults
+        self.policy = policy
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_queue = max_queue
+        self.clock = clock
+        self.step_log = step_log
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.resident: list[Request] = []  # hold a KV slot, in admission order
+        self.cancelled: list[Request] = []
+        self.telemetry = self.new_telemetry()  # the engine's warm-up excluded
+        self.lifetime_s = LIFETIME_PRIOR_S  # moving average: received -> finished
+
+    def new_telemetry(self) -> Telemetry:
+        return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
+                         count_bounds(self.policy.max_batch_size),
+                         cache_baseline=self.cache_counters(), ranks=self.engine.world)
+
+    def cache_counters(self) -> list[CacheCounters]:
+        return [dataclasses.replace(cache.counters) for cache in self.engine.caches]
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.resident or self.cancelled)
+
+    def enqueue(self, req: Request) -> None:
+        if len(self.waiting) >= self.max_queue:
+            raise QueueFullError(f"wait queue full ({self.max_queue} requests, --max-queue); "
+                                 "retry later or send at a lower rate")
+        req.last_run_ns = req.received_ns
+        self.waiting.append(req)
+
+    def retry_after_s(self) -> float:
+        """When a place is likely to free: a request's mean lifetime over the requests holding
+        places, as each is about as far along as any other."""
+        return max(MIN_RETRY_S, self.lifetime_s / max(1, len(self.resident)))
+
+    def cancel(self, req: Request) -> None:
+        if not req.done:
+            self.cancelled.append(req)
+
+    def plan(self) -> StepPlan:
+        """Frees cancelled requests, asks the policy, gives newly admitted requests a slot."""
+        self._reap_cancelled()
+        now = self.clock()
+        plan = self.policy.plan(View(now, fair_order(self.waiting, self.resident),
+                                     self.resident, self.engine.free_slots))
+        if self.max_prefill_tokens is not None:
+            plan.prefill = within_prefill_budget(plan.prefill, self.max_prefill_tokens)
+        admitted = []
+        for req, _ in plan.prefill:
+            if req.slot is None:
+                req.slot = self.engine.allocate_slot()
+                req.admitted_ns = now
+                self.waiting.remove(req)
+                self.resident.append(req)
+                admitted.append(len(req.prompt_ids))
+        self.telemetry.record_admitted(admitted)
+        return plan
+
+    def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
+        """One engine step for the plan; returns the result and its start and end times."""
+        seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled,
+                         temperature=req.temperature, seed=req.seed,
+                         routing_key=request_key(req.request_id, req.seed))
+                for req, n in plan.prefill]
+        seqs += [SeqInput(req.slot, req.output_ids[-1:],
+                          len(req.prompt_ids) + len(req.output_ids) - 1,
+                          temperature=req.temperature, seed=req.seed)
+                 for req in plan.decode]
+        if self.faults is not None:
+            self.faults.before_step()
+        t0 = self.clock()
+        result = self.engine.step(seqs)
+        return result, t0, self.clock()
+
+    def apply(self, plan: StepPlan, result: StepResult, t0: int, t1: int) -> None:
+        """Hands out the step's tokens, finishes requests, records telemetry, then delivers:
+        a client that saw its last token finds it counted in GetStats."""
+        deliveries = []
+        finished = 0
+        ran = [(req, n) for req, n in plan.prefill] + [(req, 0) for req in plan.decode]
+        for i, ((req, chunk), token) in enumerate(zip(ran, result.next_ids, strict=True)):
+            req.last_run_ns = t1
+            req.signature = result.seq_experts[i]
+            if req.done:  # cancelled while the step ran; reaped before the next one
+                continue
+            if chunk:
+                req.prefilled += chunk
+                req.prefill_us += (t1 - t0) // 1000
+                if req.prompt_left:
+                    continue  # a prompt chunk: its logits are not a token yet
+                req.first_token_ns = t1
+            req.output_ids.append(token)
+            stops = (token in self.engine.tokenizer.eos_ids and not req.ignore_eos
+                     and len(req.output_ids) > req.min_tokens)
+            finish = LENGTH if len(req.output_ids) >= req.max_tokens else STOP if stops else None
+            usage = None
+            if finish:
+                req.done = True
+                finished += 1
+                lifetime_s = (t1 - req.received_ns) / 1e9
+                self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
+                self.engine.free_slot(req.slot)
+                usage = Usage(prompt_tokens=len(req.prompt_ids),
+                              completion_tokens=len(req.output_ids),
+                              queue_us=(req.admitted_ns - req.received_ns) // 1000,
+                              prefill_us=req.prefill_us,
+                              decode_us=(t1 - req.first_token_ns) // 1000)
+                n = len(req.output_ids)
+                self.telemetry.record_request(
+                    usage.queue_us / 1000, usage.prefill_us / 1000,
+                    (req.first_token_ns - req.received_ns) / 1e6,
+                    usage.decode_us / 1000 / (n - 1) if n > 1 else None)
+            deliveries.append((req.sink, TokenEvent(token, finish, usage)))
+        self.resident = [r for r in self.resident if not r.done]
+        self.telemetry.requests_finished += finished
+        self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6,
+                                   self.engine.expert_bytes)
+        if self.step_log is not None:
+            self.step_log.write(self.telemetry.steps, result, len(ran), len(plan.prefill))
+        for sink, event in deliveries:
+            sink(event)
+
+    def _reap_cancelled(self) -> None:
+        for req in self.cancelled:
+            if req.done:
+                continue
+            req.done = True
+            self.telemetry.requests_aborted += 1
+            if req.slot is None:
+                self.waiting.remove(req)
+            else:
+                self.resident.remove(req)
+                self.engine.free_slot(req.slot)
+        self.cancelled.clear()
+
+    def fail_all(self, error: Exception) -> None:
+        """Ends every unfinished request with error and frees its slot."""
+        self._fail([r for r in (*self.waiting, *self.resident) if not r.done], error)
+
+    def fail_plan(self, plan: StepPlan, error: Exception) -> None:
+        """Ends the requests of a step that failed (an injected fault); the rest go on."""
+        self._fail([r for r in [req for req, _ in plan.prefill] + plan.decode if not r.done],
+                   error)
+
+    def _fail(self, pending: list[Request], error: Exception) -> None:
+        failing = set(map(id, pending))
+        self.waiting = collections.deque(r for r in self.waiting if id(r) not in failing)
+        self.resident = [r for r in self.resident if id(r) not in failing]
+        self.telemetry.requests_aborted += len(pending)
+        for req in pending:
+            req.done = True
+            if req.slot is not None:
+                self.engine.free_slot(req.slot)
+            req.sink(FailureEvent(error))

@@ -1,0 +1,193 @@
+"""The engine thread: runs the batching loop (server/scheduling/batching_loop.py) a step at a
+time, its plan and apply under one lock, the engine step outside it. Front ends submit, cancel
+and read stats through it from the event loop. Sinks are called on this thread; admission
+(server/frontends/admission.py) makes them thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from records.server_settings import Faults
+from server.engine.expert_cache import CacheCounters
+from server.engine.interface import Engine
+from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
+from server.scheduling.batching_loop import BatchingLoop
+from server.scheduling.faults import InjectedFault, Injector
+from server.scheduling.heap import HeapTrimmer
+from server.scheduling.policies import Policy
+from server.scheduling.requests import Request
+from server.telemetry.window import StepLog, Telemetry
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30  # a step that takes longer at shutdown is hung (a stuck device)
+
+
+# Out of memory where a library, not torch's allocator, failed to allocate: raised as a plain
+# RuntimeError (cuBLAS's workspace, a CUDA call's own buffers)
+OUT_OF_MEMORY_MESSAGES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memory")
+
+
+def out_of_memory(exc: RuntimeError) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or any(
+        m in str(exc) for m in OUT_OF_MEMORY_MESSAGES)
+
+
+@dataclass
+class StatsSnapshot:
+    telemetry: Telemetry
+    running: int  # resident: holding a KV slot
+    waiting: int
+    kv_slots_in_use: int
+    cache: list[CacheCounters]  # per layer, since the window started; empty without a cache
+
+
+class EngineThread:
+    def __init__(self, engine: Engine, policy: Policy, max_queue: int,
+                 step_log: StepLog | None = None, faults: Faults | None = None,
+                 heap: HeapTrimmer | None = None, max_prefill_tokens: int | None = None):
+        self.engine = engine
+        self.heap = heap or HeapTrimmer(0)  # returns freed memory between steps
+        self.policy = policy
+        self.started_ns = time.monotonic_ns()
+        self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
+        self.batching = BatchingLoop(engine, policy, max_queue, step_log=step_log,
+                                     faults=self.faults, max_prefill_tokens=max_prefill_tokens)
+        self.before = self.batching.new_telemetry()  # the windows ResetStats ended, added up
+        # called on the engine thread if a step raises
+        self.on_failure: Callable[[], None] | None = None
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._failure: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, reason: str) -> None:
+        """Stops the engine thread and ends every unfinished request (ShutdownError)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("engine step still running after %d s; shutting down without it",
+                      STOP_TIMEOUT_S)
+        with self._cond:
+            self.batching.fail_all(ShutdownError(reason))
+        if self.batching.step_log is not None:
+            self.batching.step_log.close()
+
+    @property
+    def running(self) -> bool:
+        """Neither stopping nor failed."""
+        return not self._stopping and self._failure is None
+
+    def submit(self, req: Request) -> None:
+        with self._cond:
+            if self._stopping or self._failure is not None:
+                raise UnavailableError(f"the engine is not running ({self._failure or 'stopping'})")
+            try:
+                self.batching.enqueue(req)
+            except QueueFullError as exc:
+                exc.retry_after_s = self.batching.retry_after_s()
+                raise
+            self._cond.notify()
+
+    def retry_after_s(self) -> float:
+        with self._cond:
+            return self.batching.retry_after_s()
+
+    def cancel(self, req: Request) -> None:
+        """Frees the request's queue place or KV slot before the next step."""
+        with self._cond:
+            self.batching.cancel(req)
+            self._cond.notify()
+
+    def record_write(self, ms: float) -> None:
+        """One streamed message's write delay (stamped -> the transport took it). Called on the
+        event loop for every message, so it does not wait for the engine thread's lock: a
+        histogram update is a few attribute writes, and GetStats reads on the same loop."""
+        self.batching.telemetry.write_ms.record(ms)
+
+    def count_rejected(self) -> None:
+        with self._cond:
+            self.batching.telemetry.requests_rejected += 1
+
+    def snapshot(self) -> StatsSnapshot:
+        with self._cond:
+            b = self.batching
+            telemetry = b.telemetry.snapshot()
+            running, waiting = len(b.resident), len(b.waiting)
+        cache = telemetry.cache_counters(self.batching.cache_counters())
+        return StatsSnapshot(telemetry, running, waiting,
+                             self.engine.kv_slots - self.engine.free_slots, cache)
+
+    def reset_stats(self) -> None:
+        """A new GetStats window; the lifetime figures (/metrics) keep the old one's."""
+        with self._cond:
+            self.before = self.before.plus(self.batching.telemetry)
+            self.batching.telemetry = self.batching.new_telemetry()
+
+    def lifetime(self) -> Telemetry:
+        """Every counter since the server started, ResetStats or not."""
+        with self._cond:
+            return self.before.plus(self.batching.telemetry)
+
+    def _out_of_memory(self, plan, exc: RuntimeError) -> None:
+        prompt = sum(n for _, n in plan.prefill)
+        ran = len(plan.prefill) + len(plan.decode)
+        log.warning("engine step out of memory (%d sequences, %d prompt tokens); failing them "
+                    "and serving on: %s", ran, prompt, str(exc).splitlines()[0])
+        if self.batching.engine.device.type == "cuda":
+            torch.cuda.empty_cache()  # what the failed step's tensors held goes back
+        with self._cond:
+            self.batching.fail_plan(plan, StepOutOfMemory(
+                f"the engine ran out of memory in a step of {ran} sequences ({prompt} prompt "
+                "tokens); this request failed and its KV slot is free; retry, or run the server "
+                "with a smaller --max-prefill-tokens or --max-batch-size"))
+
+    def _run(self) -> None:
+        b = self.batching
+        device = b.engine.device
+        if device.type == "cuda":  # kernels, events and allocations of this thread go there
+            torch.cuda.set_device(device)
+        try:
+            while True:
+                with self._cond:
+                    while b.idle and not self._stopping:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    plan = b.plan()
+                    if not plan:  # the policy waits for a batch to fill, or for a slot
+                        self._cond.wait(timeout=plan.wake_in_s)
+                        continue
+                try:
+                    result, t0, t1 = b.run(plan)
+                except InjectedFault as fault:
+                    with self._cond:
+                        b.fail_plan(plan, fault)
+                    continue
+                except RuntimeError as exc:  # out of memory: this step's requests, not the server
+                    if not out_of_memory(exc):
+                        raise
+                    self._out_of_memory(plan, exc)
+                    continue
+                with self._cond:
+                    b.apply(plan, result, t0, t1)
+                self.heap.maybe_trim()
+        except Exception as exc:  # the engine is broken: no request may hang on it
+            log.exception("engine step failed; failing all requests")
+            with self._cond:
+                self._failure = exc
+                b.fail_all(exc)
+            if self.on_failure is not None:
+                self.on_failure()
