@@ -148,8 +148,8 @@ def slos(run: Run) -> Slo:
 
 
 def _meets_slo(rows: list[RequestRow], slo: Slo) -> np.ndarray:
-    """As loadgen/slo.py judges: every objective given; a one-token request has no TPOT and meets
-    it."""
+    """As the load generator judges (loadgen/recording/slo.py): every objective given; a
+    one-token request has no TPOT and meets it."""
     met = np.ones(len(rows), dtype=bool)
     for name in LATENCY:
         if (limit := getattr(slo, f"slo_{name}_ms")) is not None:

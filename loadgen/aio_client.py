@@ -12,7 +12,7 @@ import gevent
 from gevent import subprocess
 from gevent.event import Event
 
-from loadgen.client import StreamResult
+from loadgen.targets.client import StreamResult
 from records.declare import flat
 from records.load_settings import LoadSettings
 

@@ -24,8 +24,8 @@ import json
 import sys
 import time
 
-from loadgen.client import StreamResult, astream_request, cut_off
 from loadgen.recording.loop_lag import asyncio_probe
+from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import target_of
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.profiles import schedule_of

@@ -18,7 +18,6 @@ from pathlib import Path
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen.client import StreamResult
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.recording.recorder import Recorder
@@ -27,6 +26,7 @@ from loadgen.recording.summary import histogram_encodings
 from loadgen.recording.timing import StreamTiming
 from loadgen.run import Run
 from loadgen.settings import check, with_run_dir
+from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target, target_of
 from loadgen.web.html_report import add_to_report
 from loadgen.web.latency_table import write_latency_csv

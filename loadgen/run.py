@@ -19,13 +19,13 @@ import psutil
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
-from loadgen.client import StreamResult, cut_off, stream_request
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.summary import summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.stress import Stress
+from loadgen.targets.client import StreamResult, cut_off, stream_request
 from loadgen.targets.target import Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.profiles import schedule_of

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import gevent
 
-from loadgen import slo
+from loadgen.recording import slo
 from loadgen.recording.timing import stream_timing
 from loadgen.traffic.arrivals import gap_s
 from records.jsonform import to_json

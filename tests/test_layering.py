@@ -1,58 +1,160 @@
-"""The arrows of docs/design.md hold: records imports nothing of ours, analysis nothing but
-records, server and loadgen share only proto and records, only service.py and the wiring around
-it touch grpc inside the server, the engine side never imports upward, and only the locustfile
-and its listener import locust."""
+"""The arrows of docs/design.md hold, in every module of every folder: records and proto import
+nothing of ours, analysis nothing but records, server and loadgen share only proto and records;
+inside the server each room imports only the rooms below it (errors, parallel, engine,
+telemetry, scheduling, front ends, the wiring, the tools), so the engine never imports
+scheduling or a front end and expert parallelism's machinery never imports the engine; only the
+gRPC front end and the wiring touch gRPC; inside the load generator the protocols, the traffic,
+the recording and the reference servers never reach up into the web UI or the Locust glue, and
+only the locustfile and its listener import locust; no folder holds more than 20 modules; and no
+module imports another that imports it back, however long the way round."""
 
 import ast
+import collections
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("records", "proto", "server", "loadgen", "analysis")
+MAX_MODULES = 20
+
+# server: each room may import the rooms at its level and below (a module of the wiring is a
+# room of its own: app, build, settings, __main__)
+SERVER_LEVELS = {"server.errors": 0, "server.parallel": 1, "server.engine": 2,
+                 "server.telemetry": 3, "server.scheduling": 4, "server.frontends": 5,
+                 "server.app": 6, "server.build": 6, "server.settings": 6, "server.__main__": 7,
+                 "server.tools": 7}
+# loadgen: what each lower room may import of the load generator besides itself
+LOADGEN_ROOMS = {"loadgen.reference": set(), "loadgen.targets": set(),
+                 "loadgen.traffic": {"loadgen.targets"},
+                 "loadgen.recording": {"loadgen.targets"}}
+GRPC = {"grpc", "grpc_health", "grpc_reflection"}
+GRPC_IN_SERVER = {"server.frontends.grpc_service", "server.frontends.security", "server.app"}
+LOCUST_IN_LOADGEN = {"loadgen.moe", "loadgen.listener"}
 
 
-def imports(path: Path) -> set[str]:
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def tracked_modules() -> dict[str, Path]:
+    """Every module of our packages, at any depth (the generated stubs left out)."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if not path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                found[module_name(path)] = path
+    return found
+
+
+MODULES = tracked_modules()
+
+
+def imported(path: Path) -> set[str]:
+    """The names a module imports, anywhere in it (function bodies too), `from a import b` as
+    a.b where a.b is a module of ours."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES
+                      else node.module for a in node.names}
     return names
 
 
-def modules(package: str):
-    return sorted((REPO / package).glob("*.py"))
+IMPORTS = {name: imported(path) for name, path in MODULES.items()}
+
+
+def ours(names: set[str]) -> set[str]:
+    return {n for n in names if n.split(".")[0] in PACKAGES}
+
+
+def room(name: str, rooms) -> str | None:
+    """The room a module belongs to: the longest key of rooms it is, or is inside."""
+    inside = [r for r in rooms if name == r or name.startswith(r + ".")]
+    return max(inside, key=len, default=None)
 
 
 def top(names: set[str]) -> set[str]:
     return {n.split(".")[0] for n in names}
 
 
-@pytest.mark.parametrize("path", modules("records"), ids=str)
-def test_records_import_nothing_of_ours(path):
-    assert not top(imports(path)) & {"server", "loadgen", "analysis", "proto"}
+def of(package: str) -> list[str]:
+    return [m for m in MODULES if m.split(".")[0] == package]
 
 
-@pytest.mark.parametrize("path", modules("analysis"), ids=str)
-def test_analysis_reads_files_only(path):
-    assert not top(imports(path)) & {"server", "loadgen", "proto"}
+def test_every_module_is_seen_however_deep():
+    assert "server.engine.local" in MODULES and "loadgen.targets.moe" in MODULES
+    assert "analysis.readers.rundir" in MODULES and len(MODULES) > 100
 
 
-@pytest.mark.parametrize("path", modules("loadgen"), ids=str)
-def test_loadgen_never_imports_the_server(path):
-    assert "server" not in top(imports(path))
-    if path.name not in {"moe.py", "listener.py"}:
-        assert "locust" not in top(imports(path)), \
-            "only the locustfile and its listener import locust"
+@pytest.mark.parametrize("name", of("records") + of("proto"))
+def test_records_and_proto_import_nothing_of_ours(name):
+    assert top(ours(IMPORTS[name])) <= {name.split(".")[0]}
 
 
-@pytest.mark.parametrize("path", modules("server"), ids=str)
-def test_server_layers(path):
-    names = imports(path)
-    assert "loadgen" not in top(names) and "locust" not in top(names)
-    if path.name not in {"service.py", "app.py", "security.py", "__main__.py"}:
-        assert not top(names) & {"grpc", "grpc_health", "grpc_reflection", "proto"}, \
-            "gRPC stays in the service"
-    if path.name in {"model.py", "engine.py", "engine_thread.py", "policies.py", "tokenizer.py"}:
-        assert not names & {"server.frontends.grpc_service", "server.app"}, "the engine side never imports upward"
+@pytest.mark.parametrize("name", of("analysis"))
+def test_analysis_reads_files_only(name):
+    assert top(ours(IMPORTS[name])) <= {"analysis", "records"}
+
+
+@pytest.mark.parametrize("name", of("loadgen"))
+def test_loadgen_never_imports_the_server_and_its_rooms_import_downwards(name):
+    names = IMPORTS[name]
+    assert top(ours(names)) <= {"loadgen", "proto", "records"}
+    if name not in LOCUST_IN_LOADGEN:
+        assert "locust" not in top(names), "only the locustfile and its listener import locust"
+    mine = room(name, LOADGEN_ROOMS)
+    if mine is not None:
+        allowed = {mine, *LOADGEN_ROOMS[mine]}
+        reached = {n for n in ours(names) if n.startswith("loadgen.")}
+        assert all(room(n, allowed) for n in reached), \
+            f"{name} reaches out of its room: {sorted(n for n in reached if not room(n, allowed))}"
+
+
+@pytest.mark.parametrize("name", of("server"))
+def test_server_rooms_import_downwards(name):
+    names = IMPORTS[name]
+    assert top(ours(names)) <= {"server", "proto", "records"}
+    assert "locust" not in top(names)
+    if name not in GRPC_IN_SERVER:
+        assert not top(names) & (GRPC | {"proto"}), "gRPC stays in the gRPC front end"
+    level = SERVER_LEVELS[room(name, SERVER_LEVELS)] if name != "server" else 0
+    for other in ours(names):
+        if other.startswith("server.") and room(other, SERVER_LEVELS):
+            assert SERVER_LEVELS[room(other, SERVER_LEVELS)] <= level, \
+                f"{name} imports {other}, a room above it"
+
+
+def test_no_import_cycle():
+    """Depth-first over every import between our modules: a module met again while its own
+    imports are being walked closes a cycle."""
+    graph = {name: sorted(n for n in ours(IMPORTS[name]) if n in MODULES and n != name)
+             for name in MODULES}
+    state = collections.Counter()  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def walk(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for nxt in graph[name]:
+            if state[nxt] == 1:
+                raise AssertionError("import cycle: " + " -> ".join(
+                    path[path.index(nxt):] + [nxt]))
+            if not state[nxt]:
+                walk(nxt)
+        path.pop()
+        state[name] = 2
+
+    for name in graph:
+        if not state[name]:
+            walk(name)
+
+
+def test_no_folder_holds_more_than_twenty_modules():
+    folders = collections.Counter(path.parent for path in MODULES.values())
+    crowded = {str(folder.relative_to(REPO)): n for folder, n in folders.items()
+               if n > MAX_MODULES}
+    assert not crowded

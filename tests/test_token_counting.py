@@ -7,9 +7,9 @@ a server that ends a request short of the length asked is counted and warned abo
 
 import pytest
 
-from loadgen.client import StreamResult
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.timing import stream_timing
+from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Chunk
 from loadgen.targets.text_tokens import TextCounter
 from tests.tokenizer_files import write_word_tokenizer

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from analysis.diagnosis import IMBALANCE_MAX_OVER_MEAN
 from analysis.plots.cdf import log_scale
 from analysis.readers.samples import ServerSeries
 from analysis.readers.timeseries import ClientSeries
+from analysis.rules.experts import IMBALANCE_MAX_OVER_MEAN
 
 
 @dataclass(frozen=True)

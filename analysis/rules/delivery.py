@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run
 from analysis.readers.server_stats import EMPTY, reset_between
+from analysis.rules.finding import Finding
+from analysis.rules.spikes import Signals
 from analysis.tables import fmt_ms
 from records.server_stats import BucketStats, bucket_stats
 from records.summary import Stats
@@ -69,3 +71,101 @@ def lines(split: DeliverySplit) -> list[str]:
     out.append(f"- the rest (network both ways, client decoding), by the means: "
                f"{fmt_ms(max(split.rest_mean_ms, 0.0))} ms")
     return out
+
+
+# The generator's lag matters once it is a tenth of the finest latency it measures (TPOT p50, or
+# TTFT p50 without one): a tenth is where a policy comparison's differences start to blur.
+MATERIAL_LAG_SHARE = 0.1
+
+
+def generator_limited(d: Signals) -> Finding:
+    rule = ("generator_limited", "Load generator limited")
+    summary = d.run.summary
+    generator = summary.generator
+    send = stats_ms(d.run.histograms.get("send_lag"))
+    if send is None and summary.metrics.get("send_lag_ms") and summary.metrics["send_lag_ms"].count:
+        send = summary.metrics["send_lag_ms"]
+    evidence, reasons, lags = [], [], {}
+    p50s = {metric: stats.p50 for metric in ("ttft", "tpot")
+            if (stats := stats_ms(d.run.histograms.get(metric)))}
+    finest = min(p50s.values(), default=None)
+    if send:
+        lags["send lag"] = send.p99
+        evidence.append(f"send lag p99 {fmt_ms(send.p99)} ms, max {fmt_ms(send.max)} ms (threshold "
+                        f"{d.late_ms:g} ms); {generator.late_sends} late sends")
+        # late, and by enough to matter: one send 5 ms late beside a 300 ms TTFT accuses no one
+        if send.p99 > d.late_ms and not (finest and send.p99 <= MATERIAL_LAG_SHARE * finest):
+            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > "
+                           f"{d.late_ms:g} ms), which counts as latency the server did not cause")
+    if loop := stats_ms(d.run.histograms.get("loop_lag")):
+        lags["loop lag"] = loop.p99
+        evidence.append(f"loop lag p99 {fmt_ms(loop.p99)} ms (how late the generator's own "
+                        "event loop woke: its timestamps are as late)")
+    if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
+        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server stamp -> "
+                        "timestamped here; its parts: see the server write delay rule)")
+    evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
+    warnings = generator.warnings
+    evidence += [f"warning: {w}" for w in warnings]
+    closed = (summary.config.traffic.mode == "closed"
+              or any(w.startswith("closed loop:") for w in warnings))
+    if lags:
+        name, worst = max(lags.items(), key=lambda item: item[1])
+        scale = [f"{worst / p50:.1%} of the {metric.upper()} p50 ({fmt_ms(p50)} ms)"
+                 for metric, p50 in p50s.items()]
+        larger = "larger " if len(lags) > 1 else ""
+        evidence += [f"the {larger}lag p99 ({name}, {fmt_ms(worst)} ms) is "
+                     + " and ".join(scale)] if scale else []
+        # late by the generator's own standard (its late-send threshold) and by enough to matter
+        if finest and worst > max(MATERIAL_LAG_SHARE * finest, d.late_ms) and not reasons:
+            reasons.append(f"its {name} p99 ({fmt_ms(worst)} ms) is over {MATERIAL_LAG_SHARE:.0%} "
+                           f"of the finest latency measured ({fmt_ms(finest)} ms p50) and over "
+                           f"{d.late_ms:g} ms")
+    size = f" (lag p99 up to {fmt_ms(max(lags.values()))} ms)" if lags else ""
+    late = (f"load generator's own lateness{size} makes the latency figures suspect: "
+            + " and ".join(reasons))
+    if closed:  # no schedule to keep: the loop itself is the generator's limit
+        return Finding(*rule, True, "The closed loop (--mode closed) under-states latency under "
+                       "load: each user waited for its previous response before sending, so a "
+                       "slow server was sent fewer requests and its queueing is missing from the "
+                       "figures (coordinated omission); use --mode fixed to measure latency at a "
+                       "given offered load." + (f" Also, the {late}." if reasons else ""), evidence)
+    if not reasons:
+        warned = (f"; it warned {len(warnings)} time(s), but its lags are small beside the "
+                  "latencies measured" if warnings else " and raised no warnings")
+        return Finding(*rule, False, f"The load generator kept its schedule{warned}.", evidence)
+    return Finding(*rule, True, f"The {late}; see its warnings.", evidence)
+
+
+def server_write_delay(d: Signals) -> Finding:
+    """The server's own part of the delivery lag: stamped -> its transport accepted the
+    message (delivery_split above), judged against the latencies measured."""
+    rule = ("server_write_delay", "Server write delay")
+    split = delivery_split(d.run)
+    if split is None or split.write is None:
+        return Finding(*rule, False, "No server write delay over the run (an older server, or "
+                       "a target that does not report one).", [], judged=False)
+    evidence = lines(split)
+    end = d.run.summary.server.latest
+    busy = (d.series.step_ms.sum() / 1000 / d.series.length_s.sum()
+            if d.series is not None and d.series.length_s.sum() > 0 else None)
+    evidence.append(f"server process CPU {end.process_cpu_percent:.0f}% of a core"
+                    + (f", engine steps {busy:.0%} of the time" if busy is not None else ""))
+    write, delivery = split.write, split.delivery
+    p50s = [s.p50 for m in ("ttft", "tpot") if (s := stats_ms(d.run.histograms.get(m)))]
+    finest = min(p50s, default=None)
+    material = finest is not None and write.p99 > MATERIAL_LAG_SHARE * finest
+    dominant = delivery.mean > 0 and write.mean > 0.5 * delivery.mean
+    if not (material and dominant):
+        return Finding(*rule, False, f"The server's writes took a mean {fmt_ms(write.mean)} ms "
+                       f"(p99 <= {write.p99:g} ms) of a {fmt_ms(delivery.mean)} ms mean delivery "
+                       "lag" + ("" if material else ", small beside the latencies measured")
+                       + ".", evidence)
+    return Finding(*rule, True, f"The server's own writes are most of the delivery lag: stamped "
+                   f"-> accepted by its transport in a mean {fmt_ms(write.mean)} ms of "
+                   f"{fmt_ms(delivery.mean)} ms, p99 <= {write.p99:g} ms (over "
+                   f"{MATERIAL_LAG_SHARE:.0%} of the finest latency, {fmt_ms(finest)} ms p50). "
+                   "The likely cause is the engine sharing the server's process with the event "
+                   "loop that writes: its thread's Python holds the interpreter lock and its "
+                   "compute the cores the loop and gRPC's threads need; fewer torch threads, or "
+                   "a machine with cores to spare, shorten it.", evidence)

@@ -21,6 +21,7 @@ from analysis.readers.latency import US_PER_MS
 from analysis.readers.rows import measured_ok
 from analysis.readers.rundir import Run
 from analysis.readers.samples import ServerSeries, server_series
+from analysis.rules.finding import Finding
 from analysis.tables import fmt_ms
 from records.hdr import percentile_us
 from records.requests import RequestRow
@@ -37,6 +38,7 @@ SPIKE_MIN_JUMP_MS = {"ttft": 50.0, "tpot": 10.0}
 MIN_WINDOW_SAMPLES = 5
 # the median of three is the middle one, so one spiking window cannot set its own bar
 MIN_WINDOWS = 3
+SPIKES_LISTED = 5  # spike windows a finding gives in full; the rest are counted
 HOT_EXPERT_FACTOR = 1.5  # an interval's imbalance this many times the run's median is a hot expert
 # An interval's max/mean expert load counts only when each layer routed at least this many (token,
 # expert) pairs per expert on average. Below it a request or two set the ratio: an interval that
@@ -292,3 +294,42 @@ def _generator_late(d: Signals, spike: Spike, slow: list[RequestRow]) -> str | N
 
 def when(s: ServerSeries, i: int) -> str:
     return f"{s.t_s[i] - s.length_s[i]:.1f}-{s.t_s[i]:.1f} s"
+
+
+def latency_spikes(d: Signals) -> Finding:
+    rule = ("latency_spikes", "Latency spikes")
+    found = [find_spikes(d.run, metric) for metric in ("ttft", "tpot")]
+    judged = [f for f in found if isinstance(f, MetricSpikes)]
+    missing = [f for f in found if isinstance(f, str)]
+    if not judged:
+        return Finding(*rule, False, "Not enough requests per interval: " + "; ".join(missing),
+                       [], judged=False)
+    evidence = [f"{f.metric.upper()}: median window p99 {fmt_ms(f.typical_ms)} ms over "
+                f"{f.windows} windows of >= {MIN_WINDOW_SAMPLES} requests; a spike is above "
+                f"{fmt_ms(f.limit_ms)} ms" for f in judged]
+    evidence += [f"not judged: {m}" for m in missing]
+    spikes = sorted((spike for f in judged for spike in f.spikes),
+                    key=lambda spike: spike.window.start_s)
+    if not spikes:
+        return Finding(*rule, False, f"No window's p99 rose above {SPIKE_FACTOR:g}x the run's "
+                       "median window p99 (by the minimum jump).", evidence)
+    tally, unexplained, lines = dict.fromkeys(CAUSES, 0), 0, []
+    for spike in spikes:
+        lined, looked = causes(d, spike)
+        for name, _ in lined:
+            tally[name] += 1
+        unexplained += not lined
+        said = "; ".join(f"{name}: {detail}" for name, detail in lined) if lined else \
+            "no cause found among " + ", ".join(CAUSES)
+        lines.append((spike.p99_ms / spike.typical_ms,
+                      f"{spike.describe()}; looked at {looked}: {said}"))
+    # The largest jumps when there are many, kept in time order.
+    kept = sorted(sorted(lines, key=lambda line: -line[0])[:SPIKES_LISTED], key=lines.index)
+    evidence += [text for _, text in kept]
+    evidence += ([f"and {len(lines) - len(kept)} smaller spike windows"]
+                 if len(lines) > len(kept) else [])
+    what = ", ".join(f"{f.metric.upper()} {len(f.spikes)}" for f in judged if f.spikes)
+    lined_up = ", ".join(f"{name} ({n})" for name, n in tally.items() if n) or "nothing"
+    verdict = f"Latency spiked in {len(spikes)} window(s) ({what}); lined up with {lined_up}"
+    verdict += f"; no cause found for {unexplained}." if unexplained else "."
+    return Finding(*rule, True, verdict, evidence)

@@ -1,2 +1,3 @@
-"""Recording a run: per-request timing, HDR histograms, interval logs, the generator's own
-lateness, the summary and the run directory's files."""
+"""Recording a run: per-request timing, the service-level objectives it is judged by, HDR
+histograms, interval logs, the generator's own lateness, the summary and the run directory's
+files."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from loadgen import slo as objectives
-from loadgen.client import StreamResult
+from loadgen.recording import slo as objectives
 from loadgen.recording.histograms import Histogram
 from loadgen.recording.timing import StreamTiming, stream_timing
+from loadgen.targets.client import StreamResult
 from records.jsonform import from_json, to_json
 from records.load_settings import LoadSettings, Slo
 from records.requests import CLIENT_CANCELLED, RequestRow
