@@ -2,10 +2,13 @@
 `server.end`, each line of server_stats.jsonl): the EngineStats message of proto/moe.proto as
 JSON, 64-bit counters as numbers and `expert_tokens` as [layer][expert].
 
-Fields take protobuf's defaults when absent (a snapshot from before a field existed), except
-`gpu_utilization_percent`, whose absence means unknown (-1). Fields added to the message since
-are kept in `extra`. A snapshot the load generator could not take holds only `error`.
-tests/test_records.py checks every field here against the proto.
+The telemetry fields of each record (counters, gauges, histograms) are those the engine's
+telemetry declares for its message (records/engine_telemetry.py), added by `with_metrics`; a
+record's own body holds the rest: the settings the server reports, the model's shape, the parts
+it is made of. Fields take protobuf's defaults when absent (a snapshot from before a field
+existed), except where the declaration says otherwise (`gpu_utilization_percent`: -1, unknown).
+Fields added to the message since are kept in `extra`. A snapshot the load generator could not
+take holds only `error`. tests/test_records.py checks every field here against the proto.
 """
 
 from __future__ import annotations
@@ -14,6 +17,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from records.declare import cast, leaves, text
+from records.engine_telemetry import (
+    CACHE,
+    ENGINE,
+    EXCHANGE,
+    FAULTS,
+    HISTOGRAM,
+    LAYER,
+    PAIR,
+    STAGE,
+    Metric,
+    metrics_of,
+)
 from records.jsonform import field
 from records.server_settings import ServerSettings
 
@@ -63,49 +78,59 @@ def bucket_stats(now: Histogram | None, before: Histogram | None) -> BucketStats
     return BucketStats(n, (now.sum - before.sum) / n, at(0.5), at(0.99))
 
 
+def _field_of(m: Metric):
+    """The record field a metric gets: its type and its default (and what is written as
+    nothing)."""
+    if m.kind == HISTOGRAM:
+        return Histogram | None, field(None, omit=None)
+    scalar = bool if m.unit == "bool" else float if m.fractional else int
+    if m.own_dims:
+        return list[scalar], field(default_factory=list, **({"omit": []} if m.sparse else {}))
+    default = scalar(m.absent)
+    return scalar, field(default, **({"omit": default} if m.sparse else {}))
+
+
+def with_metrics(message: str):
+    """Adds to a record a field for every metric GetStats's `message` carries, after the
+    fields the record declares itself (and before `extra`)."""
+    def add(cls):
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        extra = own.pop("extra", None)
+        for m in metrics_of(message):
+            own[m.name], default = _field_of(m)
+            setattr(cls, m.name, default)
+        if extra is not None:
+            own["extra"] = extra
+        cls.__annotations__ = own
+        return cls
+    return add
+
+
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(STAGE)
 class StageTime:
     stage: str
-    ms: Histogram | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(CACHE)
 class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    bytes_copied: int = 0
-    copy_ms: float = 0.0
-    wait_ms: float = 0.0
+    """One MoE layer's expert cache."""
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(LAYER)
 class LayerStats:
     OPEN: ClassVar[bool] = True  # fields of a newer server are kept in `extra`
 
-    # (token, expert) pairs routed, per expert
-    expert_tokens: list[int] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)  # pairs over capacity, per expert
-    imbalance_max_over_mean: float = 0.0
-    imbalance_cv: float = 0.0
-    # [a] = steps in which a experts computed
-    active_experts_steps: list[int] = field(default_factory=list)
-    cache: CacheStats | None = field(None, omit=None)
-    # with --ep: (token, expert) pairs each rank's experts computed
-    rank_pairs: list[int] = field(default_factory=list, omit=[])
+    cache: CacheStats | None = field(None, omit=None)  # with --expert-cache
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(FAULTS)
 class FaultCounts:
     """What the server's --fault-* settings injected since it started."""
-
-    steps_failed: int = 0
-    stalls: int = 0
-    stall_s: float = 0.0
-    streams_dropped: int = 0
-    requests_slowed: int = 0
-    active: bool = False  # the fault window was open at the snapshot
 
     @property
     def injected(self) -> int:
@@ -113,96 +138,56 @@ class FaultCounts:
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(PAIR)
 class RankPair:
     source: int = 0
     destination: int = 0
-    dispatch_bytes: int = 0  # hidden states sent to the destination's experts
-    combine_bytes: int = 0  # their outputs sent back
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(EXCHANGE)
 class ExpertParallelStats:
     """The MoE layers' exchanges between the engine's ranks (--ep), summed over layers and
     steps; times in ms: measured, exposed (the steps waited for them), modelled (the link)."""
 
-    ranks: int = 0
     pairs: list[RankPair] = field(default_factory=list)
-    dispatch_ms: float = 0.0
-    combine_ms: float = 0.0
-    dispatch_exposed_ms: float = 0.0
-    combine_exposed_ms: float = 0.0
-    dispatch_modelled_ms: float = 0.0
-    combine_modelled_ms: float = 0.0
-    exchanges: int = 0  # MoE layers x steps
-    placements: int = 0
-    experts_moved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
+@with_metrics(ENGINE)
 class ServerStats:
     OPEN: ClassVar[bool] = True  # fields of a newer server are kept in `extra`
     # A snapshot that could not be taken is written as its error alone.
     ALONE: ClassVar[str] = "error"
 
     error: str = field("", omit="")  # why the snapshot could not be taken; nothing else is set then
+    # the settings the server runs with (all of them in `settings`; the older fields carry some)
     policy: str = ""
     preset: str = ""
     device: str = ""
     dtype: str = ""
-    uptime_s: float = 0.0
-    window_s: float = 0.0  # since start or the last ResetStats
-    requests_admitted: int = 0
-    requests_finished: int = 0
-    requests_aborted: int = 0
-    requests_rejected: int = 0
-    steps: int = 0
-    tokens_generated: int = 0
-    prompt_tokens: int = 0
-    running: int = 0
-    waiting: int = 0
-    kv_slots_in_use: int = 0
-    kv_slots_total: int = 0
-    mean_batch_size: float = 0.0
-    num_layers: int = 0
-    num_experts: int = 0
-    top_k: int = 0
-    expert_tokens: list[list[int]] = field(default_factory=list)  # [layer][expert]
     max_batch_size: int = 0
-    max_seq_len: int = 0
-    step_time_mean_ms: float = 0.0
     router: str = ""
     routing_skew: str = ""
     capacity_factor: float = 0.0  # 0 = dropless
     moe_kernel: str = ""
     expert_cache: int = 0
     cache_policy: str = ""
-    layers: list[LayerStats] = field(default_factory=list)
-    stages: list[StageTime] = field(default_factory=list)
-    step_ms: Histogram | None = field(None, omit=None)
-    batch_size: Histogram | None = field(None, omit=None)
-    tokens_per_step: Histogram | None = field(None, omit=None)
-    kv_positions_useful: int = 0
-    kv_positions_computed: int = 0
-    expert_bytes_read: int = 0
-    expert_compute_ms: float = 0.0
-    expert_bandwidth_gb_s: float = 0.0
-    process_cpu_percent: float = 0.0
-    process_rss_bytes: int = 0
-    gpu_utilization_percent: float = -1.0  # -1: unknown
-    gpu_memory_bytes: int = 0
-    gpu_memory_reserved_bytes: int = field(0, omit=0)  # absent before GetStats had it
-    prefill_tokens: int = 0
-    prefill_padded_tokens: int = 0
     policy_knobs: dict[str, float] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict, omit={})  # absent before GetStats had it
-    faults: FaultCounts | None = field(None, omit=None)  # absent before GetStats had it
-    expert_parallel: ExpertParallelStats | None = field(None, omit=None)  # with --ep 2 or more
+    # the model's shape
+    num_layers: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    max_seq_len: int = 0
     hidden_size: int = field(0, omit=0)  # the model's D; 0 from a server older than the field
-    # each streamed message: stamped -> the transport took it (absent from older servers)
-    write_ms: Histogram | None = field(None, omit=None)
-    # freed heap handed back between steps since the server started (absent from older servers)
-    heap_trims: int = field(0, omit=0)
-    heap_trim_ms: float = field(0.0, omit=0.0)
+    # the parts: per MoE layer (and the layers' routed tokens again, [layer][expert], as older
+    # readers take them), per stage, faults, the exchanges between ranks (with --ep 2 or more)
+    layers: list[LayerStats] = field(default_factory=list)
+    expert_tokens: list[list[int]] = field(default_factory=list)
+    stages: list[StageTime] = field(default_factory=list)
+    faults: FaultCounts | None = field(None, omit=None)  # absent before GetStats had it
+    expert_parallel: ExpertParallelStats | None = field(None, omit=None)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

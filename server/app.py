@@ -27,7 +27,7 @@ from server.scheduling.engine_thread import EngineThread
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import build_policy
 from server.settings import check, resolve
-from server.telemetry.window import StepLog
+from server.telemetry.step_log import StepLog
 
 log = logging.getLogger(__name__)
 FLUSH_S = 2.0  # after the engine stops, for the streams it ended to send their last message

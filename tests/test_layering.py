@@ -29,7 +29,8 @@ LOADGEN_ROOMS = {"loadgen.reference": set(), "loadgen.targets": set(),
                  "loadgen.traffic": {"loadgen.targets"},
                  "loadgen.recording": {"loadgen.targets"}}
 GRPC = {"grpc", "grpc_health", "grpc_reflection"}
-GRPC_IN_SERVER = {"server.frontends.grpc_service", "server.frontends.security", "server.app"}
+GRPC_IN_SERVER = {"server.frontends.grpc_service", "server.frontends.getstats",
+                  "server.frontends.security", "server.app"}
 LOCUST_IN_LOADGEN = {"loadgen.moe", "loadgen.listener"}
 
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proto import moe_pb2
 from records.declare import leaves
 from records.server_settings import ServerSettings
-from server.telemetry.window import gpu_stats
+from server.telemetry.process import gpu_stats
 from tests.conftest import REPO, running_server
 
 Req = moe_pb2.GenerateRequest

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.readers.server_stats import EMPTY, reset_between
+from records.engine_telemetry import window_counters
 from records.server_stats import Histogram, ServerSample, ServerStats
 
 
@@ -25,8 +26,9 @@ class ServerSeries:
     length_s: np.ndarray
     waiting: np.ndarray  # requests in the wait queue (gauge)
     running: np.ndarray  # requests in the running batch (gauge)
-    steps: np.ndarray
-    tokens: np.ndarray  # output tokens generated
+    # every counter the engine's telemetry declares for a window (records/engine_telemetry.py),
+    # its growth over each interval
+    counters: dict[str, np.ndarray]
     busy_share: np.ndarray  # engine step time / wall time
     cpu_util: np.ndarray  # process CPU, fraction of one core; nan where unknown
     gpu_util: np.ndarray  # GPU utilisation 0..1 (gauge); nan where the server has none
@@ -46,6 +48,15 @@ class ServerSeries:
     def __len__(self) -> int:
         return len(self.t_s)
 
+    @property
+    def steps(self) -> np.ndarray:
+        return self.counters["steps"]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Output tokens generated."""
+        return self.counters["tokens_generated"]
+
 
 def server_series(samples: list[ServerSample]) -> ServerSeries | None:
     """None with fewer than two snapshots."""
@@ -56,10 +67,12 @@ def server_series(samples: list[ServerSample]) -> ServerSeries | None:
     # the server's pipeline order
     stages = list(dict.fromkeys(name for row in rows for name in row["stage_ms"]))
     columns = {key: np.asarray([row[key] for row in rows], dtype=float)
-               for key in rows[0] if key != "stage_ms"}
+               for key in rows[0] if key not in ("stage_ms", "counters")}
     stage_ms = {name: np.asarray([row["stage_ms"].get(name, 0.0) for row in rows])
                 for name in stages}
-    return ServerSeries(stage_ms=stage_ms, **columns)
+    counters = {m.name: np.asarray([row["counters"][m.name] for row in rows], dtype=float)
+                for m in window_counters()}
+    return ServerSeries(stage_ms=stage_ms, counters=counters, **columns)
 
 
 def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
@@ -71,8 +84,8 @@ def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
     return {
         "length_s": length_s,
         "waiting": cur.waiting, "running": cur.running,
-        "steps": cur.steps - prev.steps,
-        "tokens": cur.tokens_generated - prev.tokens_generated,
+        "counters": {m.name: getattr(cur, m.name) - getattr(prev, m.name)
+                     for m in window_counters()},
         "busy_share": step_ms / 1000 / length_s if length_s > 0 else float("nan"),
         "cpu_util": cpu_s / length_s if length_s > 0 else float("nan"),
         "gpu_util": (cur.gpu_utilization_percent / 100 if cur.gpu_utilization_percent >= 0

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from records.engine_telemetry import window_counters
 from records.server_stats import Histogram, ServerStats
 from records.summary import ServerSnapshots
 
@@ -20,9 +21,9 @@ class ServerView:
     policy: str | None
     preset: str | None
     device: str | None
-    steps: int
-    tokens_generated: int
-    requests_finished: int
+    # every counter the engine's telemetry declares for a window (records/engine_telemetry.py),
+    # its growth over the basis
+    counters: dict[str, float]
     mean_batch_size: float | None
     step_time_mean_ms: float | None
     expert_tokens: np.ndarray | None  # [layer, expert] routed tokens over the basis
@@ -39,6 +40,18 @@ class ServerView:
     # expert cache hits, misses, copy_ms and hit_rate over all layers; None without a cache
     cache: dict | None
     stage_ms_per_step: dict[str, float] | None  # stage -> mean ms per step
+
+    @property
+    def steps(self) -> int:
+        return int(self.counters["steps"])
+
+    @property
+    def tokens_generated(self) -> int:
+        return int(self.counters["tokens_generated"])
+
+    @property
+    def requests_finished(self) -> int:
+        return int(self.counters["requests_finished"])
 
 
 def server_view(server: ServerSnapshots) -> ServerView | None:
@@ -60,9 +73,8 @@ def server_view(server: ServerSnapshots) -> ServerView | None:
         policy=snap.policy or None,
         preset=snap.preset or None,
         device=snap.device or None,
-        steps=snap.steps - base.steps,
-        tokens_generated=snap.tokens_generated - base.tokens_generated,
-        requests_finished=snap.requests_finished - base.requests_finished,
+        counters={m.name: getattr(snap, m.name) - getattr(base, m.name)
+                  for m in window_counters()},
         mean_batch_size=_step_mean(snap, base, "mean_batch_size"),
         step_time_mean_ms=_step_mean(snap, base, "step_time_mean_ms"),
         expert_tokens=_expert_tokens(snap, base),

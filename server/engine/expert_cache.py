@@ -17,24 +17,21 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 
 import torch
 from torch import Tensor
 
+from records.engine_telemetry import CACHE, metrics_of
 from server.engine.stages import Clock
 
 POLICIES = ("lru", "lfu", "random")
 
-
-@dataclass
-class CacheCounters:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    bytes_copied: int = 0
-    copy_ms: float = 0.0
-    wait_ms: float = 0.0
+# One layer's counters, as the telemetry declares them (hits, misses, evictions, bytes copied,
+# copy and wait ms): the cache counts them, GetStats and /metrics report them.
+CacheCounters = make_dataclass("CacheCounters", [
+    (m.name, float if m.fractional else int, 0.0 if m.fractional else 0)
+    for m in metrics_of(CACHE)])
 
 
 class LayerCache:

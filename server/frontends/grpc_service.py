@@ -18,15 +18,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from proto import moe_pb2, moe_pb2_grpc
-from records.declare import SettingsError, flat, text
+from records.declare import SettingsError
 from records.server_settings import Limits, ServerSettings
 from server.errors import ServerError, ShutdownError
 from server.frontends.admission import Admission, Ask
+from server.frontends.getstats import settings_fields, stats_message
 from server.frontends.security import Guard, Tokens, client_of, metadata_value, peer_host
 from server.frontends.statuses import retry_after_s, status_of
-from server.scheduling.engine_thread import EngineThread
 from server.scheduling.policies import knobs
-from server.telemetry.window import gpu_stats, imbalance, process_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +128,8 @@ class MoEService(moe_pb2_grpc.MoEInferenceServicer):
 
     async def GetStats(self, request, context):
         await refuse_undecodable(request, context)
-        return stats_message(self.engine_thread.snapshot(), self.engine_thread, self.settings_fields)
+        return stats_message(self.engine_thread.readings(), self.engine_thread.engine.args,
+                             self.settings_fields, knobs(self.engine_thread.policy))
 
     async def ResetStats(self, request, context):
         await refuse_undecodable(request, context)
@@ -210,86 +210,3 @@ async def create_server(service: MoEService, address: str, options: list[tuple[s
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, health_servicer
-
-
-
-
-
-def histogram_message(h) -> moe_pb2.Histogram:
-    return moe_pb2.Histogram(bounds=h.bounds, counts=h.counts, count=h.count, sum=h.sum, max=h.max)
-
-
-def settings_fields(settings: ServerSettings) -> dict:
-    """GetStats' `settings` map, and the older EngineStats fields that carry a setting of the same
-    name (an unset one keeps the field's default)."""
-    values = flat(settings)
-    names = moe_pb2.EngineStats.DESCRIPTOR.fields_by_name
-    older = {name: value for name, value in values.items() if name in names and value is not None}
-    return older | {"settings": {name: text(value) for name, value in values.items()}}
-
-
-def stats_message(snap, engine_thread: EngineThread, settings: dict) -> moe_pb2.EngineStats:
-    """settings: settings_fields() of the server's settings."""
-    t = snap.telemetry
-    engine = engine_thread.engine
-    args = engine.args
-    layers = []
-    for i in range(args.n_layers):
-        tokens = t.expert_tokens[i].tolist()
-        max_over_mean, cv = imbalance(tokens)
-        layer = moe_pb2.LayerStats(expert_tokens=tokens, dropped=t.dropped[i].tolist(),
-                                   imbalance_max_over_mean=max_over_mean, imbalance_cv=cv,
-                                   active_experts_steps=t.active_steps[i].tolist())
-        if snap.cache:
-            layer.cache.CopyFrom(moe_pb2.CacheStats(**vars(snap.cache[i])))
-        if t.exchange is not None:
-            layer.rank_pairs.extend(t.exchange.computed[i].tolist())
-        layers.append(layer)
-    gpu = gpu_stats(engine.device)
-    return moe_pb2.EngineStats(
-        **settings,
-        uptime_s=(time.monotonic_ns() - engine_thread.started_ns) / 1e9,
-        window_s=t.window_s,
-        requests_admitted=t.requests_admitted, requests_finished=t.requests_finished,
-        requests_aborted=t.requests_aborted, requests_rejected=t.requests_rejected,
-        steps=t.steps, tokens_generated=t.tokens_generated, prompt_tokens=t.prompt_tokens,
-        running=snap.running, waiting=snap.waiting, kv_slots_in_use=snap.kv_slots_in_use,
-        kv_slots_total=engine.kv_slots,
-        mean_batch_size=t.batch_size.mean, step_time_mean_ms=t.step_ms.mean,
-        num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
-        hidden_size=args.dim,
-        expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in t.expert_tokens.tolist()],
-        max_seq_len=args.max_seq_len, policy_knobs=knobs(engine_thread.policy),
-        layers=layers,
-        stages=[moe_pb2.StageTime(stage=name, ms=histogram_message(h))
-                for name, h in t.stage_ms.items()],
-        step_ms=histogram_message(t.step_ms), batch_size=histogram_message(t.batch_size),
-        tokens_per_step=histogram_message(t.tokens_per_step),
-        write_ms=histogram_message(t.write_ms),
-        kv_positions_useful=t.kv_positions_useful, kv_positions_computed=t.kv_positions_computed,
-        prefill_tokens=t.prefill_tokens, prefill_padded_tokens=t.prefill_padded_tokens,
-        expert_bytes_read=t.expert_bytes_read, expert_compute_ms=t.expert_compute_ms,
-        expert_bandwidth_gb_s=(t.expert_bytes_read / t.expert_compute_ms / 1e6
-                               if t.expert_compute_ms else 0.0),
-        process_cpu_percent=t.cpu_percent, process_rss_bytes=process_rss_bytes(),
-        gpu_utilization_percent=gpu.utilization_percent, gpu_memory_bytes=gpu.allocated_bytes,
-        gpu_memory_reserved_bytes=gpu.reserved_bytes,
-        heap_trims=engine_thread.heap.trims, heap_trim_ms=engine_thread.heap.trim_ms,
-        faults=moe_pb2.FaultCounts(**vars(engine_thread.faults.snapshot())),
-        expert_parallel=exchange_message(t.exchange))
-
-
-def exchange_message(x) -> moe_pb2.ExpertParallelStats | None:
-    """The exchanges between ranks (server/telemetry/window.py ExchangeTotals); None with one rank."""
-    if x is None:
-        return None
-    pairs = [moe_pb2.RankPair(source=s, destination=d, dispatch_bytes=int(x.bytes[0, s, d]),
-                              combine_bytes=int(x.bytes[1, s, d]))
-             for s in range(x.ranks) for d in range(x.ranks) if s != d]
-    ms = x.ms
-    return moe_pb2.ExpertParallelStats(
-        ranks=x.ranks, pairs=pairs, dispatch_ms=ms["dispatch_measured"],
-        combine_ms=ms["combine_measured"], dispatch_exposed_ms=ms["dispatch_exposed"],
-        combine_exposed_ms=ms["combine_exposed"], dispatch_modelled_ms=ms["dispatch_modelled"],
-        combine_modelled_ms=ms["combine_modelled"], exchanges=x.exchanges,
-        placements=x.placements, experts_moved=x.experts_moved)

@@ -23,7 +23,9 @@ from server.scheduling.fairness import fair_order
 from server.scheduling.faults import Injector
 from server.scheduling.policies import Policy, StepPlan, View, within_prefill_budget
 from server.scheduling.requests import FailureEvent, Request, TokenEvent, Usage
-from server.telemetry.window import StepLog, Telemetry, count_bounds
+from server.telemetry.histogram import count_bounds
+from server.telemetry.step_log import StepLog
+from server.telemetry.window import Telemetry
 
 LENGTH, STOP = "LENGTH", "STOP"
 LIFETIME_PRIOR_S = 1.0  # a request's lifetime before any has finished
@@ -51,7 +53,7 @@ class BatchingLoop:
 
     def new_telemetry(self) -> Telemetry:
         return Telemetry(self.engine.args.n_layers, self.engine.args.n_experts,
-                         count_bounds(self.policy.max_batch_size),
+                         {"batch_size": count_bounds(self.policy.max_batch_size)},
                          cache_baseline=self.cache_counters(), ranks=self.engine.world)
 
     def cache_counters(self) -> list[CacheCounters]:
@@ -152,11 +154,11 @@ class BatchingLoop:
                     usage.decode_us / 1000 / (n - 1) if n > 1 else None)
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
-        self.telemetry.requests_finished += finished
+        self.telemetry.counts["requests_finished"] += finished
         self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6,
                                    self.engine.expert_bytes)
         if self.step_log is not None:
-            self.step_log.write(self.telemetry.steps, result, len(ran), len(plan.prefill))
+            self.step_log.write(self.telemetry.counts["steps"], result, len(ran), len(plan.prefill))
         for sink, event in deliveries:
             sink(event)
 
@@ -165,7 +167,7 @@ class BatchingLoop:
             if req.done:
                 continue
             req.done = True
-            self.telemetry.requests_aborted += 1
+            self.telemetry.counts["requests_aborted"] += 1
             if req.slot is None:
                 self.waiting.remove(req)
             else:
@@ -186,7 +188,7 @@ class BatchingLoop:
         failing = set(map(id, pending))
         self.waiting = collections.deque(r for r in self.waiting if id(r) not in failing)
         self.resident = [r for r in self.resident if id(r) not in failing]
-        self.telemetry.requests_aborted += len(pending)
+        self.telemetry.counts["requests_aborted"] += len(pending)
         for req in pending:
             req.done = True
             if req.slot is not None:

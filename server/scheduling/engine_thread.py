@@ -10,12 +10,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from records.server_settings import Faults
-from server.engine.expert_cache import CacheCounters
 from server.engine.interface import Engine
 from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
 from server.scheduling.batching_loop import BatchingLoop
@@ -23,7 +21,9 @@ from server.scheduling.faults import InjectedFault, Injector
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import Policy
 from server.scheduling.requests import Request
-from server.telemetry.window import StepLog, Telemetry
+from server.telemetry.process import GpuStats, gpu_stats
+from server.telemetry.readings import Now, readings
+from server.telemetry.step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ OUT_OF_MEMORY_MESSAGES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDA error: out of memo
 def out_of_memory(exc: RuntimeError) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or any(
         m in str(exc) for m in OUT_OF_MEMORY_MESSAGES)
-
-
-@dataclass
-class StatsSnapshot:
-    telemetry: Telemetry
-    running: int  # resident: holding a KV slot
-    waiting: int
-    kv_slots_in_use: int
-    cache: list[CacheCounters]  # per layer, since the window started; empty without a cache
 
 
 class EngineThread:
@@ -115,31 +106,44 @@ class EngineThread:
         """One streamed message's write delay (stamped -> the transport took it). Called on the
         event loop for every message, so it does not wait for the engine thread's lock: a
         histogram update is a few attribute writes, and GetStats reads on the same loop."""
-        self.batching.telemetry.write_ms.record(ms)
+        self.batching.telemetry.histograms["write_ms"].record(ms)
 
     def count_rejected(self) -> None:
         with self._cond:
-            self.batching.telemetry.requests_rejected += 1
+            self.batching.telemetry.counts["requests_rejected"] += 1
 
-    def snapshot(self) -> StatsSnapshot:
+    def readings(self) -> dict[str, object]:
+        """Every declared metric over the GetStats window (server/telemetry/readings.py)."""
+        gpu = gpu_stats(self.engine.device)  # NVML's answer, outside the lock
         with self._cond:
-            b = self.batching
-            telemetry = b.telemetry.snapshot()
-            running, waiting = len(b.resident), len(b.waiting)
-        cache = telemetry.cache_counters(self.batching.cache_counters())
-        return StatsSnapshot(telemetry, running, waiting,
-                             self.engine.kv_slots - self.engine.free_slots, cache)
+            telemetry = self.batching.telemetry.snapshot()
+            now = self._now(gpu)
+        return readings(telemetry, telemetry.cache_counters(self.batching.cache_counters()), now)
+
+    def lifetime_readings(self) -> dict[str, object]:
+        """Every declared metric since the server started, ResetStats or not (/metrics): the
+        expert caches' own counters, the windows ResetStats ended added up."""
+        gpu = gpu_stats(self.engine.device)
+        with self._cond:
+            telemetry = self.before.plus(self.batching.telemetry)
+            now = self._now(gpu)
+        return readings(telemetry, self.batching.cache_counters(), now)
+
+    def _now(self, gpu: GpuStats) -> Now:
+        """Under the lock: the queue as the engine thread sees it."""
+        b, engine = self.batching, self.engine
+        return Now(running=len(b.resident), waiting=len(b.waiting),
+                   kv_slots_in_use=engine.kv_slots - engine.free_slots,
+                   kv_slots_total=engine.kv_slots,
+                   uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9,
+                   gpu=gpu, heap_trims=self.heap.trims,
+                   heap_trim_ms=self.heap.trim_ms, faults=self.faults.snapshot())
 
     def reset_stats(self) -> None:
         """A new GetStats window; the lifetime figures (/metrics) keep the old one's."""
         with self._cond:
             self.before = self.before.plus(self.batching.telemetry)
             self.batching.telemetry = self.batching.new_telemetry()
-
-    def lifetime(self) -> Telemetry:
-        """Every counter since the server started, ResetStats or not."""
-        with self._cond:
-            return self.before.plus(self.batching.telemetry)
 
     def _out_of_memory(self, plan, exc: RuntimeError) -> None:
         prompt = sum(n for _, n in plan.prefill)
