@@ -22,6 +22,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from records.declare import Settings, SettingsError, build, flat
@@ -72,6 +73,20 @@ def finite(value) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def read_object(path: Path) -> dict:
+    """The JSON object a file holds (a run's summary, a checkpoint's config); RecordError names
+    the file and says what is wrong: missing, unreadable or not JSON, or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def dumps(value, **kwargs) -> str:

@@ -54,20 +54,10 @@ class FakeEngine:
     def __init__(self, clock: FakeClock, kv_slots: int):
         self.clock = clock
         self.kv_slots = kv_slots
-        self.slots = SlotPool(range(kv_slots))
+        self.slots = SlotPool(range(kv_slots))  # refuses a slot freed twice
         self.caches = []
         self.key_of: dict[int, int] = {}
         self.active_per_step: list[int] = []
-
-    @property
-    def free_slots(self) -> int:
-        return len(self.slots)
-
-    def allocate_slot(self) -> int:
-        return self.slots.take()
-
-    def free_slot(self, slot: int) -> None:
-        self.slots.give(slot)  # refuses a slot freed twice
 
     def stop(self) -> None:
         """Nothing runs beside it."""
@@ -163,7 +153,7 @@ def assert_each_finished_once(run: Run, arrivals):
         events = run.events[f"r{i}"]
         assert len(events) == max_tokens and all(isinstance(e, TokenEvent) for e in events)
         assert [e.finish_reason is not None for e in events] == [False] * (max_tokens - 1) + [True]
-    assert run.engine.free_slots == run.engine.kv_slots
+    assert len(run.engine.slots) == run.engine.kv_slots
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

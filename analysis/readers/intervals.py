@@ -55,7 +55,11 @@ def _parse(path: Path) -> tuple[float | None, list[Interval]]:
     base_s, intervals = None, []
     for number, line in read_lines(path):
         if line.startswith("#[BaseTime:"):
-            base_s = float(line.split()[1])
+            try:
+                base_s = float(line.split()[1])
+            except (IndexError, ValueError):
+                raise RunDirError(f"{path}:{number}: a BaseTime line without its time in "
+                                  "seconds") from None
             continue
         if line.startswith(("#", '"')):
             continue

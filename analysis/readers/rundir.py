@@ -16,7 +16,7 @@ from hdrh.histogram import HdrHistogram
 
 from analysis.readers.files import RunDirError, read_lines, worker_dirs
 from analysis.readers.intervals import Interval, load_intervals
-from records.jsonform import RecordError, from_json
+from records.jsonform import RecordError, from_json, read_object
 from records.requests import RequestRow
 from records.rundir import HISTOGRAMS, REQUESTS, SAMPLES, SUMMARY
 from records.server_stats import ServerSample
@@ -114,14 +114,9 @@ def _json_line(file: Path, number: int, line: str):
 
 def _read_json_object(file: Path) -> dict:
     try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise RunDirError(f"{file}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunDirError(f"{file}: cannot read JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise RunDirError(f"{file}: expected a JSON object, got {type(data).__name__}")
-    return data
+        return read_object(file)
+    except RecordError as e:
+        raise RunDirError(str(e)) from None
 
 
 def _decode(file: Path, name: str, blob: object) -> HdrHistogram:

@@ -12,7 +12,6 @@ was expected.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from records.declare import SettingsError
+from records.jsonform import RecordError, read_object
 from server.engine.model import DTYPES, ModelArgs
 from server.engine.tokenizer import CheckpointTokenizer
 
@@ -348,11 +348,6 @@ def eos_of(directory: Path, config: dict, vocab_size: int) -> frozenset[int]:
 
 def _json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"--model: {path} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"--model: {path}: not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"--model: {path}: expected a JSON object")
-    return value
+        return read_object(path)
+    except RecordError as e:
+        raise CheckpointError(f"--model: {e}") from None

@@ -21,7 +21,7 @@ import torch
 
 from server.engine.interface import SeqInput, StepResult
 from server.engine.local import LocalEngine
-from server.engine.slots import SlotPool
+from server.engine.slots import RankSlots
 from server.errors import UnavailableError
 from server.parallel.group import EpGroup
 from server.parallel.placement import Placement, balanced, imbalance, rank_loads
@@ -74,7 +74,9 @@ class DistributedEngine:
         self.placement = placement
         self.balanced_every, self.redundant = balanced_every, redundant
         self.ranks = ranks or []
-        self.slots = [SlotPool(range(r, kv_slots, self.world)) for r in range(self.world)]
+        # a slot's rank needs no word when it is freed: a sequence starting in a slot resets
+        # what the slot kept
+        self.slots = RankSlots(kv_slots, self.world)
         self.load = torch.zeros(self.args.n_layers, self.args.n_experts)  # since the last plan
         self.steps = 0
         self._warm_up()
@@ -88,18 +90,6 @@ class DistributedEngine:
     @property
     def expert_bytes(self) -> int:
         return self.local.expert_bytes
-
-    @property
-    def free_slots(self) -> int:
-        return sum(len(pool) for pool in self.slots)
-
-    def allocate_slot(self) -> int:
-        rank = max(range(self.world), key=lambda r: (len(self.slots[r]), -r))
-        return self.slots[rank].take()
-
-    def free_slot(self, slot: int) -> None:
-        """The slot's rank needs no word: a sequence starting in a slot resets what it kept."""
-        self.slots[slot % self.world].give(slot)
 
     def step(self, seqs: list[SeqInput]) -> StepResult:
         moved = 0

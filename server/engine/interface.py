@@ -17,6 +17,7 @@ from torch import Tensor
 
 from server.engine.expert_cache import LayerCache
 from server.engine.model import ModelArgs
+from server.engine.slots import Slots
 from server.engine.tokenizer import Tokenizer
 from server.parallel.exchange import Exchanged
 
@@ -61,20 +62,13 @@ class Engine(Protocol):
     seed: int  # of the random weights; seeds the fault draws too
     kernel_name: str  # the MoE kernel running, after any fallback
     kv_slots: int  # sequences the KV pool holds at once
+    slots: Slots  # those free for new sequences
     world: int  # the ranks the experts are spread over (1: this process alone)
     caches: list[LayerCache]  # per MoE layer, with an expert cache; empty without
 
     @property
     def expert_bytes(self) -> int:
         """Weight bytes of one expert (its gate, up and down projections)."""
-
-    @property
-    def free_slots(self) -> int: ...
-
-    def allocate_slot(self) -> int:
-        """A free KV slot for a new sequence."""
-
-    def free_slot(self, slot: int) -> None: ...
 
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """One forward pass over every sequence and the next token of each."""

@@ -74,7 +74,8 @@ class LocalEngine:
         self.kv = KVCache(args, kv_slots, self.device, dtype)
         self.kv_slots = kv_slots
         self.slots = SlotPool(range(kv_slots))
-        self._generators: dict[int, torch.Generator] = {}  # slot -> its sequence's sampler
+        # slot -> its sequence's sampler, made anew when a sequence starts in the slot
+        self._generators: dict[int, torch.Generator] = {}
         self.timer = StageTimer(self.device)
         if warm_up:
             self._warm_up()
@@ -105,17 +106,6 @@ class LocalEngine:
         """Weight bytes of one expert (its gate, up and down projections)."""
         a = self.args
         return 3 * a.dim * a.expert_dim * self.dtype.itemsize
-
-    @property
-    def free_slots(self) -> int:
-        return len(self.slots)
-
-    def allocate_slot(self) -> int:
-        return self.slots.take()
-
-    def free_slot(self, slot: int) -> None:
-        self._generators.pop(slot, None)
-        self.slots.give(slot)
 
     def stop(self) -> None:
         """Nothing runs beside a one-process engine: there is nothing to end."""

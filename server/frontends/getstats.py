@@ -6,18 +6,8 @@ beside them the settings the server runs with and the model's shape."""
 from __future__ import annotations
 
 from proto import moe_pb2
+from records import engine_telemetry as declared
 from records.declare import flat, text
-from records.engine_telemetry import (
-    CACHE,
-    ENGINE,
-    EXCHANGE,
-    FAULTS,
-    HISTOGRAM,
-    LAYER,
-    PAIR,
-    STAGE,
-    metrics_of,
-)
 from records.server_settings import ServerSettings
 from server.engine.model import ModelArgs
 
@@ -31,12 +21,12 @@ def fields_at(message: str, values: dict, index: tuple = ()) -> dict:
     a pair of ranks); a metric without a reading keeps the field's default, or its declared
     value when absent (-1: unknown GPU utilisation)."""
     out = {}
-    for m in metrics_of(message):
+    for m in declared.metrics_of(message):
         value = values[m.name]
         for i in index:
             value = None if value is None else value[i]
         if value is not None:
-            out[m.name] = histogram_message(value) if m.kind == HISTOGRAM else value
+            out[m.name] = histogram_message(value) if m.kind == declared.HISTOGRAM else value
         elif m.absent:
             out[m.name] = m.absent
     return out
@@ -57,19 +47,19 @@ def stats_message(values: dict, args: ModelArgs, settings: dict,
     knobs: the batching policy's."""
     layers = []
     for i in range(args.n_layers):
-        layer = moe_pb2.LayerStats(**fields_at(LAYER, values, (i,)))
+        layer = moe_pb2.LayerStats(**fields_at(declared.LAYER, values, (i,)))
         if values["hits"] is not None:  # with an expert cache
-            layer.cache.CopyFrom(moe_pb2.CacheStats(**fields_at(CACHE, values, (i,))))
+            layer.cache.CopyFrom(moe_pb2.CacheStats(**fields_at(declared.CACHE, values, (i,))))
         layers.append(layer)
     return moe_pb2.EngineStats(
-        **settings, **fields_at(ENGINE, values), policy_knobs=knobs,
+        **settings, **fields_at(declared.ENGINE, values), policy_knobs=knobs,
         num_layers=args.n_layers, num_experts=args.n_experts, top_k=args.top_k,
         hidden_size=args.dim, max_seq_len=args.max_seq_len,
         layers=layers,
         expert_tokens=[moe_pb2.LayerExpertTokens(tokens=row) for row in values["expert_tokens"]],
-        stages=[moe_pb2.StageTime(stage=name, **fields_at(STAGE, values, (name,)))
+        stages=[moe_pb2.StageTime(stage=name, **fields_at(declared.STAGE, values, (name,)))
                 for name in values["ms"]],
-        faults=moe_pb2.FaultCounts(**fields_at(FAULTS, values)),
+        faults=moe_pb2.FaultCounts(**fields_at(declared.FAULTS, values)),
         expert_parallel=exchange_message(values))
 
 
@@ -78,6 +68,6 @@ def exchange_message(values: dict) -> moe_pb2.ExpertParallelStats | None:
     ranks = values["ranks"]
     if ranks is None:
         return None
-    pairs = [moe_pb2.RankPair(source=s, destination=d, **fields_at(PAIR, values, (s, d)))
+    pairs = [moe_pb2.RankPair(source=s, destination=d, **fields_at(declared.PAIR, values, (s, d)))
              for s in range(ranks) for d in range(ranks) if s != d]
-    return moe_pb2.ExpertParallelStats(**fields_at(EXCHANGE, values), pairs=pairs)
+    return moe_pb2.ExpertParallelStats(**fields_at(declared.EXCHANGE, values), pairs=pairs)

@@ -84,13 +84,13 @@ class BatchingLoop:
         self._reap_cancelled()
         now = self.clock()
         plan = self.policy.plan(View(now, fair_order(self.waiting, self.resident),
-                                     self.resident, self.engine.free_slots))
+                                     self.resident, len(self.engine.slots)))
         if self.max_prefill_tokens is not None:
             plan.prefill = within_prefill_budget(plan.prefill, self.max_prefill_tokens)
         admitted = []
         for req, _ in plan.prefill:
             if req.slot is None:
-                req.slot = self.engine.allocate_slot()
+                req.slot = self.engine.slots.take()
                 req.admitted_ns = now
                 self.waiting.remove(req)
                 self.resident.append(req)
@@ -141,7 +141,7 @@ class BatchingLoop:
                 finished += 1
                 lifetime_s = (t1 - req.received_ns) / 1e9
                 self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
-                self.engine.free_slot(req.slot)
+                self.engine.slots.give(req.slot)
                 usage = Usage(prompt_tokens=len(req.prompt_ids),
                               completion_tokens=len(req.output_ids),
                               queue_us=(req.admitted_ns - req.received_ns) // 1000,
@@ -172,7 +172,7 @@ class BatchingLoop:
                 self.waiting.remove(req)
             else:
                 self.resident.remove(req)
-                self.engine.free_slot(req.slot)
+                self.engine.slots.give(req.slot)
         self.cancelled.clear()
 
     def fail_all(self, error: Exception) -> None:
@@ -192,5 +192,5 @@ class BatchingLoop:
         for req in pending:
             req.done = True
             if req.slot is not None:
-                self.engine.free_slot(req.slot)
+                self.engine.slots.give(req.slot)
             req.sink(FailureEvent(error))

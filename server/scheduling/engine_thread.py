@@ -133,7 +133,7 @@ class EngineThread:
         """Under the lock: the queue as the engine thread sees it."""
         b, engine = self.batching, self.engine
         return Now(running=len(b.resident), waiting=len(b.waiting),
-                   kv_slots_in_use=engine.kv_slots - engine.free_slots,
+                   kv_slots_in_use=engine.kv_slots - len(engine.slots),
                    kv_slots_total=engine.kv_slots,
                    uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9,
                    gpu=gpu, heap_trims=self.heap.trims,

@@ -212,9 +212,7 @@ def bench_decode(preset: str, threads: int, repeats: int, read_bytes: int) -> di
         start = time.perf_counter_ns()
         buffer.sum()
         read_ms.append((time.perf_counter_ns() - start) / 1e6)
-        if position >= args.max_seq_len - 1:
-            engine.free_slot(0)
-            engine.allocate_slot()
+        if position >= args.max_seq_len - 1:  # the slot's context is full: decode over again
             position = DECODE_PROMPT
     read_gb_s = read_bytes / statistics.median(read_ms) / 1e6
     bound_ms = statistics.median(bound_bytes) / read_gb_s / 1e6
