@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_OUT := proto/moe_pb2.py proto/moe_pb2_grpc.py
 
+# Compiled modules are cached: where the environment turns that off, every test process and
+# every server or Locust it starts would compile each module anew (seconds a process).
+unexport PYTHONDONTWRITEBYTECODE
+
 PRESET ?= small
 PORT ?= 50051
 # Every batching policy, from the server's registry (fcfs first: the comparisons' baseline).

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from scipy import stats
 
 from analysis.arguments import number
 from analysis.readers.files import RunDirError
@@ -138,6 +137,8 @@ def fit_trend(t_s: np.ndarray, y: np.ndarray, min_change: float, horizon_s: floa
     n = len(t_s)
     if n < MIN_WINDOWS:
         raise ValueError(f"a trend needs at least {MIN_WINDOWS} points, got {n}")
+    from scipy import stats  # here: importing it costs every analysis command a second
+
     fit = stats.linregress(t_s, y - y[0])  # shifted: a constant series fits a slope of exactly 0
     half = stats.t.ppf((1 + CONFIDENCE) / 2, n - 2) * fit.stderr
     ci = (fit.slope - half, fit.slope + half)

@@ -23,8 +23,12 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attenti
               tie_word_embeddings=False)
 
 
+# the families tests build, by name (transformers, imported only to build them, takes seconds)
+ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
 def architectures():
-    """name -> (config class, model class, config fields beyond COMMON)."""
+    """name -> (config class, model class, config fields beyond COMMON), for ARCHITECTURES."""
     from transformers import (
         MixtralConfig,
         MixtralForCausalLM,
@@ -35,7 +39,7 @@ def architectures():
         Qwen3MoeConfig,
         Qwen3MoeForCausalLM,
     )
-    return {
+    families = {
         "mixtral": (MixtralConfig, MixtralForCausalLM,
                     dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48,
                          sliding_window=6)),
@@ -50,6 +54,8 @@ def architectures():
                   dict(num_experts=4, num_experts_per_tok=2, intermediate_size=48,
                        clip_qkv=3.0)),
     }
+    assert tuple(families) == ARCHITECTURES
+    return families
 
 
 def write_bpe_tokenizer(path: Path) -> Tokenizer:

@@ -63,6 +63,7 @@ def run_report(run_dir: Path) -> Done:
     return analysis("report", run_dir)
 
 
+@pytest.mark.slow
 def test_report_prints_recorded_percentiles_and_writes_files(tmp_path):
     run_dir = tmp_path / "first"
     write_run(run_dir)

@@ -22,12 +22,9 @@ from server.engine.local import LocalEngine
 from server.engine.model import StepLayout
 from server.engine.moe import StepContext
 from server.settings import check, resolve
-from tests.checkpoints import architectures, shard, write_checkpoint
+from tests.checkpoints import ARCHITECTURES, shard, write_checkpoint
 from tests.conftest import REPO, running_server
 
-pytest.importorskip("transformers")  # a dev dependency (make install)
-
-ARCHITECTURES = list(architectures())
 PROMPTS = ["the experts route every token, héllo wörld", "mixture of experts",
            "naïve café: serve many requests at once, the best of their kind"]
 GREEDY = 32

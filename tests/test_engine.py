@@ -106,6 +106,7 @@ def test_prefill_padding_is_counted():
     assert (result.kv_useful, result.kv_computed) == (8, 8)
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_cpu_parts_and_says_what_it_skipped():
     done = subprocess.run([sys.executable, "-m", "server.tools.gpu_check", "--device", "cpu",
                            "--repeats", "2"], cwd=REPO, capture_output=True, text=True,

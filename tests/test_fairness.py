@@ -70,6 +70,7 @@ def test_a_flooding_client_does_not_starve_another_under_every_policy(tokens, po
         assert other_ttft < flood_left / 4, (other_ttft, flood_left)
 
 
+@pytest.mark.slow  # its held streams wait out a 3 s fault
 def test_a_client_over_its_quota_gets_resource_exhausted_with_a_retry_hint(tokens):
     with running_server(max_streams_per_client=2, max_batch_size=4, fault_slow=1.0,
                         fault_slow_ms=3000, auth_token_file=tokens, http_port=0) as s:

@@ -124,6 +124,7 @@ def test_a_full_queue_is_429_and_a_client_that_leaves_frees_its_slot():
         assert stats(s.stub).requests_rejected == 1
 
 
+@pytest.mark.slow
 def test_sigterm_refuses_new_requests_with_503_and_lets_open_streams_finish(tmp_path):
     http_port_file = tmp_path / "http.port"
     with server_process(tmp_path, "--http-port", "0", "--http-port-file", str(http_port_file),

@@ -147,6 +147,7 @@ def test_a_request_over_max_message_bytes_is_refused_unread_on_both_ports():
         assert list(s.stub.Generate(Req(prompt="ok", max_tokens=2, ignore_eos=True)))
 
 
+@pytest.mark.slow
 def test_streams_over_max_concurrent_streams_wait_on_their_connection():
     # each message held back 2 s (--fault-slow): the two streams stay open for seconds
     with running_server(max_concurrent_streams=2, max_batch_size=4, fault_slow=1.0,

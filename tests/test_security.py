@@ -193,6 +193,7 @@ def test_a_malformed_token_file_names_the_line_not_the_token(tmp_path):
     assert "secret-value" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_server_cli_refuses_a_public_plaintext_listen():
     done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", "--host",
                            "0.0.0.0", "--port", "0"], cwd=REPO, capture_output=True, text=True,

@@ -36,12 +36,14 @@ def test_bad_flag_exits_2_naming_it(flags, named, capsys):
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_entry_point_refuses_before_building_a_model():
     done = subprocess.run([sys.executable, "-m", "server", "--max-batch-size", "0"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--max-batch-size: must be at least 1" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--port", "--metrics-port", "--http-port"])
 def test_a_busy_port_is_refused_in_one_line_naming_its_flag(tmp_path, flag):
     with socket.socket() as taken:
@@ -58,6 +60,7 @@ def test_a_busy_port_is_refused_in_one_line_naming_its_flag(tmp_path, flag):
     assert "serving" not in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_running_server_keeps_its_port(tmp_path):
     with server_process(tmp_path) as (_, port):
         done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", "--port",
@@ -65,6 +68,7 @@ def test_a_running_server_keeps_its_port(tmp_path):
         assert done.returncode == 2 and "another server may be running there" in done.stderr
 
 
+@pytest.mark.slow
 def test_two_listeners_on_one_port_are_refused():
     done = subprocess.run([sys.executable, "-m", "server", "--preset", "tiny", "--port", "50999",
                            "--http-port", "50999"], cwd=REPO, capture_output=True, text=True,

@@ -273,6 +273,7 @@ def test_a_fault_rehearsal_and_the_rows_cap_are_left_out_and_the_accounting_chec
             "+ cancelled by the client 500; not sent 0") in done.stdout
 
 
+@pytest.mark.slow
 def test_fail_on_drift_exits_1_on_a_leak_or_a_lost_request(tmp_path):
     leaking = tmp_path / "leaking"
     write_rehearsal_run(leaking, ttft_ms=lambda i: [100.0] * 10,
@@ -292,6 +293,7 @@ def write_twenty_minutes(run_dir: Path, rss_mb, ttft_ms=lambda i: [100.0] * 10) 
     write_soak_run(run_dir, 1200, ttft_ms=ttft_ms, tpot_ms=lambda i: [30.0] * 10, rss_mb=rss_mb)
 
 
+@pytest.mark.slow
 def test_a_slow_leak_in_a_short_soak_drifts_over_the_horizon(tmp_path):
     rng = np.random.default_rng(11)
     run_dir = tmp_path / "slow-leak"
@@ -319,6 +321,7 @@ def test_a_slow_leak_in_a_short_soak_drifts_over_the_horizon(tmp_path):
     assert "within the 500 MB budget" in half.stdout
 
 
+@pytest.mark.slow
 def test_a_flat_short_soak_has_no_drift_over_the_horizon(tmp_path):
     rng = np.random.default_rng(12)
     run_dir = tmp_path / "flat"

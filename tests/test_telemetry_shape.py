@@ -11,7 +11,9 @@ import pytest
 from tests.telemetry_shape import FIXTURES, SCENARIOS, observe
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+# two ranks take seconds to start: make test runs them, test-fast does not
+@pytest.mark.parametrize("scenario", [
+    pytest.param(name, marks=[pytest.mark.slow] * (name != "one_rank")) for name in SCENARIOS])
 def test_getstats_and_metrics_are_what_they_were(scenario):
     before = json.loads((FIXTURES / f"{scenario}.json").read_text())
     now = json.loads(json.dumps(observe(scenario)))  # as the fixture holds it: JSON types
