@@ -1,1 +1,1 @@
-"""The load generator: `locust -f loadgen/moe.py`. Only moe.py imports locust."""
+"""The load generator: `locust -f loadgen/moe.py`. Only moe.py and listener.py import locust."""

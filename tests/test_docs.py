@@ -2,6 +2,7 @@
 (records/readme.py), every batching policy the server registers is described, and nothing in
 the repository points at files outside it."""
 
+import ast
 import dataclasses
 import re
 import subprocess
@@ -69,3 +70,30 @@ def test_nothing_points_outside_the_repository():
             text = (REPO / name).read_text()
             for pointer in pointers:
                 assert pointer not in text, f"{name} points at {pointer}, outside the repository"
+
+
+def test_the_design_maps_every_module_and_its_trip_names_real_functions():
+    """docs/design.md names every module (as its path, or its name in its folder's entry), and
+    each `file.py`: `Name` or `Class.method` of "One request's trip" exists in that file."""
+    doc = (REPO / "docs" / "design.md").read_text()
+    named = set(re.findall(r"`([\w/.]+\.(?:py|js))`", doc))
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                             "server", "loadgen", "analysis", "records"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
+    unnamed = [path for path in listed if path.endswith((".py", ".js"))
+               and not path.endswith("__init__.py") and (REPO / path).is_file()
+               and path not in named and Path(path).name not in named]
+    assert not unnamed, f"docs/design.md's module map does not name {unnamed}"
+    trip = doc.split("## One request's trip")[1].split("\n## ")[0]
+    pairs = re.findall(r"`([\w/]+\.py)`: `(\w+(?:\.\w+)?)`", trip)
+    assert len(pairs) >= 10
+    for path, name in pairs:
+        tree = ast.parse((REPO / path).read_text())
+        defined = {n.name: n for n in tree.body
+                   if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)}
+        outer, _, inner = name.partition(".")
+        assert outer in defined, f"{path} has no {outer}"
+        if inner:
+            members = {n.name for n in defined[outer].body
+                       if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            assert inner in members, f"{path}: {outer} has no {inner}"
