@@ -65,6 +65,11 @@ class Metric:
         return self.unit in FRACTIONAL
 
     @property
+    def scalar(self) -> type:
+        """The Python type of one of its values (a histogram's: of its counts)."""
+        return bool if self.unit == "bool" else float if self.fractional else int
+
+    @property
     def scale(self) -> float:
         """Our unit to Prometheus's base unit: ms are exported as seconds."""
         return 1e-3 if self.unit == "ms" else 1.0
@@ -216,6 +221,11 @@ FAMILY_HELP = {
 }
 
 BY_NAME = {(m.message, m.name): m for m in METRICS}
+
+
+def zeros(metrics) -> dict[str, float]:
+    """Each metric at zero, by name: a fresh set of counters."""
+    return {m.name: m.scalar(0) for m in metrics}
 
 
 def metrics_of(message: str) -> list[Metric]:

@@ -83,11 +83,10 @@ def _field_of(m: Metric):
     nothing)."""
     if m.kind == HISTOGRAM:
         return Histogram | None, field(None, omit=None)
-    scalar = bool if m.unit == "bool" else float if m.fractional else int
     if m.own_dims:
-        return list[scalar], field(default_factory=list, **({"omit": []} if m.sparse else {}))
-    default = scalar(m.absent)
-    return scalar, field(default, **({"omit": default} if m.sparse else {}))
+        return list[m.scalar], field(default_factory=list, **({"omit": []} if m.sparse else {}))
+    default = m.scalar(m.absent)
+    return m.scalar, field(default, **({"omit": default} if m.sparse else {}))
 
 
 def with_metrics(message: str):

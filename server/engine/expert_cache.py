@@ -30,8 +30,7 @@ POLICIES = ("lru", "lfu", "random")
 # One layer's counters, as the telemetry declares them (hits, misses, evictions, bytes copied,
 # copy and wait ms): the cache counts them, GetStats and /metrics report them.
 CacheCounters = make_dataclass("CacheCounters", [
-    (m.name, float if m.fractional else int, 0.0 if m.fractional else 0)
-    for m in metrics_of(CACHE)])
+    (m.name, m.scalar, m.scalar(0)) for m in metrics_of(CACHE)])
 
 
 class LayerCache:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from records.engine_telemetry import COUNTER, EXCHANGE, metrics_of
+from records.engine_telemetry import COUNTER, EXCHANGE, metrics_of, zeros
 
 PHASES = ("dispatch", "combine")
 # where each phase's times go, by the exchange's own name for them
@@ -18,8 +18,7 @@ TIMES = {"measured": "{phase}_ms", "exposed": "{phase}_exposed_ms",
 def zero_counts() -> dict[str, float]:
     """Every counter the declaration gives the exchanges, at zero: their times (ms), the layer
     exchanges, the placements made and the expert slots those changed."""
-    return {m.name: 0.0 if m.fractional else 0 for m in metrics_of(EXCHANGE)
-            if m.kind == COUNTER}
+    return zeros(m for m in metrics_of(EXCHANGE) if m.kind == COUNTER)
 
 
 @dataclass

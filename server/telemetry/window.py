@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from records.engine_telemetry import ENGINE, HISTOGRAM, STAGE, metrics_of, window_counters
+from records.engine_telemetry import (
+    BY_NAME,
+    ENGINE,
+    HISTOGRAM,
+    STAGE,
+    metrics_of,
+    window_counters,
+    zeros,
+)
 from server.engine.expert_cache import CacheCounters
 from server.engine.stages import STAGES
 from server.telemetry.exchange import ExchangeTotals
@@ -23,14 +31,10 @@ from server.telemetry.histogram import Histogram
 from server.telemetry.process import process_cpu_s
 
 REQUEST_PHASES = ("queue", "prefill", "ttft", "tpot")
-STAGE_BOUNDS = next(m.bounds for m in metrics_of(STAGE))
+STAGE_BOUNDS = BY_NAME[STAGE, "ms"].bounds
 # per finished request, the server's own times: received -> admitted, its prefill steps,
 # received -> first token, and time per output token after the first (/metrics only)
-REQUEST_BOUNDS = next(m.bounds for m in metrics_of("") if m.name == "request_ms")
-
-
-def zero_counts() -> dict[str, float]:
-    return {m.name: 0.0 if m.fractional else 0 for m in window_counters()}
+REQUEST_BOUNDS = BY_NAME["", "request_ms"].bounds
 
 
 @dataclass
@@ -39,7 +43,8 @@ class Telemetry:
     n_experts: int
     # a histogram's buckets other than its declared ones (batch_size: up to --max-batch-size)
     bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    counts: dict[str, float] = field(default_factory=zero_counts)  # by declared name
+    counts: dict[str, float] = field(  # by declared name
+        default_factory=lambda: zeros(window_counters()))
     histograms: dict[str, Histogram] = field(default_factory=dict)  # by declared name
     stage_ms: dict[str, Histogram] = field(default_factory=lambda: {
         s: Histogram(STAGE_BOUNDS) for s in STAGES})
