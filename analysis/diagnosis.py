@@ -10,8 +10,10 @@ takes a large share of step time (experts.py); the exchanges between expert-para
 long or fill the link (expert_parallel.py). Latency: windows whose TTFT or TPOT p99 jumps, lined
 up with a hot expert, a cache-miss burst, queue growth or the load generator's own lateness
 (spikes.py); and the generator's lateness, or its closed loop, over the whole run, and the
-server's own write delay (delivery.py). Failures: which codes, when, and when the server could
-not be reached (failures.py); faults the server injected on purpose, and when (faults.py).
+server's own write delay (delivery.py). From any server's own /metrics: saturation,
+KV-cache pressure, prefix-cache misses, expert imbalance and a slow front door (scraped.py).
+Failures: which codes, when, and when the server could not be reached (failures.py); faults
+the server injected on purpose, and when (faults.py).
 Reads only run-directory files.
 """
 
@@ -28,6 +30,7 @@ from analysis.rules.failures import failures
 from analysis.rules.faults import faults
 from analysis.rules.finding import Finding
 from analysis.rules.saturation import queue_rules
+from analysis.rules.scraped import scraped_rules
 from analysis.rules.spikes import Signals, latency_spikes, signals_of
 from records.jsonform import dumps
 
@@ -43,7 +46,7 @@ def rules(signals: Signals) -> list[Finding]:
     return [failures(signals.run), faults(signals.run), *queue_rules(signals),
             expert_imbalance(signals), data_movement(signals),
             communication(signals.run.summary.server), latency_spikes(signals),
-            generator_limited(signals), server_write_delay(signals)]
+            generator_limited(signals), server_write_delay(signals), *scraped_rules(signals)]
 
 
 def render_text(findings: list[Finding]) -> str:

@@ -19,8 +19,10 @@ from analysis.readers.files import RunDirError
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
 from analysis.readers.samples import ServerSeries
+from analysis.readers.server_metrics import ServerSide
 from analysis.readers.server_stats import ServerView, server_view
 from analysis.readers.timeseries import ClientSeries, client_series
+from analysis.report_scraped import scraped_markdown, scraped_text
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
 from analysis.rules.delivery import delivery_split
 from analysis.rules.delivery import lines as delivery_lines
@@ -54,6 +56,7 @@ class Report:
     findings: list[Finding]  # the diagnosis rules, fired or not
     imbalance: Imbalance | None = None  # what the diagnosis judged, for the over-time figure
     ep: EpView | None = None  # the exchanges between expert-parallel ranks (--ep)
+    scraped: ServerSide | None = None  # from server_metrics.jsonl
 
     @classmethod
     def of(cls, run: Run) -> "Report":
@@ -65,7 +68,7 @@ class Report:
                     if tokens is not None and tokens.mean() > 0 else None)
         return cls(run, latency, view, ttft_split(run.rows), client_series(run), signals.series,
                    rules(signals), Imbalance(signals.imbalance, run_wide),
-                   ep_view(run.summary.server))
+                   ep_view(run.summary.server), signals.scraped)
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -131,6 +134,8 @@ def render_text(report: Report) -> str:
         parts.append(text_table(SPLIT_HEADER, _split_rows(report.split)))
     if report.server:
         parts.append("\n".join(server_text(report.server)))
+    if report.scraped:
+        parts.append("\n".join(scraped_text(report.scraped, run)))
     if report.ep:
         parts.append("\n".join(f"expert parallel: {label}: {value}"
                                for label, value in ep_lines(report.ep)))
@@ -182,6 +187,9 @@ def render_markdown(report: Report) -> str:
     if report.server or summary.server_time_ms:
         parts += ["## Server", *server_markdown(report.server, summary.server_time_ms,
                                                 bool(report.series and report.series.stage_ms))]
+    if report.scraped:
+        parts += ["## Server metrics (scraped)",
+                  *scraped_markdown(report.scraped, run, report.client)]
     if report.ep:
         parts += ["## Expert parallelism",
                   "Bytes counted by the server from the actual routing (hidden states to another "

@@ -11,6 +11,12 @@ not decide whether its requests meet it). --faults KIND,... spoils streams in tu
 len+1-th is left whole) in one of the protocol's ways (loadgen/reference/), for the
 tests of bad replies.
 
+Each serves /metrics as the engine it stands for would (the openai one vLLM's, on its own
+port; the vllm-grpc and sglang-grpc ones vLLM's and SGLang's on a side HTTP port,
+--metrics-port-file), from what it did: its queue, running streams, KV tokens held against
+--kv-tokens, preemptions (--preempt-every), prefix-cache hits, tokens, its own TTFT and
+inter-token times, and for SGLang a seeded expert balance (loadgen/reference/tally.py).
+
     python -m loadgen.delay_server --port-file PATH [--protocol openai --ttft-ms 20 ...]
 """
 
@@ -22,6 +28,8 @@ import os
 import signal
 
 from loadgen.reference.pacer import PROTOCOLS, Pacer
+
+SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
 
 
 def write_port(path: str, port: int) -> None:
@@ -37,11 +45,18 @@ async def serve(args) -> None:
     else:
         from loadgen.reference.grpc_servers import start
     port, stop_server = await start(args.protocol, pacer)
+    stops = [stop_server]
+    if args.metrics_port_file and args.protocol in SIDE_METRICS:
+        from loadgen.reference.http_server import metrics_app, serve_app
+        metrics_port, stop_metrics = await serve_app(metrics_app(args.protocol, pacer), 0)
+        stops.append(stop_metrics)
+        write_port(args.metrics_port_file, metrics_port)
     write_port(args.port_file, port)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
-    await stop_server()
+    for stop_one in stops:
+        await stop_one()
 
 
 def main() -> None:
@@ -57,6 +72,14 @@ def main() -> None:
     p.add_argument("--stall-at-s", type=float, default=0.0)
     p.add_argument("--stall-s", type=float, default=0.0)
     p.add_argument("--faults", default="", help="comma-separated faults, in turn")
+    p.add_argument("--kv-tokens", type=int, default=65536,
+                   help="/metrics: the KV pool its running streams' tokens fill")
+    p.add_argument("--preempt-every", type=int, default=0,
+                   help="/metrics: every Nth stream is preempted once (0: none)")
+    p.add_argument("--seed", type=int, default=0, help="/metrics: the expert load's seed")
+    p.add_argument("--metrics-port-file", default="",
+                   help=f"{', '.join(SIDE_METRICS)}: serve /metrics on a side HTTP port, "
+                   "written here")
     asyncio.run(serve(p.parse_args()))
 
 

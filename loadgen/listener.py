@@ -25,6 +25,7 @@ from loadgen.recording.rundir import write_run_dir
 from loadgen.recording.summary import histogram_encodings
 from loadgen.recording.timing import StreamTiming
 from loadgen.run import Run
+from loadgen.server_metrics import ServerMetrics, start_server_metrics
 from loadgen.settings import check, with_run_dir
 from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target, target_of
@@ -56,6 +57,7 @@ class MasterState:
     target: Target
     expected: int
     server_start: ServerStats | None
+    scraping: ServerMetrics | None  # the master scrapes the server's metrics, once for all
     parts: dict[int, dict] = field(default_factory=dict)
     written: bool = False
 
@@ -140,6 +142,7 @@ class RunListener:
                      describe(settings, len(ranks)))
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test)
+            self.run.scraping = start_server_metrics(settings, self.run.started_at)
             log.info("%s", describe(settings))
         self.recorder, self.timeline = self.run.recorder, self.run.timeline
 
@@ -164,7 +167,8 @@ class RunListener:
         if problem:
             self.refuse(f"{problem}; not starting")
             return
-        self.master = MasterState(settings, target, len(ranks), stats)
+        self.master = MasterState(settings, target, len(ranks), stats,
+                                  start_server_metrics(settings, time.time()))
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
         """Each request once into Locust's own statistics, so its request rate and failures are
@@ -239,6 +243,8 @@ class RunListener:
             gevent.sleep(0.1)
         master.written = True
         self.master = None
+        if master.scraping is not None:
+            master.scraping.stop()
         if not master.parts:
             log.error("no worker reported results: nothing to write")
             return

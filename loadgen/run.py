@@ -24,6 +24,7 @@ from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.summary import summarize
 from loadgen.recording.timing import StreamTiming
+from loadgen.server_metrics import ServerMetrics
 from loadgen.stress import Stress
 from loadgen.targets.client import StreamResult, cut_off, stream_request
 from loadgen.targets.target import Target
@@ -39,6 +40,7 @@ from records.summary import Summary
 
 log = logging.getLogger("loadgen")
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
+SCRAPE_READY_S = 15.0  # ... and for the first scrape of the server's metrics
 
 
 def generator_rss_bytes() -> int:
@@ -63,6 +65,9 @@ class Run:
         default the run's); request_stop: ends the Locust test (stress mode calls it when it
         is done)."""
         self.request_stop = request_stop
+        # the server-metrics collector, set by the listener (a worker has none: its master
+        # scrapes); its first scrapes come before the first send, its last after the drain
+        self.scraping: ServerMetrics | None = None
         self.settings = settings
         self.sender = settings.sender
         self.target = target
@@ -102,6 +107,8 @@ class Run:
         self._begun = True
         if self.aio is not None:  # its imports and connection do not eat into the schedule
             self.aio.ready.wait(AIO_READY_S)
+        if self.scraping is not None:  # the server's counters before the first request
+            self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns = time.monotonic_ns()
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
@@ -171,7 +178,8 @@ class Run:
         now_s = time.time()
         interval = self.recorder.take_interval()
         self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
-        self.timeline.add(now_s - self.started_at, interval)
+        self.timeline.add(now_s - self.started_at, interval,
+                          self.scraping.now() if self.scraping is not None else {})
         stats = self.target.stats(self.sender.host)
         if stats is None:
             return
@@ -239,6 +247,8 @@ class Run:
         self.tick()
         self.intervals.close()
         self.server_log.close()
+        if self.scraping is not None:
+            self.scraping.stop()
         for conn in self.conns:
             self.target.close(conn)
 

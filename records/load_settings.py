@@ -46,6 +46,16 @@ def _path(value: str) -> str | None:
     return None if value.startswith("/") else f"must be a path starting with /, got {value!r}"
 
 
+def _metrics_urls(value: str) -> str | None:
+    if value.strip() in ("", "off"):
+        return None
+    for url in (u.strip() for u in value.split(",")):
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("http", "https") or not rest or rest.startswith("/"):
+            return f"must be off or http(s)://HOST:PORT/PATH URLs, comma-separated, got {url!r}"
+    return None
+
+
 def _header(value: tuple[str, ...]) -> str | None:
     bad = [h for h in value if ":" not in h or not h.partition(":")[0].strip()]
     return f"must be NAME:VALUE, got {bad[0]!r}" if bad else None
@@ -275,6 +285,17 @@ class Recording(Settings):
                                 "server_stats.jsonl samples", check=at_least(0.1),
                                 compared=False,
                                 label="Interval of logs and samples (s)")
+    server_metrics: str = setting("", "the server's Prometheus endpoints to scrape during the "
+                                  "run, URL[,URL...] (each labelled by its URL), or off; default: "
+                                  "the openai target's {host}/metrics when it answers, none "
+                                  "for the others (moe has GetStats). Every scrape goes to "
+                                  "server_metrics.jsonl, this host's GPUs (NVML) too",
+                                  check=_metrics_urls, compared=False,
+                                  label="Server metrics URLs (or off)")
+    server_metrics_interval_s: float | None = setting(None, "seconds between scrapes of "
+                                                      "--server-metrics (default --interval-s)",
+                                                      check=at_least(0.1), compared=False,
+                                                      label="Scrape interval (s)")
     max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests "
                                     "(the count of the rest is in summary.json)", check=at_least(0),
                                     compared=False,

@@ -598,12 +598,17 @@ def test_punctual_generator_does_not_fire(tmp_path):
 
 # --- missing data, rendering, the command ---------------------------------------------------------
 
+SCRAPED_RULES = {"server_saturated", "kv_pressure", "prefix_misses", "server_expert_imbalance",
+                 "front_door"}  # judged from server_metrics.jsonl, which these runs lack
+
 def test_missing_files_leave_rules_unjudged_naming_what_is_missing(tmp_path):
     findings = diagnose(build_run(tmp_path))  # summary.json and histograms.json only
     unjudged = {f.rule: f.verdict for f in findings if not f.judged}
     assert set(unjudged) == {"throughput_underutilised", "compute_saturated", "data_movement",
-                             "latency_spikes", "faults", "communication", "server_write_delay"}
+                             "latency_spikes", "faults", "communication",
+                             "server_write_delay"} | SCRAPED_RULES
     assert "ran as one rank" in unjudged["communication"]
+    assert "no server metrics were scraped" in unjudged["kv_pressure"]
     assert "server_stats.jsonl has no GetStats sample" in unjudged["faults"]
     assert "server_stats.jsonl is missing" in unjudged["compute_saturated"]
     assert "ttft.hlog is missing or empty" in unjudged["latency_spikes"]
@@ -613,7 +618,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0),
                                   expert_end=[32, 28, 30, 30]))
     text = render_text(findings).splitlines()
-    assert text[0] == "diagnosis: 2 of 10 rules fired"  # the run's 2 refused requests fire one
+    assert text[0] == "diagnosis: 2 of 15 rules fired"  # the run's 2 refused requests fire one
     assert text[1] == ("FIRED Server unreachable / errors: 2 requests failed "
                        "(RESOURCE_EXHAUSTED); the server stayed reachable")
     fired = text.index(next(line for line in text if line.startswith("FIRED Throughput")))
@@ -624,12 +629,13 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
         "not fired  Expert load imbalance",
         "not fired  Data movement (expert weight copies) share of step time",
         "not fired  Load generator limited"]
-    assert text[-2].startswith("not judged Latency spikes: Not enough requests per interval: "
-                               "ttft.hlog is missing")
-    assert text[-1].startswith("not judged Server write delay: ")
+    unjudged = [line for line in text if line.startswith("not judged")]
+    assert unjudged[-7].startswith("not judged Latency spikes: Not enough requests per interval: "
+                                   "ttft.hlog is missing")
+    assert unjudged[-6].startswith("not judged Server write delay: ")
 
     markdown = render_markdown(findings)
-    assert markdown.startswith("## Diagnosis\n\n2 of 10 rules fired")
+    assert markdown.startswith("## Diagnosis\n\n2 of 15 rules fired")
     order = [markdown.index(s) for s in ("### Throughput limited while under-utilised",
                                          "### Did not fire", "### Could not be judged")]
     assert order == sorted(order)
@@ -644,7 +650,8 @@ def test_command_writes_diagnosis_md_and_a_json_last_line(tmp_path, capsys):
     figures = json.loads(lines[-1])
     assert figures["fired"] == ["failures", "compute_saturated", "expert_imbalance"]
     # one rank; a server from before write delays
-    assert set(figures["not_judged"]) == {"latency_spikes", "communication", "server_write_delay"}
+    assert set(figures["not_judged"]) == {"latency_spikes", "communication",
+                                          "server_write_delay"} | SCRAPED_RULES
     assert lines[-2] == f"diagnosis: {run.path / 'diagnosis.md'}"
     assert (run.path / "diagnosis.md").read_text().startswith("## Diagnosis")
 

@@ -25,7 +25,7 @@ SERVER_LEVELS = {"server.errors": 0, "server.parallel": 1, "server.engine": 2,
                  "server.app": 6, "server.build": 6, "server.settings": 6, "server.__main__": 7,
                  "server.tools": 7}
 # loadgen: what each lower room may import of the load generator besides itself
-LOADGEN_ROOMS = {"loadgen.reference": set(), "loadgen.targets": set(),
+LOADGEN_ROOMS = {"loadgen.reference": set(), "loadgen.targets": set(), "loadgen.scraping": set(),
                  "loadgen.traffic": {"loadgen.targets"},
                  "loadgen.recording": {"loadgen.targets"}}
 GRPC = {"grpc", "grpc_health", "grpc_reflection"}

@@ -18,7 +18,8 @@ from analysis.readers.files import RunDirError, read_lines, worker_dirs
 from analysis.readers.intervals import Interval, load_intervals
 from records.jsonform import RecordError, from_json, read_object
 from records.requests import RequestRow
-from records.rundir import HISTOGRAMS, REQUESTS, SAMPLES, SUMMARY
+from records.rundir import HISTOGRAMS, REQUESTS, SAMPLES, SERVER_METRICS, SUMMARY
+from records.server_metrics import Scrape
 from records.server_stats import ServerSample
 from records.summary import SCHEMA, Summary
 
@@ -53,6 +54,13 @@ class Run:
     def samples(self) -> list[ServerSample]:
         """server_stats.jsonl (a distributed run's first worker's); [] without it."""
         return read_samples(self.path)
+
+    @cached_property
+    def scrapes(self) -> list[Scrape]:
+        """server_metrics.jsonl, in file order; [] without it."""
+        file = self.path / SERVER_METRICS
+        return [_record(Scrape, _json_line(file, number, line), f"{file}:{number}:")
+                for number, line in read_lines(file)]
 
     def intervals(self, metric: str) -> list[Interval]:
         """The metric's interval log (analysis/readers/intervals.py), read once."""

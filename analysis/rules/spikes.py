@@ -21,6 +21,7 @@ from analysis.readers.latency import US_PER_MS
 from analysis.readers.rows import measured_ok
 from analysis.readers.rundir import Run
 from analysis.readers.samples import ServerSeries, server_series
+from analysis.readers.server_metrics import ServerSide, server_side
 from analysis.rules.finding import Finding
 from analysis.tables import fmt_ms
 from records.hdr import percentile_us
@@ -73,6 +74,7 @@ class Signals:
     max_batch_size: float | None
     expert_cache: int
     late_ms: float
+    scraped: ServerSide  # the target's /metrics and the host's GPUs (server_metrics.jsonl)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def signals_of(run: Run) -> Signals:
         max_batch_size=last.max_batch_size or None,
         expert_cache=last.expert_cache,
         late_ms=run.summary.generator.late_threshold_ms,
+        scraped=server_side(run),
     )
 
 

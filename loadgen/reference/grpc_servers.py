@@ -22,11 +22,11 @@ TOKEN = 65  # every token is "A"
 WORD = b"tok "  # a text protocol's token: one word, 4 characters
 
 
-async def paced(pacer: Pacer, max_tokens: int, context):
+async def paced(pacer: Pacer, max_tokens: int, context, prompt=()):
     """The schedule's messages, with the stream's fault: an abort after the first message, or
-    an end without the final one."""
+    an end without the final one. prompt: the request's token ids, for the tally."""
     fault = pacer.fault()
-    async for m in pacer.messages(max_tokens):
+    async for m in pacer.messages(max_tokens, prompt):
         if fault == "no-final" and m.last:
             return
         yield m
@@ -39,7 +39,8 @@ class MoeServicer(moe_pb2_grpc.MoEInferenceServicer):
         self.pacer = pacer
 
     async def Generate(self, request, context):
-        async for m in paced(self.pacer, request.max_tokens, context):
+        async for m in paced(self.pacer, request.max_tokens, context,
+                             request.prompt_token_ids or request.prompt.split()):
             msg = moe_pb2.GenerateResponse(token_ids=[TOKEN] * m.tokens, text="A" * m.tokens,
                                            server_elapsed_us=m.elapsed_us)
             if m.last:
@@ -63,22 +64,22 @@ def engine_servicer(protocol: str, pacer: Pacer):
     service = pb.DESCRIPTOR.services_by_name
     name = next(iter(service))
 
-    def asked(request) -> tuple[int, int]:
-        """(max tokens, prompt tokens) of a request."""
+    def asked(request) -> tuple[int, list[int]]:
+        """(max tokens, prompt token ids) of a request."""
         if protocol == "vllm-grpc":
-            return request.sampling_params.max_tokens, len(request.tokenized.input_ids)
+            return request.sampling_params.max_tokens, list(request.tokenized.input_ids)
         if protocol == "sglang-grpc":
-            return request.sampling_params.max_new_tokens, len(request.tokenized.input_ids)
-        return request.max_tokens, len(request.tokenized.input_token_ids)
+            return request.sampling_params.max_new_tokens, list(request.tokenized.input_ids)
+        return request.max_tokens, list(request.tokenized.input_token_ids)
 
     class Servicer(getattr(pb_grpc, f"{name}Servicer")):
         async def Generate(self, request, context):
             max_tokens, prompt = asked(request)
             ids = "output_token_ids" if protocol == "trtllm-grpc" else "output_ids"
             done = 0
-            async for m in paced(pacer, max_tokens, context):
+            async for m in paced(pacer, max_tokens, context, prompt):
                 done += m.tokens
-                counts = {"prompt_tokens": prompt, "completion_tokens": done}
+                counts = {"prompt_tokens": len(prompt), "completion_tokens": done}
                 yield pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
                     token_ids=[TOKEN] * m.tokens, **counts))
                 if m.last:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible reference server of loadgen/delay_server.py (aiohttp): /v1/completions
 and /v1/chat/completions stream the Pacer's schedule as server-sent events ("tok " a token, a
 chat stream opening with a role event), then usage (stream_options.include_usage) and [DONE];
-/v1/models names the model "delay". Each chunk carries `server_elapsed_us`, as this project's
+/v1/models names the model "delay"; /metrics is vLLM's, from what the server did
+(loadgen/reference/exposition.py). Each chunk carries `server_elapsed_us`, as this project's
 server does, so delivery lag is measured over HTTP too.
 
 Faults: `http-500` (an error reply), `not-sse` (a JSON body instead of a stream), `no-done`
@@ -16,6 +17,7 @@ import json
 
 from aiohttp import web
 
+from loadgen.reference.exposition import exposition
 from loadgen.reference.pacer import Pacer
 
 WORD = "tok "  # one token: one word, 4 characters
@@ -24,6 +26,31 @@ MODEL = "delay"
 
 def event(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+def prompt_of(body: dict, chat: bool) -> list:
+    """The prompt's tokens as the server counts them: the ids sent, else a word a token."""
+    if chat:
+        return json.dumps(body.get("messages")).split()
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, list) else str(prompt or "").split()
+
+
+def metrics_app(protocol: str, pacer: Pacer) -> web.Application:
+    """An app serving the protocol's /metrics alone (the gRPC servers' side port)."""
+    application = web.Application()
+    application.add_routes([metrics_route(protocol, pacer)])
+    return application
+
+
+def metrics_route(protocol: str, pacer: Pacer):
+    body = exposition(protocol, pacer.tally)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=body(), content_type="text/plain",
+                            headers={"X-Content-Type-Version": "0.0.4"})
+
+    return web.get("/metrics", metrics)
 
 
 def app(pacer: Pacer) -> web.Application:
@@ -49,7 +76,8 @@ def app(pacer: Pacer) -> web.Application:
             await response.write(event(envelope | {"choices": [
                 {"index": 0, "delta": {"role": "assistant", "content": ""},
                  "finish_reason": None}]}))
-        async for m in pacer.messages(max_tokens):
+        prompt = prompt_of(body, chat)
+        async for m in pacer.messages(max_tokens, prompt):
             text = WORD * m.tokens
             choice = ({"index": 0, "delta": {"content": text}} if chat
                       else {"index": 0, "text": text})
@@ -68,11 +96,8 @@ def app(pacer: Pacer) -> web.Application:
                 request.transport.close()
                 return response
         if (body.get("stream_options") or {}).get("include_usage"):
-            prompt = body.get("prompt") if not chat else body.get("messages")
-            # token ids as sent, else a word a token
-            prompt_tokens = len(prompt) if not chat else len(json.dumps(prompt).split())
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                     "total_tokens": prompt_tokens + max_tokens}
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
+                     "total_tokens": len(prompt) + max_tokens}
             await response.write(event(envelope | {"choices": [], "usage": usage}))
         if fault != "no-done":
             await response.write(event("[DONE]"))
@@ -82,14 +107,20 @@ def app(pacer: Pacer) -> web.Application:
     application = web.Application()
     application.add_routes([web.get("/v1/models", models),
                             web.post("/v1/completions", generate),
-                            web.post("/v1/chat/completions", generate)])
+                            web.post("/v1/chat/completions", generate),
+                            metrics_route("openai", pacer)])
     return application
+
+
+async def serve_app(application: web.Application, port: int):
+    """The app started on its loopback port (0: any free one): (port, its stop)."""
+    runner = web.AppRunner(application, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return runner.addresses[0][1], runner.cleanup
 
 
 async def start(protocol: str, pacer: Pacer):
     """The server started on its loopback port (--port; 0: any free one): (port, its stop)."""
-    runner = web.AppRunner(app(pacer), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", pacer.args.port)
-    await site.start()
-    return runner.addresses[0][1], runner.cleanup
+    return await serve_app(app(pacer), pacer.args.port)

@@ -1,13 +1,16 @@
 """The known schedule every reference server follows (loadgen/delay_server.py describes it):
-each stream's messages, when each is due, the stall window and the faults in turn."""
+each stream's messages, when each is due, the stall window and the faults in turn; what it did
+is counted in its Tally (loadgen/reference/tally.py) for its /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+
+from loadgen.reference.tally import Tally
 
 PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")
 
@@ -33,6 +36,7 @@ class Pacer:
         self.faults = [f for f in args.faults.split(",") if f]
         self.arrivals = itertools.count()
         self.finished = 0
+        self.tally = Tally(args.kv_tokens, args.preempt_every, args.seed)
 
     def fault(self) -> str:
         """The fault of the stream arriving now ("" for none): each in turn, then a whole one."""
@@ -52,24 +56,39 @@ class Pacer:
             return stall_from + self.args.stall_s - now
         return 0.0
 
-    async def messages(self, max_tokens: int) -> AsyncIterator[Message]:
-        """A stream of max_tokens tokens, each message at its time."""
+    async def messages(self, max_tokens: int, prompt: Sequence = ()) -> AsyncIterator[Message]:
+        """A stream of max_tokens tokens, each message at its time; prompt: its token ids (or
+        words), for the tally."""
         received = time.monotonic_ns()
         if self.first_arrival is None:
             self.first_arrival = received / 1e9
         per_chunk = self.args.tokens_per_chunk
-        async with self.slots:
-            # Deadlines from the moment the stream got its slot, not from the previous wake-up:
-            # a late wake-up (a busy machine) does not push back every later message.
-            start_s, stalled_s = time.monotonic(), 0.0
-            sent = 0
-            while sent < max_tokens:
-                n = 1 if sent == 0 else min(per_chunk, max_tokens - sent)
-                last_token = sent + n - 1
-                due_s = start_s + stalled_s + (self.args.ttft_ms
-                                               + last_token * self.args.itl_ms) / 1e3
-                stalled_s += await self.wait_until(due_s)
-                elapsed_us = (time.monotonic_ns() - received) // 1000
-                yield Message(n, sent, sent + n == max_tokens, elapsed_us)
-                sent += n
+        tally = self.tally
+        tally.arrived(prompt)
+        admitted = False
+        sent = 0
+        try:
+            async with self.slots:
+                stream = tally.admitted(len(prompt), (time.monotonic_ns() - received) / 1e9)
+                admitted = True
+                # Deadlines from the moment the stream got its slot, not from the previous
+                # wake-up: a late wake-up (a busy machine) does not push back every later message.
+                start_s, stalled_s = time.monotonic(), 0.0
+                last_ns = received
+                while sent < max_tokens:
+                    n = 1 if sent == 0 else min(per_chunk, max_tokens - sent)
+                    last_token = sent + n - 1
+                    due_s = start_s + stalled_s + (self.args.ttft_ms
+                                                   + last_token * self.args.itl_ms) / 1e3
+                    stalled_s += await self.wait_until(due_s)
+                    now_ns = time.monotonic_ns()
+                    tally.sent(stream, sent, n, max_tokens, (now_ns - last_ns) / 1e9)
+                    last_ns = now_ns
+                    yield Message(n, sent, sent + n == max_tokens, (now_ns - received) // 1000)
+                    sent += n
+        finally:  # a stream the client left counts as ended too
+            if admitted:
+                tally.ended(len(prompt) + sent, (time.monotonic_ns() - received) / 1e9)
+            else:
+                tally.waiting -= 1
         self.finished += 1

@@ -1,0 +1,106 @@
+"""The collector process: scrapes each source every --interval-s on a thread of its own (so a
+slow endpoint delays only itself), writes every scrape to server_metrics.jsonl, and prints the
+gauges the web UI shows (records/engine_maps.py) as a JSON line each. "stop" (or the end of its
+input) takes a last scrape of every source, so the run's window ends after the drain, then it
+exits. Started by loadgen/server_metrics.py beside the Locust process, so parsing a large
+exposition never holds up the greenlets that timestamp the streams.
+
+    python -m loadgen.scraping.collector --out FILE --started-unix-s T [--url URL ...] [--nvml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from loadgen.scraping.http_source import scrape_url
+from loadgen.scraping.nvml import Nvml
+from records.engine_maps import live_gauges
+from records.jsonform import dumps, to_json
+from records.server_metrics import NVML, Scrape
+
+
+class Collector:
+    def __init__(self, out, interval_s: float, emit: Callable[[dict], None]):
+        self.out = out
+        self.interval_s = interval_s
+        self.emit = emit
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def add(self, scrape: Callable[[], Scrape]) -> None:
+        """The source's first scrape now, then one every interval on its own thread."""
+        self._keep(scrape())
+        thread = threading.Thread(target=self._every_interval, args=(scrape,), daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _every_interval(self, scrape: Callable[[], Scrape]) -> None:
+        while not self.stopping.wait(self.interval_s):
+            self._keep(scrape())
+        self._keep(scrape())  # the last, after the drain
+
+    def _keep(self, scrape: Scrape) -> None:
+        live = {"source": scrape.source, "t_run_s": round(scrape.t_run_s, 3), "ok": scrape.ok,
+                "error": scrape.error, "gauges": live_gauges(scrape)}
+        with self.lock:
+            self.write(scrape)
+            self.emit(live)
+
+    def write(self, scrape: Scrape) -> None:
+        self.out.write(dumps(to_json(scrape)) + "\n")
+        self.out.flush()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="server_metrics.jsonl to write")
+    p.add_argument("--started-unix-s", type=float, required=True, help="the run's time zero")
+    p.add_argument("--interval-s", type=float, default=1.0)
+    p.add_argument("--timeout-s", type=float, default=0.0, help="per scrape; 0: the interval, "
+                   "at most 5 s")
+    p.add_argument("--url", action="append", default=[], help="a /metrics URL (repeatable)")
+    p.add_argument("--tls-ca", default="", help="PEM CA bundle for https URLs")
+    p.add_argument("--nvml", action="store_true", help="also this host's GPUs")
+    args = p.parse_args()
+    timeout_s = args.timeout_s or min(5.0, max(0.5, args.interval_s))
+    context = ssl.create_default_context(cafile=args.tls_ca or None)
+
+    def emit(message: dict) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    with open(args.out, "w") as out:
+        collector = Collector(out, args.interval_s, emit)
+        for url in args.url:
+            collector.add(lambda url=url: scrape_url(url, timeout_s, args.started_unix_s,
+                                                     context))
+        gpu = Nvml() if args.nvml else None
+        if gpu is not None and not gpu.problem:
+            collector.add(lambda: gpu.scrape(args.started_unix_s))
+        elif gpu is not None:  # said once, so the report can say why it has no GPU figures
+            collector.write(Scrape(t_unix_s=time.time(), source=NVML, ok=False,
+                                   error=gpu.problem,
+                                   t_run_s=time.time() - args.started_unix_s))
+        # every source scraped once: the run's sends may begin
+        emit({"ready": True, "gpu": gpu.problem if gpu else ""})
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        collector.stop()
+
+
+if __name__ == "__main__":
+    main()
