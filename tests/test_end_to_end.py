@@ -19,8 +19,9 @@ from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 
 from analysis.readers.intervals import load_intervals
-from analysis.readers.rundir import read_samples
+from analysis.readers.rundir import load_run, read_samples
 from analysis.readers.samples import server_series
+from analysis.readers.server_metrics import figures, server_side
 from proto import moe_pb2, moe_pb2_grpc
 from tests.conftest import REPO, server_process, stop_process
 
@@ -243,9 +244,9 @@ def wait_for(predicate, timeout_s: float = 30) -> bool:
 
 
 def test_distributed_master_merges_two_workers_exactly(tmp_path):
-    run_dir, master_port = tmp_path / "run", free_port()
+    run_dir, master_port, metrics_port = tmp_path / "run", free_port(), free_port()
     locust_bin = str(REPO / ".venv/bin/locust")
-    with server_process(tmp_path) as (_, port):
+    with server_process(tmp_path, "--metrics-port", str(metrics_port)) as (_, port):
         workers = [subprocess.Popen([locust_bin, "-f", "loadgen/moe.py", "--worker",
                                      "--master-host", "127.0.0.1",
                                      "--master-port", str(master_port)], cwd=REPO,
@@ -255,7 +256,8 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
             done = locust(port, run_dir, "--master", "--master-bind-host", "127.0.0.1",
                           "--master-bind-port", str(master_port), "--web-host", "127.0.0.1",
                           "--expect-workers", "2", "-u", "2", "-r", "2", "-t", "6s", "--rate", "8",
-                          "--arrival", "constant", "--prompt-tokens", "8", "--max-tokens", "4")
+                          "--arrival", "constant", "--prompt-tokens", "8", "--max-tokens", "4",
+                          "--server-metrics", f"http://127.0.0.1:{metrics_port}/metrics")
         finally:
             for w in workers:
                 stop_process(w)
@@ -292,6 +294,10 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
     assert (sum(i.hist.get_total_count() for i in intervals)
             == HdrHistogram.decode(merged["ttft"]).get_total_count())
     assert server_series(read_samples(run_dir)) is not None
+    # The master scraped the server's /metrics, once for all; the workers did not.
+    assert not list(run_dir.glob("worker-*/server_metrics.jsonl"))
+    [scraped] = server_side(load_run(run_dir)).engines
+    assert figures(scraped)["requests_finished"].total == req["sent"]
 
 
 def test_the_web_ui_listens_on_this_machine_only_by_default():

@@ -34,14 +34,19 @@ class Collector:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
 
-    def add(self, scrape: Callable[[], Scrape]) -> None:
-        """The source's first scrape now, then one every interval on its own thread."""
-        self._keep(scrape())
-        thread = threading.Thread(target=self._every_interval, args=(scrape,), daemon=True)
+    def add(self, scrape: Callable[[], Scrape]) -> threading.Event:
+        """Scrapes the source on its own thread, now and every interval; the event is set once
+        the first scrape is kept."""
+        first = threading.Event()
+        thread = threading.Thread(target=self._every_interval, args=(scrape, first),
+                                  daemon=True)
         self.threads.append(thread)
         thread.start()
+        return first
 
-    def _every_interval(self, scrape: Callable[[], Scrape]) -> None:
+    def _every_interval(self, scrape: Callable[[], Scrape], first: threading.Event) -> None:
+        self._keep(scrape())
+        first.set()
         while not self.stopping.wait(self.interval_s):
             self._keep(scrape())
         self._keep(scrape())  # the last, after the drain
@@ -84,18 +89,19 @@ def main() -> None:
 
     with open(args.out, "w") as out:
         collector = Collector(out, args.interval_s, emit)
-        for url in args.url:
-            collector.add(lambda url=url: scrape_url(url, timeout_s, args.started_unix_s,
-                                                     context))
+        firsts = [collector.add(lambda url=url: scrape_url(url, timeout_s, args.started_unix_s,
+                                                           context))
+                  for url in args.url]
         gpu = Nvml() if args.nvml else None
         if gpu is not None and not gpu.problem:
-            collector.add(lambda: gpu.scrape(args.started_unix_s))
+            firsts.append(collector.add(lambda: gpu.scrape(args.started_unix_s)))
         elif gpu is not None:  # said once, so the report can say why it has no GPU figures
             collector.write(Scrape(t_unix_s=time.time(), source=NVML, ok=False,
                                    error=gpu.problem,
                                    t_run_s=time.time() - args.started_unix_s))
-        # every source scraped once: the run's sends may begin
-        emit({"ready": True, "gpu": gpu.problem if gpu else ""})
+        for first in firsts:  # every source scraped once (each within its timeout) ...
+            first.wait()
+        emit({"ready": True, "gpu": gpu.problem if gpu else ""})  # ... the sends may begin
         for line in sys.stdin:
             if line.strip() == "stop":
                 break

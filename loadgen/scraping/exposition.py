@@ -39,30 +39,36 @@ def parse(body: bytes, content_type: str = "",
     if text.lstrip().startswith("<"):
         raise ExpositionError("not Prometheus text (HTML or XML)")
     parser = openmetrics_families if kind == OPENMETRICS else text_families
-    families: list[Family] = []
-    seen = samples = cut_samples = 0
+    families: dict[str, Family] = {}
+    seen: set[str] = set()
+    samples = cut_samples = 0
     try:
         for f in parser(text):
-            seen += 1
-            if len(families) >= max_families:
+            seen.add(f.name)
+            # the text parser starts a family per line of an untyped metric: one family a name
+            if f.name not in families and len(families) >= max_families:
                 continue
             room = max(0, max_samples - samples)
             kept = [Sample(name=s.name, labels=dict(s.labels), value=_value(s.value))
                     for s in f.samples[:room]]
             cut_samples += len(f.samples) - len(kept)
             samples += len(kept)
-            families.append(Family(name=f.name, type=f.type, help=f.documentation or "",
-                                   samples=kept))
+            if f.name in families:
+                families[f.name].samples.extend(kept)
+            else:
+                families[f.name] = Family(name=f.name, type=f.type, help=f.documentation or "",
+                                          samples=kept)
     except (ValueError, TypeError, IndexError, KeyError) as e:
         raise ExpositionError(f"not Prometheus text ({_short(e)})") from None
     if not families and text.strip():
         raise ExpositionError("not Prometheus text (no metric family in it)")
     cut = []
-    if seen > len(families):
-        cut.append(f"{seen - len(families)} of {seen} families over the cap of {max_families}")
+    if len(seen) > len(families):
+        cut.append(f"{len(seen) - len(families)} of {len(seen)} families over the cap of "
+                   f"{max_families}")
     if cut_samples:
         cut.append(f"{cut_samples} samples over the cap of {max_samples}")
-    return families, "; ".join(cut)
+    return list(families.values()), "; ".join(cut)
 
 
 def _short(e: Exception) -> str:

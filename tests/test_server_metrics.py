@@ -1,0 +1,243 @@
+"""Scraping a server's /metrics: each engine's table read on an exposition written from that
+engine's own metric names (tests/fixtures/expositions/), the parser and the scraper on every
+bad reply, counters that go back (a restart), and the reference servers' own /metrics read
+through the same tables."""
+
+import numpy as np
+import pytest
+
+from analysis.readers.server_metrics import (
+    bucket_growth,
+    figures,
+    grown,
+    quantile,
+    source_series,
+)
+from loadgen.reference.exposition import exposition
+from loadgen.reference.tally import BLOCK, Tally
+from loadgen.scraping.endpoints import endpoints
+from loadgen.scraping.exposition import ExpositionError, parse
+from loadgen.scraping.http_source import scrape_url
+from records.declare import SettingsError, build
+from records.engine_maps import ENGINE_MAPS
+from records.load_settings import LoadSettings
+from records.metric_maps import Buckets, engines_of, read
+from records.server_metrics import Family, Sample, Scrape
+from tests.metrics_endpoints import EXPOSITIONS, SLOW_S, metrics_endpoints, refused_port
+
+
+def scrape_of(body: bytes, t_s: float = 0.0, source: str = "http://x/metrics") -> Scrape:
+    families, cut = parse(body)
+    return Scrape(t_unix_s=t_s, t_run_s=t_s, source=source, ok=True, families=families, cut=cut)
+
+
+def readings(name: str) -> tuple[list[str], dict]:
+    scrape = scrape_of((EXPOSITIONS / name).read_bytes())
+    engines = engines_of(scrape, ENGINE_MAPS)
+    values = {}
+    for concept, (_, r) in read(scrape, engines).items():
+        values[concept] = (r.value if r.value is not None
+                           else (r.buckets.count, round(r.buckets.sum, 4)))
+    return [e.engine for e in engines], values
+
+
+# --- each engine's table --------------------------------------------------------------------
+
+def test_vllm_v1_names_map_to_every_concept_vllm_exposes():
+    engines, v = readings("vllm.prom")
+    assert engines == ["vllm"]
+    assert (v["waiting"], v["running"], v["kv_usage"], v["preemptions"]) == (3, 12, 0.4375, 2)
+    assert (v["prefix_queries"], v["prefix_hits"]) == (918432, 402816)
+    assert (v["prompt_tokens"], v["generation_tokens"]) == (515616, 131072)
+    assert v["requests_finished"] == 512  # every finished_reason summed
+    assert v["ttft"][0] == 512 and v["itl"][0] == 2048  # histograms: the count and the sum
+    assert (v["spec_draft_tokens"], v["spec_accepted_tokens"]) == (122880, 81920)
+    assert v["rss_bytes"] == 1853976576
+    assert "expert_balance" not in v  # vLLM logs its EPLB balancedness, it exports none
+
+
+def test_vllm_v0_names_are_read_where_v1_renamed_them():
+    _, v = readings("vllm_v0.prom")
+    assert v["kv_usage"] == 0.25  # vllm:gpu_cache_usage_perc
+    assert v["itl"] == (40, 0.6)  # vllm:time_per_output_token_seconds
+    assert v["prefix_hit_rate"] == 0.5
+
+
+def test_sglang_names_and_its_balancedness_summary():
+    engines, v = readings("sglang.prom")
+    assert engines == ["sglang"]
+    assert (v["waiting"], v["running"], v["running_tokens"], v["kv_usage"]) == (12, 64, 183472,
+                                                                                0.61)
+    assert v["preemptions"] == 3  # sglang:num_retracted_requests
+    assert (v["prefix_queries"], v["prefix_hits"]) == (140235, 59001)  # prompt, cached tokens
+    assert v["expert_balance"] == (4, 3.07)  # a Summary: its count and sum, forward modes summed
+    assert v["spec_accept_length"] == 2.71
+
+
+def test_triton_with_tensorrt_llm_names_and_its_gpus():
+    engines, v = readings("triton_trtllm.prom")
+    assert engines == ["triton"]
+    assert (v["waiting"], v["running"], v["kv_usage"]) == (7, 24, 0.706299)
+    assert v["ttft"] == (1840, 388.419)  # nv_inference_first_response_histogram_ms, in seconds
+    assert v["gpu_utilization"] == 0.92 and v["gpu_energy_j"] == pytest.approx(3624996.122)
+
+
+def test_tgi_names_with_token_totals_from_its_size_histograms():
+    engines, v = readings("tgi.prom")
+    assert engines == ["tgi"]
+    assert (v["waiting"], v["running"], v["generation_tokens"]) == (4, 28, 419261)
+    assert "ttft" not in v and "kv_usage" not in v  # TGI exposes neither
+
+
+def test_a_concept_the_server_lacks_is_named_not_exposed():
+    scrape = scrape_of((EXPOSITIONS / "tgi.prom").read_bytes())
+    [series] = source_series([scrape])
+    assert {"ttft", "kv_usage", "prefix_hits", "expert_balance"} <= set(series.missing())
+    assert "waiting" not in series.missing()
+
+
+def test_our_own_server_table_reads_the_kv_pool_as_a_share_and_the_expert_balance():
+    def moe_scrape(t_s: float, experts: list[float]) -> Scrape:
+        body = ("# TYPE moe_kv_slots_in_use gauge\nmoe_kv_slots_in_use 3\n"
+                "# TYPE moe_kv_slots gauge\nmoe_kv_slots 12\n"
+                "# TYPE moe_expert_tokens_total counter\n"
+                + "".join(f'moe_expert_tokens_total{{layer="0",expert="{e}"}} {n}\n'
+                          for e, n in enumerate(experts)))
+        return scrape_of(body.encode(), t_s)
+
+    [series] = source_series([moe_scrape(0, [5, 5, 5, 5]), moe_scrape(1, [15, 10, 10, 5])])
+    figs = figures(series)
+    assert figs["kv_usage"].mean == 0.25
+    assert figs["expert_balance"].mean == pytest.approx(5 / 10)  # grew 10, 5, 5, 0: mean over max
+
+
+# --- the parser -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, kind, says", [
+    (b"<!doctype html><html>login</html>", "text/plain", "HTML"),
+    (b"{}", "application/json", "application/json"),
+    (b"this is { not prometheus\n", "text/plain", "not Prometheus text"),
+    (b"\xff\xfe\x00garbage", "text/plain", "not UTF-8"),
+    (b"# only a comment\n", "text/plain", "no metric family"),
+])
+def test_what_is_not_an_exposition_is_refused_saying_why(body, kind, says):
+    with pytest.raises(ExpositionError, match=says):
+        parse(body, kind)
+
+
+def test_openmetrics_is_parsed_by_its_own_parser():
+    body = b"# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total 4.0\n# EOF\n"
+    families, _ = parse(body, "application/openmetrics-text; version=1.0.0")
+    assert families[0].name == "vllm:num_preemptions"
+    assert families[0].samples[0].value == 4.0
+
+
+def test_the_caps_keep_the_first_families_and_say_what_they_cut():
+    body = "".join(f"# TYPE f{i} gauge\nf{i} {i}\n" for i in range(10)).encode()
+    families, cut = parse(body, max_families=4)
+    assert [f.name for f in families] == ["f0", "f1", "f2", "f3"]
+    assert cut == "6 of 10 families over the cap of 4"
+    families, cut = parse(body, max_samples=3)
+    assert sum(len(f.samples) for f in families) == 3 and "7 samples over the cap" in cut
+
+
+def test_an_untyped_metric_is_one_family_of_all_its_lines():
+    families, _ = parse(b'x_total{a="1"} 1\nx_total{a="2"} 2\n')
+    assert [(f.name, len(f.samples)) for f in families] == [("x_total", 2)]
+
+
+def test_nan_and_infinities_are_kept_as_unknown():
+    families, _ = parse(b"# TYPE g gauge\ng NaN\n# TYPE h gauge\nh +Inf\n")
+    assert [f.samples[0].value for f in families] == [None, None]
+
+
+# --- the scraper against endpoints that go wrong ---------------------------------------------
+
+def test_every_bad_endpoint_is_a_failed_scrape_with_its_reason():
+    with metrics_endpoints() as base:
+        def error(path: str, timeout_s: float = 2.0) -> str:
+            scrape = scrape_url(base + path, timeout_s, 0.0)
+            assert not scrape.ok and not scrape.families
+            return scrape.error
+
+        assert scrape_url(base + "/metrics", 2.0, 0.0).ok
+        assert error("/nothing") == "HTTP 404"
+        assert error("/500") == "HTTP 500"
+        assert error("/html") == "not Prometheus text (text/html)"
+        assert error("/garbage").startswith("not Prometheus text")
+        assert error("/huge") == f"body of {50 << 20} bytes over the 8 MiB cap, not read"
+        assert error("/huge-stream") == "body over the 8 MiB cap, not parsed"
+        assert error("/slow", timeout_s=SLOW_S / 6) == f"timed out after {SLOW_S / 6:g} s"
+    assert scrape_url(f"http://127.0.0.1:{refused_port()}/metrics", 1.0, 0.0).error == \
+        "connection refused"
+
+
+def test_the_default_scrapes_the_openai_target_own_metrics_only_when_it_answers():
+    with metrics_endpoints() as base:
+        assert endpoints("", "openai", base)[0] == [base + "/metrics"]
+        assert endpoints("off", "openai", base)[0] == []
+        assert endpoints("", "vllm-grpc", "127.0.0.1:1")[0] == []
+        assert endpoints(f"{base}/a,{base}/b", "moe", "x:1")[0] == [f"{base}/a", f"{base}/b"]
+    urls, note = endpoints("", "openai", f"http://127.0.0.1:{refused_port()}")
+    assert urls == [] and "connection refused" in note and "client side only" in note
+
+
+@pytest.mark.parametrize("value", ["ftp://host/metrics", "127.0.0.1:8000/metrics", "http://"])
+def test_a_metrics_url_that_is_not_http_is_refused_naming_the_flag(value):
+    with pytest.raises(SettingsError, match="--server-metrics: must be off or http"):
+        build(LoadSettings, {"server_metrics": value})
+
+
+# --- counters that go back, histograms over a window -----------------------------------------
+
+def test_a_counter_that_goes_back_is_a_restart_not_a_negative_rate():
+    assert list(grown(np.array([10.0, 15.0, 3.0, 8.0]))) == [0, 5, 8, 13]
+    assert list(grown(np.array([1.0, np.nan, 4.0]))[[0, 2]]) == [0, 3]
+
+
+def test_a_histogram_that_restarts_counts_from_zero():
+    b = (0.1, 1.0, float("inf"))
+    before = Buckets(b, (5, 8, 10), 4.0, 10)
+    after = Buckets(b, (9, 14, 16), 7.0, 16)  # grew by 4, 6, 6
+    restarted = Buckets(b, (1, 2, 2), 0.5, 2)  # the server restarted: 1, 2, 2 since
+    grew = bucket_growth([before, after, restarted])
+    assert grew.counts == (5, 8, 8) and grew.count == 8 and grew.sum == pytest.approx(3.5)
+    assert quantile(grew, 0.5) == (0.0, 0.1) and quantile(grew, 0.99) == (0.1, 1.0)
+
+
+def test_counters_over_scrapes_with_a_restart_between():
+    def scrape(t: float, value: float) -> Scrape:
+        return Scrape(t_unix_s=t, t_run_s=t, source="u", ok=True, families=[Family(
+            name="vllm:num_preemptions", type="counter",
+            samples=[Sample(name="vllm:num_preemptions_total", value=value)])])
+
+    failed = Scrape(t_unix_s=2, t_run_s=2, source="u", ok=False, error="HTTP 500")
+    [series] = source_series([scrape(0, 4), scrape(1, 10), failed, scrape(3, 2), scrape(4, 5)])
+    f = figures(series)["preemptions"]
+    assert f.total == 6 + 2 + 3 and f.per_s == pytest.approx(11 / 4)
+    assert series.failures == {"HTTP 500": 1} and series.scrapes == 5
+
+
+# --- the reference servers' /metrics, through the tables ---------------------------------------
+
+@pytest.mark.parametrize("protocol, engine", [("openai", "vllm"), ("sglang-grpc", "sglang")])
+def test_the_reference_exposition_reads_back_what_the_tally_counted(protocol, engine):
+    tally = Tally(kv_tokens=100, preempt_every=2, seed=3)
+    prompt = list(range(40))
+    for _ in range(2):  # the second prompt hits the two full blocks the first left
+        tally.arrived(prompt)
+        stream = tally.admitted(len(prompt), 0.002)
+        for index in range(4):
+            tally.sent(stream, index, 1, 4, 0.02 if index == 0 else 0.01)
+    scrape = scrape_of(exposition(protocol, tally)())
+    engines = engines_of(scrape, ENGINE_MAPS)
+    assert engines[0].engine == engine
+    r = {k: v for k, (_, v) in read(scrape, engines).items()}
+    assert r["running"].value == 2 and r["waiting"].value == 0
+    assert r["kv_usage"].value == pytest.approx(88 / 100)  # 2 x (40 prompt + 4 generated)
+    assert r["preemptions"].value == 1  # the second stream, at its middle token
+    assert r["prefix_hits"].value == 2 * BLOCK and r["prefix_queries"].value == 80
+    assert r["ttft"].buckets.count == 2 and r["ttft"].buckets.sum == pytest.approx(0.04)
+    assert r["generation_tokens"].value == 8
+    if engine == "sglang":
+        assert 0 < r["expert_balance"].buckets.sum / r["expert_balance"].buckets.count <= 1
