@@ -24,7 +24,9 @@ from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
 from analysis.readers.files import RunDirError
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
+from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
+from analysis.report_scraped import headline_figures
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
 from records.jsonform import dumps
@@ -34,6 +36,10 @@ from records.server_settings import ServerSettings
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50",
           "TPOT p99", "batch", "experts/step", "padded %"]
 COMPARE_MD, COMPARE_PNG, COMPARE_JSON = "compare.md", "compare.png", "compare.json"
+# the server side from each run's scraped /metrics (analysis/report_scraped.py), where any has it
+SCRAPED_HEADER = ["run", "engine", "waiting mean", "waiting max", "KV mean", "KV max",
+                  "preempt/min", "prefix hits", "balance", "server TTFT", "client - server",
+                  "J/token"]
 # Settings whose values must match for two runs to measure the same thing, as their declarations
 # mark them (records/): the workload's (SLOs are checked for goodput on their own), and the server's
 # but for the policy and its knobs, which differ by design.
@@ -57,7 +63,22 @@ def figures(run: Run) -> dict:
         "distinct_experts_per_step": view.distinct_experts_per_step if view else None,
         "prefill_padded_share": view.prefill_padded_share if view else None,
         "failed": run.summary.requests.failed,
+        "server_metrics": headline_figures(server_side(run), run),
     }
+
+
+def _scraped_cells(f: dict) -> list[str]:
+    s = f["server_metrics"] or {}
+
+    def share(key: str) -> str:
+        return "-" if s.get(key) is None else f"{100 * s[key]:.1f}%"
+
+    return [f["run"], s.get("engine") or "-", fmt_num(s.get("waiting_mean"), ".1f"),
+            fmt_num(s.get("waiting_max"), ".0f"), share("kv_usage_mean"), share("kv_usage_max"),
+            fmt_num(s.get("preemptions_per_min"), ".3g"), share("prefix_hit_rate"),
+            fmt_num(s.get("expert_balance"), ".3f"), fmt_ms(s.get("server_ttft_mean_ms")),
+            fmt_ms(s.get("client_minus_server_ttft_ms"), "+"),
+            fmt_num(s.get("joules_per_output_token"), ".3g")]
 
 
 def _cells(f: dict) -> list[str]:
@@ -195,7 +216,13 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
            f"a ratio is run / {names[baseline]}; '~': fewer than {MIN_BEYOND} values beyond the "
            f"percentile, so its interval (and any verdict on it) is rough")
     extra = notes(comparisons)
+    scraped = [_scraped_cells(f) for f in rows if f["server_metrics"]]
+    scraped_note = ("server side from each run's scraped /metrics (server_metrics.jsonl): "
+                    "KV-cache usage, preemptions per minute, the prefix-cache hit rate, expert "
+                    "balancedness, the server's mean TTFT and what the client waited beyond it, "
+                    "ms; '-': not exposed")
     sections = [text_table(HEADER, [_cells(f) for f in rows]), note + "\nlatency in ms",
+                *([text_table(SCRAPED_HEADER, scraped), scraped_note] if scraped else []),
                 text_table(ci_header, confidence_rows(comparisons)),
                 text_table(["metric", "best", "against the second best"], best_rows), how]
     sections += ["\n".join(f"note: {n}" for n in extra)] if extra else []
@@ -205,6 +232,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                       markdown_table(HEADER, [_cells(f) for f in rows]),
                       note + "; latency in ms; experts/step: distinct experts a step activated, "
                       "mean over layers; padded %: padding in batched prefill attention.",
+                      *(["## Server side (scraped)", markdown_table(SCRAPED_HEADER, scraped),
+                         scraped_note + "."] if scraped else []),
                       f"## Against {names[baseline]}",
                       markdown_table(ci_header, confidence_rows(comparisons)),
                       "## Best per metric",

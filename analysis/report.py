@@ -22,7 +22,7 @@ from analysis.readers.samples import ServerSeries
 from analysis.readers.server_metrics import ServerSide
 from analysis.readers.server_stats import ServerView, server_view
 from analysis.readers.timeseries import ClientSeries, client_series
-from analysis.report_scraped import scraped_markdown, scraped_text
+from analysis.report_scraped import headline_figures, scraped_markdown, scraped_text
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
 from analysis.rules.delivery import delivery_split
 from analysis.rules.delivery import lines as delivery_lines
@@ -219,6 +219,8 @@ def headline(report: Report) -> dict:
             "requests_per_s": throughput.requests_per_s,
             "goodput_requests_per_s": throughput.goodput_requests_per_s,
             "ok": requests.ok, "failed": requests.failed,
+            "server_metrics": (headline_figures(report.scraped, run) if report.scraped
+                               else None),
             "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
 
 

@@ -159,6 +159,44 @@ def _output_tokens(side: ServerSide, run: Run) -> float | None:
     return t.output_tokens_per_s * t.window_s or None
 
 
+def headline_figures(side: ServerSide, run: Run) -> dict | None:
+    """The scraped side in a few numbers (the report's JSON line, compare's table): the first
+    source's, None without one. Absent figures are None: not exposed."""
+    if not side.engines:
+        return None
+    series = side.engines[0]
+    figs = figures(series)
+
+    def gauge(name: str, key: str) -> float | None:
+        return getattr(figs[name], key) if name in figs else None
+
+    ttft = figs.get("ttft")
+    client = run.histograms.get("ttft")
+    server_ms = ttft.window.mean * 1e3 if ttft and ttft.window and ttft.window.mean else None
+    client_ms = client.get_mean_value() / 1e3 if client and client.total_count else None
+    preempted = figs.get("preemptions")
+    energy = (figures(side.gpus).get("gpu_energy_j") if side.gpus is not None else None)
+    tokens = _output_tokens(side, run)
+    return {
+        "source": series.source, "engine": series.engines[0].engine if series.engines else None,
+        "failed_scrapes": sum(series.failures.values()),
+        "waiting_mean": gauge("waiting", "mean"), "waiting_max": gauge("waiting", "max"),
+        "running_mean": gauge("running", "mean"),
+        "kv_usage_mean": gauge("kv_usage", "mean"), "kv_usage_max": gauge("kv_usage", "max"),
+        "preemptions_per_min": (preempted.per_s * 60
+                                if preempted and preempted.per_s is not None else None),
+        "prefix_hit_rate": (_ratio(figs, "prefix_hits", "prefix_queries")
+                            if "prefix_hits" in figs else gauge("prefix_hit_rate", "mean")),
+        "expert_balance": gauge("expert_balance", "mean"),
+        "server_ttft_mean_ms": server_ms,
+        "client_minus_server_ttft_ms": (client_ms - server_ms
+                                        if client_ms is not None and server_ms is not None
+                                        else None),
+        "joules_per_output_token": (energy.total / tokens
+                                    if energy is not None and energy.total and tokens else None),
+    }
+
+
 def _heading(series: SourceSeries) -> str:
     failed = sum(series.failures.values())
     parts = [f"{series.scrapes} scrapes, {len(series.t_s)} read, over "

@@ -5,6 +5,8 @@ Windows: --window-s of the run after its warm-up (the last window stretches to t
 so no data is left out). A window's p99 comes from its interval histograms added together
 (exact HDR add; never averaged percentiles); one with fewer than --min-samples requests is
 skipped and counted. RSS and queue depth are the mean of the GetStats samples in the window.
+Where the server's /metrics was scraped (server_metrics.jsonl, any target), its KV-cache usage,
+its preemptions per minute and, where GetStats gives none, its RSS are followed the same way.
 
 A fault rehearsal (the server's --fault-window, seen open in the GetStats samples) is left out
 of the latency series: the windows it touched and the one after, where the server recovers.
@@ -39,12 +41,14 @@ from analysis.arguments import number
 from analysis.readers.files import RunDirError
 from analysis.readers.intervals import Interval, load_intervals, merged
 from analysis.readers.latency import US_PER_MS
-from analysis.readers.rundir import read_rows, read_samples, read_summary
+from analysis.readers.rundir import Run, read_rows, read_samples, read_summary
+from analysis.readers.server_metrics import source_series
 from analysis.rules.faults import open_windows
 from analysis.tables import fmt_ms, markdown_table, text_table
 from records.hdr import percentile_us
 from records.jsonform import dumps
-from records.rundir import SAMPLES, SUMMARY
+from records.rundir import SAMPLES, SERVER_METRICS, SUMMARY
+from records.server_metrics import NVML
 from records.server_stats import ServerSample
 
 SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
@@ -54,7 +58,7 @@ CONFIDENCE = 0.95
 MB = 2**20
 DEFAULT_HORIZON_H = 24.0
 # the rise over the horizon that matters, by unit (--budget-mb, --budget-ms, --budget-requests)
-DEFAULT_BUDGETS = {"MB": 500.0, "ms": 100.0, "requests": 10.0}
+DEFAULT_BUDGETS = {"MB": 500.0, "ms": 100.0, "requests": 10.0, "%": 20.0, "per min": 10.0}
 # Gauges of server_stats.jsonl trended: key -> title, unit, reader of a sample.
 SAMPLED = {"rss_mb": ("server RSS", "MB", lambda s: s.stats.process_rss_bytes / MB),
            "waiting": ("queue depth", "requests", lambda s: s.stats.waiting),
@@ -65,7 +69,7 @@ DEFAULT_INTERVAL_S = 1.0
 # would be flattened by a 0 baseline: their axes fit the data, but never narrower than
 # --min-change of the level, so a change at the drift bar fills the axis and noise far under it
 # stays flat.
-FROM_ZERO = ("waiting",)
+FROM_ZERO = ("waiting", "scraped_waiting", "kv_usage_percent", "preemptions_per_min")
 UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
 
 
@@ -234,6 +238,8 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
                               horizon) for metric in latency]
     series += [_sample_series(key, samples, windows, min_change, horizon)
                for key in ("rss_mb", "waiting")]
+    series += scraped_series(run_dir, windows, min_change, horizon,
+                             {x.key for x in series if len(x.values)})
     cap_s = row_cap_s(run_dir, summary)
     series.append(_sample_series("generator_rss_mb", samples, windows, min_change, horizon,
                                  after_s=cap_s or 0.0))
@@ -288,6 +294,50 @@ def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
     # read as a real, flat figure.
     kept = [(s.t_run_s, read(s)) for s in samples if s.stats.ok
             and (key not in UNREPORTED_AS_ZERO or read(s))]
+    return _window_means(key, title, unit, kept, SAMPLES, windows, min_change, horizon, after_s)
+
+
+def scraped_series(run_dir: Path, windows: Windows, min_change: float, horizon: Horizon,
+                   getstats: set[str]) -> list[Series]:
+    """From the server's own /metrics (server_metrics.jsonl), for any target: KV-cache usage,
+    preemptions per minute, and the server's RSS and queue depth where GetStats did not give
+    them (getstats: the keys it gave)."""
+    out = []
+    for source in source_series(Run(run_dir).scrapes):
+        if source.source == NVML or len(source.t_s) < 2:
+            continue
+        t = np.asarray(source.t_s)
+        found = source.sources()
+        if "kv_usage" in found:
+            kv = source.values("kv_usage") * 100
+            kept = [(ti, v) for ti, v in zip(t, kv, strict=True) if not np.isnan(v)]
+            out.append(_window_means("kv_usage_percent", "KV-cache usage", "%", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        if "preemptions" in found:
+            grown_ = source.values("preemptions")
+            rates = np.diff(grown_) / np.diff(t) * 60
+            kept = [(ti, v) for ti, v in zip(t[1:], rates, strict=True) if not np.isnan(v)]
+            out.append(_window_means("preemptions_per_min", "preemptions", "per min", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        if "rss_bytes" in found and "rss_mb" not in getstats:
+            rss = source.values("rss_bytes") / MB
+            kept = [(ti, v) for ti, v in zip(t, rss, strict=True) if v > 0]
+            out.append(_window_means("scraped_rss_mb", "server RSS", "MB", kept, SERVER_METRICS,
+                                     windows, min_change, horizon))
+        if "waiting" in found and "waiting" not in getstats:
+            waiting = source.values("waiting")
+            kept = [(ti, v) for ti, v in zip(t, waiting, strict=True) if not np.isnan(v)]
+            out.append(_window_means("scraped_waiting", "queue depth", "requests", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        break  # the first source holding the server's figures
+    return out
+
+
+def _window_means(key: str, title: str, unit: str, kept: list[tuple[float, float]], source: str,
+                  windows: Windows, min_change: float, horizon: Horizon,
+                  after_s: float = 0.0) -> Series:
+    """Values at times, as their mean per window; with after_s, only the windows that start
+    after it."""
     first = int(windows.index(np.asarray([after_s]))[0]) + 1 if after_s else 0
     index = windows.index(np.asarray([t for t, _ in kept], dtype=float))
     values = np.asarray([v for _, v in kept], dtype=float)
@@ -297,7 +347,7 @@ def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
     # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
     t_s = [float(times[index == k].mean()) for k in usable]
     means = [float(values[index == k].mean()) for k in usable]
-    series = _series(key, title, unit, t_s, means, skipped, SAMPLES, min_change, horizon)
+    series = _series(key, title, unit, t_s, means, skipped, source, min_change, horizon)
     if not first:
         return series
     note = f"before the request rows' cap filled at {after_s:.0f} s (--max-request-rows)"
@@ -549,7 +599,10 @@ def add_command(commands) -> None:
                              f"{DEFAULT_HORIZON_H:g})")
     for unit, flag, what in (("MB", "--budget-mb", "server and load generator RSS"),
                              ("ms", "--budget-ms", "p99 TTFT and TPOT"),
-                             ("requests", "--budget-requests", "queue depth")):
+                             ("requests", "--budget-requests", "queue depth"),
+                             ("%", "--budget-kv-percent", "KV-cache usage from /metrics"),
+                             ("per min", "--budget-preemptions", "preemptions per minute from "
+                              "/metrics")):
         parser.add_argument(flag, type=number(float, 0), default=DEFAULT_BUDGETS[unit],
                             help=f"rise of {what} ({unit}) allowed over the horizon: drift when "
                                  "the slope's CI rises past it even at its slow end (default "
@@ -563,7 +616,9 @@ def add_command(commands) -> None:
 def main(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     horizon = Horizon(args.horizon_h, {"MB": args.budget_mb, "ms": args.budget_ms,
-                                       "requests": args.budget_requests})
+                                       "requests": args.budget_requests,
+                                       "%": args.budget_kv_percent,
+                                       "per min": args.budget_preemptions})
     windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s,
                            horizon)
     closed, accounted = accounting(read_summary(run_dir)) or (None, None)

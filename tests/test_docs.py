@@ -11,6 +11,7 @@ from pathlib import Path
 
 from records.readme import render
 from records.requests import RequestRow
+from records.server_metrics import Family, Sample, Scrape
 from records.server_stats import ServerSample
 from records.summary import StepRow, Summary
 from server.scheduling.policies import POLICIES
@@ -22,6 +23,13 @@ def test_readme_option_tables_are_generated_from_the_declarations():
     readme = (REPO / "README.md").read_text()
     assert "<!-- options: server -->" in readme and "<!-- options: load -->" in readme
     assert render(readme) == readme, "stale option tables: run make docs"
+
+
+def test_the_targets_doc_has_every_engine_table_generated_from_its_declaration():
+    targets = (REPO / "docs" / "targets.md").read_text()
+    assert render(targets) == targets, "stale engine tables: run make docs"
+    for engine in ("vllm", "sglang", "triton", "tgi", "moe-loadlab", "nvml"):
+        assert f"<!-- engine: {engine} -->\n| figure | from | since |" in targets, engine
 
 
 def json_keys(kind) -> set[str]:
@@ -39,7 +47,7 @@ def json_keys(kind) -> set[str]:
 
 def test_the_run_directory_doc_names_every_field():
     doc = (REPO / "docs" / "run-directory.md").read_text()
-    for kind in (Summary, StepRow, RequestRow, ServerSample):
+    for kind in (Summary, StepRow, RequestRow, ServerSample, Scrape, Family, Sample):
         missing = [key for key in json_keys(kind) if f"`{key}`" not in doc]
         assert not missing, f"docs/run-directory.md does not describe {kind.__name__}'s {missing}"
 

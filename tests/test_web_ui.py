@@ -88,6 +88,19 @@ def test_the_chart_breaks_its_lines_where_a_period_had_no_samples():
     assert gapped.count("<circle") == 4 and "<polyline" not in gapped
 
 
+def test_the_chart_shows_the_server_queue_and_kv_usage_where_it_was_scraped():
+    timeline = Timeline(interval_s=1.0)
+    for t, server in enumerate([{}, {"waiting": 3.0, "running": 4.0, "kv_usage": 0.5},
+                                {"waiting": 6.0, "running": 4.0, "kv_usage": 0.75}]):
+        timeline.add(float(t), {name: Histogram() for name in CLIENT_METRICS}, server)
+    svg = timeline.svg()
+    assert "server: requests waiting (red) and running (blue)" in svg
+    assert "server: KV-cache usage (%)" in svg
+    assert svg.count("<polyline") == 3  # waiting, running, KV usage: one line each
+    assert ">100<" in svg  # the KV axis, to 100% (75% rounded up)
+    assert "server:" not in periods([5.0]).svg()  # no scraped gauges: no server panels
+
+
 def test_the_html_report_opens_with_the_run_s_figures(tmp_path):
     summary = from_json(Summary, summary_json(metrics={
         "ttft_ms": {"count": 40, "mean": 12.0, "p50": 11.0, "p90": 15.0, "p95": 16.0,
