@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.readers.rundir import Run
-from analysis.readers.server_metrics import Figure, ServerSide, SourceSeries, figures
+from analysis.readers.server_metrics import (
+    Figure,
+    ServerSide,
+    SourceSeries,
+    balance_series,
+    figures,
+)
 from analysis.readers.timeseries import ClientSeries
 from analysis.tables import fmt_ms, fmt_num, fmt_percent, markdown_table
 from records.metric_maps import BY_CONCEPT
@@ -99,12 +105,20 @@ def timing_rows(series: SourceSeries, run: Run) -> list[list[str]]:
     return rows
 
 
+def over_time_header(series: SourceSeries) -> list[str]:
+    balance = ["expert balance"] if "expert_balance" in series.sources() else []
+    return ["run s", "waiting", "running", "KV usage", *balance, "client TTFT p50 (ms)",
+            "client TPOT p50 (ms)"]
+
+
 def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[list[str]]:
     """At most OVER_TIME_ROWS windows of the run: the server's waiting, running and KV usage
-    (means of the scrapes in the window) beside the client's TTFT and TPOT p50."""
+    (means of the scrapes in the window), its expert balance where exposed, beside the
+    client's TTFT and TPOT p50."""
     t = np.array(series.t_s)
     if len(t) < 2:
         return []
+    balance_t, balance = (np.array(v) for v in balance_series(series))
     edges = np.linspace(t[0], t[-1], min(OVER_TIME_ROWS, len(t) - 1) + 1)
     gauges = {name: series.values(name) for name in ("waiting", "running", "kv_usage")
               if name in series.sources()}
@@ -118,6 +132,9 @@ def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[li
             part = part[~np.isnan(part)]
             mean = float(part.mean()) if len(part) else None
             row.append(fmt_percent(mean) if name == "kv_usage" else fmt_num(mean, ".1f"))
+        if "expert_balance" in series.sources():
+            part = balance[(balance_t > start) & (balance_t <= end)]
+            row.append(fmt_num(float(part.mean()) if len(part) else None, ".3f"))
         for metric in ("ttft_p50_ms", "tpot_p50_ms"):
             row.append(fmt_ms(_client_mean(client, metric, start, end)))
         rows.append(row)
@@ -228,8 +245,7 @@ def scraped_markdown(side: ServerSide, run: Run, client: ClientSeries | None) ->
                                       "client - server, means"], rows)]
         if rows := over_time_rows(series, client):
             parts += ["#### Queue and KV usage over time, beside the client's latency",
-                      markdown_table(["run s", "waiting", "running", "KV usage",
-                                      "client TTFT p50 (ms)", "client TPOT p50 (ms)"], rows)]
+                      markdown_table(over_time_header(series), rows)]
     if side.gpus is not None:
         parts += ["### This host's GPUs (NVML)",
                   markdown_table(["figure", "value"], gpu_rows(side, run))]

@@ -70,6 +70,27 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
                                                                  + diagnosis["not_fired"])
 
 
+def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):
+    run_dir, metrics_file = tmp_path / "run", tmp_path / "metrics.port"
+    with delay_server_process(tmp_path, "--protocol", "sglang-grpc", "--seed", "7",
+                              "--metrics-port-file", str(metrics_file)) as (_, port):
+        url = f"http://127.0.0.1:{metrics_file.read_text().strip()}/metrics"
+        done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "3s", "--rate", "8",
+                      "--prompt-tokens", "8", "--max-tokens", "6", "--server-metrics", url)
+    assert done.returncode == 0, done.stdout
+    run = load_run(run_dir)
+    [series] = server_side(run).engines
+    assert series.engine.startswith("SGLang")
+    f = figures(series)
+    assert f["requests_finished"].total == run.summary.requests.ok > 10
+    # the seeded Zipf-like load over 4 ranks: well below even, never above it
+    assert 0.3 < f["expert_balance"].mean < 0.9
+    analysis("report", run_dir)
+    md = (run_dir / "report.md").read_text()
+    assert "| expert balancedness (mean / max load; 1 is even) | " in md
+    assert "| run s | waiting | running | KV usage | expert balance |" in md
+
+
 def test_our_servers_metrics_give_what_its_getstats_gives_in_the_same_run(tmp_path):
     run_dir, metrics_port = tmp_path / "run", free_port()
     with server_process(tmp_path, "--metrics-port", str(metrics_port)) as (_, port):
