@@ -107,7 +107,7 @@ class Run:
         self._begun = True
         if self.aio is not None:  # its imports and connection do not eat into the schedule
             self.aio.ready.wait(AIO_READY_S)
-        if self.scraping is not None:  # the server's counters before the first request
+        if self.scraping is not None and self.scraping.urls:  # its counters before any request
             self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns = time.monotonic_ns()
         if self.stress is not None:

@@ -25,6 +25,7 @@ STOP_TIMEOUT_S = 15.0  # the last scrapes' time after "stop"
 class ServerMetrics:
     def __init__(self, urls: list[str], run_dir: Path, interval_s: float, started_unix_s: float,
                  tls_ca: str = ""):
+        self.urls = urls
         self.gauges: dict[str, dict[str, float]] = {}  # source -> the latest gauges
         self.failed = 0
         self.ready = Event()  # every source scraped once (or the collector gone)
