@@ -134,6 +134,10 @@ HOST_GPUS = EngineMap(
 
 ENGINE_MAPS = (LAB, VLLM, SGLANG, TRITON, TGI, HOST_GPUS)
 LIVE = ("waiting", "running", "kv_usage")  # what the web UI's chart shows
+# every family some table reads, as a scrape's families are named (a counter also with _total)
+READ_FAMILIES = frozenset(name for e in ENGINE_MAPS for sources in e.reads.values()
+                          for s in sources for family in (s.family, s.per) if family
+                          for name in (family, f"{family}_total"))
 
 
 def live_gauges(scrape: Scrape) -> dict[str, float]:

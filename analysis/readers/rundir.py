@@ -16,6 +16,7 @@ from hdrh.histogram import HdrHistogram
 
 from analysis.readers.files import RunDirError, read_lines, worker_dirs
 from analysis.readers.intervals import Interval, load_intervals
+from records.engine_maps import READ_FAMILIES
 from records.jsonform import RecordError, from_json, read_object
 from records.requests import RequestRow
 from records.rundir import HISTOGRAMS, REQUESTS, SAMPLES, SERVER_METRICS, SUMMARY
@@ -57,9 +58,11 @@ class Run:
 
     @cached_property
     def scrapes(self) -> list[Scrape]:
-        """server_metrics.jsonl, in file order; [] without it."""
+        """server_metrics.jsonl, in file order, each scrape with the families an engine's table
+        reads (the rest stay in the file: a soak's hours of whole scrapes would take minutes
+        to check field by field); [] without it."""
         file = self.path / SERVER_METRICS
-        return [_record(Scrape, _json_line(file, number, line), f"{file}:{number}:")
+        return [_record(Scrape, _mapped(_json_line(file, number, line)), f"{file}:{number}:")
                 for number, line in read_lines(file)]
 
     def intervals(self, metric: str) -> list[Interval]:
@@ -104,6 +107,14 @@ def read_samples(path: Path) -> list[ServerSample]:
         file = next(iter(worker_dirs(path, SAMPLES)), file)
     return [_record(ServerSample, _json_line(file, number, line), f"{file}:{number}:")
             for number, line in read_lines(file)]
+
+
+def _mapped(data):
+    """A scrape's JSON with only the families some engine's table reads."""
+    if isinstance(data, dict) and isinstance(data.get("families"), list):
+        data["families"] = [f for f in data["families"]
+                            if not isinstance(f, dict) or f.get("name") in READ_FAMILIES]
+    return data
 
 
 def _record(kind, data, where: str):
