@@ -3,6 +3,8 @@ engine's own metric names (tests/fixtures/expositions/), the parser and the scra
 bad reply, counters that go back (a restart), and the reference servers' own /metrics read
 through the same tables."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -241,3 +243,83 @@ def test_the_reference_exposition_reads_back_what_the_tally_counted(protocol, en
     assert r["generation_tokens"].value == 8
     if engine == "sglang":
         assert 0 < r["expert_balance"].buckets.sum / r["expert_balance"].buckets.count <= 1
+
+
+# --- the rules and the energy, on a run directory of known scrapes ---------------------------
+
+def gauge(name: str, value: float) -> Family:
+    return Family(name=name, type="gauge", samples=[Sample(name=name, value=value)])
+
+
+def counter(name: str, value: float, **labels) -> Family:
+    return Family(name=name, type="counter",
+                  samples=[Sample(name=f"{name}_total", labels=labels, value=value)])
+
+
+def ttft_histogram(count: int, total_s: float) -> Family:
+    name = "vllm:time_to_first_token_seconds"
+    return Family(name=name, type="histogram", samples=[
+        Sample(name=f"{name}_bucket", labels={"le": "0.02"}, value=count),
+        Sample(name=f"{name}_bucket", labels={"le": "+Inf"}, value=count),
+        Sample(name=f"{name}_count", value=count), Sample(name=f"{name}_sum", value=total_s)])
+
+
+def write_scraped_run(run_dir, lines: list[Scrape], client_ttft_ms: list[float]):
+    from analysis.readers.rundir import load_run
+    from records.jsonform import dumps, to_json
+    from tests.rundirs import encoded, write_summary
+
+    write_summary(run_dir, throughput={"window_s": 10.0, "output_tokens_per_s": 100.0,
+                                       "requests_per_s": 1.0, "goodput_requests_per_s": 1.0})
+    (run_dir / "histograms.json").write_text(json.dumps({"ttft": encoded(client_ttft_ms)}))
+    (run_dir / "server_metrics.jsonl").write_text(
+        "".join(dumps(to_json(s)) + "\n" for s in lines))
+    return load_run(run_dir)
+
+
+def vllm_scrape(t: float, waiting: float, kv: float, preemptions: float, ttft_count: int,
+                generated: float) -> Scrape:
+    return Scrape(t_unix_s=t, t_run_s=t, source="http://vllm/metrics", ok=True, families=[
+        gauge("vllm:num_requests_waiting", waiting), gauge("vllm:num_requests_running", 8),
+        gauge("vllm:kv_cache_usage_perc", kv), counter("vllm:num_preemptions", preemptions),
+        counter("vllm:generation_tokens", generated),
+        ttft_histogram(ttft_count, 0.010 * ttft_count)])
+
+
+def test_the_rules_fire_on_a_saturated_server_with_a_full_kv_cache_and_a_slow_front_door(
+        tmp_path):
+    from analysis.diagnosis import diagnose
+    from analysis.readers.server_metrics import server_side
+    from analysis.report_scraped import headline_figures
+
+    nvml = [Scrape(t_unix_s=t, t_run_s=t, source="nvml", ok=True, families=[
+        counter("nvml_gpu_energy_joules", 1000.0 + 50 * t, gpu="0")]) for t in range(7)]
+    engine = [vllm_scrape(t, waiting=3 * t, kv=0.5 + 0.08 * t, preemptions=t // 2,
+                          ttft_count=10 * t, generated=100 * t) for t in range(7)]
+    run = write_scraped_run(tmp_path, [*engine, *nvml], client_ttft_ms=[60.0] * 50)
+    fired = {f.rule: f for f in diagnose(run) if f.fired}
+    assert {"server_saturated", "kv_pressure", "front_door"} <= set(fired)
+    assert "`vllm:num_requests_waiting`" in fired["server_saturated"].evidence[0]
+    assert "3 over the run" in fired["kv_pressure"].evidence[1]  # preemptions 0 -> 3
+    headline = headline_figures(server_side(run), run)
+    assert headline["joules_per_output_token"] == pytest.approx(300 / 600)  # 300 J, 600 tokens
+    assert headline["client_minus_server_ttft_ms"] == pytest.approx(50, abs=0.1)
+    assert headline["kv_usage_max"] == pytest.approx(0.98)
+
+
+def test_a_balanced_quiet_server_fires_nothing_and_a_missing_gpu_is_said(tmp_path):
+    from analysis.diagnosis import diagnose
+    from analysis.readers.server_metrics import server_side
+
+    engine = [vllm_scrape(t, waiting=0, kv=0.2, preemptions=0, ttft_count=10 * t,
+                          generated=100 * t) for t in range(7)]
+    no_gpu = Scrape(t_unix_s=0, t_run_s=0, source="nvml", ok=False,
+                    error="no GPU visible to NVML (NVMLError_LibraryNotFound)")
+    run = write_scraped_run(tmp_path, [*engine, no_gpu], client_ttft_ms=[11.0] * 50)
+    findings = {f.rule: f for f in diagnose(run)}
+    for rule in ("server_saturated", "kv_pressure", "front_door"):
+        assert findings[rule].judged and not findings[rule].fired, findings[rule]
+    assert not findings["server_expert_imbalance"].judged
+    assert "not exposed by the scraped server" in findings["server_expert_imbalance"].verdict
+    side = server_side(run)
+    assert side.gpus is None and side.gpu_problem.startswith("no GPU visible to NVML")

@@ -89,6 +89,8 @@ def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):
     md = (run_dir / "report.md").read_text()
     assert "| expert balancedness (mean / max load; 1 is even) | " in md
     assert "| run s | waiting | running | KV usage | expert balance |" in md
+    diagnosis = json.loads(analysis("diagnose", run_dir).stdout.splitlines()[-1])
+    assert "server_expert_imbalance" in diagnosis["fired"]
 
 
 def test_our_servers_metrics_give_what_its_getstats_gives_in_the_same_run(tmp_path):
