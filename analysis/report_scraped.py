@@ -57,7 +57,7 @@ def figure_rows(series: SourceSeries) -> list[list[str]]:
         concept = BY_CONCEPT[name]
         if name == "expert_balance":
             value = (f"{fmt_num(f.mean, '.3f')} over the run, lowest interval "
-                     f"{fmt_num(f.max, '.3f')}")
+                     f"{fmt_num(f.min, '.3f')}")
         elif concept.kind == "gauge":
             value = _gauge(f)
         elif concept.kind == "counter":

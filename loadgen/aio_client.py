@@ -15,6 +15,7 @@ from gevent.event import Event
 from loadgen.targets.client import StreamResult
 from records.declare import flat
 from records.load_settings import LoadSettings
+from records.prefix_blocks import PrefixBlocks
 
 
 class AioSender:
@@ -26,6 +27,7 @@ class AioSender:
         self.on_result = on_result
         self.on_loop_lag = on_loop_lag
         self.not_sent = 0
+        self.prefixes = PrefixBlocks()  # what the sender's prompts could share, at its end
         self.ready = Event()  # set once the sender is connected (or gone)
         self.ended = Event()
         self.started = False
@@ -50,6 +52,7 @@ class AioSender:
                 self.ready.set()
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
+                self.prefixes.queried, self.prefixes.hits = data["prefixes"]
                 break
             elif "loop_lag" in data:
                 for t_ns, late_us in data["loop_lag"]:

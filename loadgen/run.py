@@ -34,6 +34,7 @@ from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
+from records.prefix_blocks import PrefixBlocks
 from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
@@ -76,6 +77,7 @@ class Run:
         self.started_at = time.time()
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
         self.workload = Workload(settings)
+        self.prefixes = PrefixBlocks()  # what the prompts sent could share (the aio sender's own)
         self._schedule = schedule_of(settings.traffic, workers, index)
         # run-wide unique ids
         self._closed_indexes = (k * workers + index for k in itertools.count())
@@ -156,6 +158,7 @@ class Run:
 
     def _send(self, conn, index: int, due_ns: int) -> gevent.Greenlet:
         spec = self.workload.request(index)
+        self.prefixes.add(spec.prompt_units)
         result = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
                                      self.sender.request_timeout_s, self.count)
@@ -270,5 +273,7 @@ class Run:
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
                             self.recorder.window_s, self.cpu_percent, self.notes)
+        prefixes = self.aio.prefixes if self.aio is not None else self.prefixes
+        summary = dataclasses.replace(summary, prefix_share=prefixes.share)
         return (summary if self.stress is None
                 else dataclasses.replace(summary, stress=self.stress.result()))

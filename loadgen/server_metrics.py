@@ -29,6 +29,7 @@ class ServerMetrics:
         self.gauges: dict[str, dict[str, float]] = {}  # source -> the latest gauges
         self.failed = 0
         self.ready = Event()  # every source scraped once (or the collector gone)
+        self.stopped = False
         run_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "loadgen.scraping.collector",
                    "--out", str(run_dir / SERVER_METRICS), "--interval-s", str(interval_s),
@@ -47,13 +48,18 @@ class ServerMetrics:
                 continue
             if message["ok"]:
                 self.gauges[message["source"]] = message["gauges"]
-            else:
+            else:  # a failed source shows nothing live rather than its last values
+                self.gauges.pop(message["source"], None)
                 self.failed += 1
                 if self.failed == 1:
                     log.warning("server metrics: a scrape of %s failed (%s); the run goes on, "
                                 "each failure counted in server_metrics.jsonl",
                                 message["source"], message["error"])
         self.ready.set()
+        code = self.proc.wait()
+        if code and not self.stopped:
+            log.error("server metrics: the collector stopped (exit code %d; its error is above): "
+                      "the run goes on without the server's side", code)
 
     def now(self) -> dict[str, float]:
         """The latest gauges over every source: summed (several replicas), usage averaged."""
@@ -66,6 +72,7 @@ class ServerMetrics:
 
     def stop(self) -> None:
         """The last scrape of every source, then the process's end (killed if it hangs)."""
+        self.stopped = True
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(b"stop\n")
@@ -85,10 +92,10 @@ def start_server_metrics(settings: LoadSettings, started_unix_s: float) -> Serve
     line in the log saying what."""
     recording = settings.recording
     urls, note = endpoints(recording.server_metrics, settings.target.target,
-                           settings.sender.host)
+                           settings.sender.host, settings.target.tls_ca)
     if note:
         log.info("%s", note)
-    if recording.server_metrics.strip() == "off":
+    if urls is None:
         return None
     return ServerMetrics(urls, Path(recording.run_dir),
                          recording.server_metrics_interval_s or recording.interval_s,

@@ -82,6 +82,15 @@ SGLANG = EngineMap(
      "expert_balance": (Source("sglang:eplb_balancedness"),),
      "rss_bytes": (Source("process_resident_memory_bytes"),)})
 
+# Triton counts a request once in each model it passes through (an ensemble and the models it
+# calls): the client's requests are the first of these a page has.
+TRITON_MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
+
+
+def _per_model(family: str, **kw) -> tuple[Source, ...]:
+    return tuple(Source(family, (("model", m),), **kw) for m in TRITON_MODELS)
+
+
 TRITON = EngineMap(
     "triton", "Triton Inference Server with the TensorRT-LLM backend (port 8002)",
     ("nv_trt_llm_", "nv_inference_", "nv_gpu_", "nv_energy"),
@@ -89,7 +98,8 @@ TRITON = EngineMap(
     "custom_metrics_reporter/custom_metrics_reporter.cc",
     {"waiting": (Source("nv_trt_llm_request_metrics", (("request_type", "waiting"),),
                         since="backend 0.18"),
-                 Source("nv_inference_pending_request_count", since="Triton 23.09")),
+                 Source("nv_inference_pending_request_count", (("model", "tensorrt_llm"),),
+                        since="Triton 23.09")),
      "running": (Source("nv_trt_llm_request_metrics", (("request_type", "active"),)),),
      "running_tokens": (Source("nv_trt_llm_inflight_batcher_metrics",
                                (("inflight_batcher_specific_metric", "total_context_tokens"),)),),
@@ -98,11 +108,11 @@ TRITON = EngineMap(
                   Source("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "used"),),
                          per="nv_trt_llm_kv_cache_block_metrics",
                          per_labels=(("kv_cache_block_type", "max"),))),
-     "requests_finished": (Source("nv_inference_request_success"),),
+     "requests_finished": _per_model("nv_inference_request_success"),
      "prompt_tokens": (Source("nv_llm_input_token_len", since="backend 0.16"),),
      "generation_tokens": (Source("nv_llm_output_token_len", since="backend 0.16"),),
-     "ttft": (Source("nv_inference_first_response_histogram_ms", scale=1e-3,
-                     since="Triton 24.11, with --metrics-config histogram_latencies=true"),),
+     "ttft": _per_model("nv_inference_first_response_histogram_ms", scale=1e-3,
+                        since="Triton 24.11, with --metrics-config histogram_latencies=true"),
      "gpu_utilization": (Source("nv_gpu_utilization"),),
      "gpu_memory_bytes": (Source("nv_gpu_memory_used_bytes"),),
      "gpu_power_w": (Source("nv_gpu_power_usage"),),

@@ -7,6 +7,7 @@ profiles, datasets) are checked by it (loadgen/settings.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from records.declare import (
     Names,
@@ -50,9 +51,14 @@ def _metrics_urls(value: str) -> str | None:
     if value.strip() in ("", "off"):
         return None
     for url in (u.strip() for u in value.split(",")):
-        scheme, _, rest = url.partition("://")
-        if scheme not in ("http", "https") or not rest or rest.startswith("/"):
-            return f"must be off or http(s)://HOST:PORT/PATH URLs, comma-separated, got {url!r}"
+        problem = f"must be off or http(s)://HOST:PORT/PATH URLs, comma-separated, got {url!r}"
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+        except ValueError:
+            return problem
+        if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+            return problem
     return None
 
 

@@ -87,7 +87,7 @@ class EngineMap:
 @dataclass(frozen=True)
 class Buckets:
     """A histogram's (or a summary's) cumulative state at one scrape: counts[i] of values <=
-    bounds[i] (no bounds: a summary), over every matched label set."""
+    bounds[i] (no bounds: a summary)."""
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
@@ -95,54 +95,93 @@ class Buckets:
     count: float
 
 
+Key = tuple[str, ...]  # a sample's labels as sorted "name=value", its buckets' `le` left out
+
+
 @dataclass(frozen=True)
 class Reading:
-    """A concept at one scrape: a number, a histogram's buckets, or for a balance the counter of
-    each label set (the balanced label last)."""
+    """A concept at one scrape: a gauge's or counter's number (over every matched label set);
+    a counter's value per label set (each resets on its own); a histogram's buckets per label
+    set; or for a balance the counter of each label set (the balanced label's value last)."""
 
     value: float | None = None
-    buckets: Buckets | None = None
-    parts: dict[tuple[str, ...], float] | None = None
+    parts: dict[Key, float] | None = None
+    histograms: dict[Key, Buckets] | None = None
+
+    @property
+    def buckets(self) -> Buckets | None:
+        return merged(list(self.histograms.values())) if self.histograms else None
+
+
+def merged(histograms: list[Buckets]) -> Buckets | None:
+    """Several label sets' buckets as one: the counts of those sharing the commonest bounds
+    (others' buckets cannot be added to them), the sum and count of all."""
+    if not histograms:
+        return None
+    by_bounds: dict[tuple[float, ...], float] = {}
+    for b in histograms:
+        by_bounds[b.bounds] = by_bounds.get(b.bounds, 0.0) + b.count
+    bounds = max(by_bounds, key=by_bounds.get)
+    same = [b for b in histograms if b.bounds == bounds]
+    counts = tuple(map(sum, zip(*(b.counts for b in same), strict=True))) if bounds else ()
+    return Buckets(bounds, counts, sum(b.sum for b in histograms),
+                   sum(b.count for b in histograms))
 
 
 def _matches(sample: Sample, labels: tuple[tuple[str, str], ...]) -> bool:
     return all(sample.labels.get(k) == v for k, v in labels)
 
 
-def _values(family: Family, names: Iterable[str], labels) -> list[float]:
-    names = set(names)
-    return [s.value for s in family.samples
-            if s.name in names and s.value is not None and _matches(s, labels)]
+def _key(sample: Sample) -> Key:
+    return tuple(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "le")
 
 
-def _combine(values: list[float], how: str) -> float | None:
+def _series(family: Family, names: Iterable[str], labels) -> dict[Key, float]:
+    """The value of each label set of the matched samples."""
+    names, out = set(names), {}
+    for s in family.samples:
+        if s.name in names and s.value is not None and _matches(s, labels):
+            out[_key(s)] = out.get(_key(s), 0.0) + s.value
+    return out
+
+
+def _combine(values: Iterable[float], how: str) -> float | None:
+    values = list(values)
     if not values:
         return None
     return sum(values) / len(values) if how == "mean" else sum(values)
 
 
-def _buckets(family: Family, labels, scale: float) -> Buckets | None:
-    by_bound: dict[float, float] = {}
-    total = count = 0.0
+def _histograms(family: Family, labels, scale: float) -> dict[Key, Buckets]:
+    """Each label set's buckets, bounds and sum times scale; a bucket whose `le` is no number
+    is left out."""
+    parts: dict[Key, dict] = {}
     for s in family.samples:
         if s.value is None or not _matches(s, labels):
             continue
+        part = parts.setdefault(_key(s), {"bounds": {}, "sum": 0.0, "count": 0.0})
         if s.name.endswith("_bucket") and "le" in s.labels:
-            bound = float(s.labels["le"])
-            by_bound[bound] = by_bound.get(bound, 0.0) + s.value
+            try:
+                bound = float(s.labels["le"])
+            except ValueError:
+                continue
+            part["bounds"][bound] = part["bounds"].get(bound, 0.0) + s.value
         elif s.name.endswith("_sum"):
-            total += s.value
+            part["sum"] += s.value
         elif s.name.endswith("_count"):
-            count += s.value
-    if not by_bound and not count:
-        return None
-    bounds = sorted(by_bound)
-    return Buckets(tuple(b * scale for b in bounds), tuple(by_bound[b] for b in bounds),
-                   total * scale, count)
+            part["count"] += s.value
+    out = {}
+    for key, part in parts.items():
+        bounds = sorted(part["bounds"])
+        if bounds or part["count"]:
+            out[key] = Buckets(tuple(b * scale for b in bounds),
+                               tuple(part["bounds"][b] for b in bounds), part["sum"] * scale,
+                               part["count"])
+    return out
 
 
-def _parts(family: Family, source: Source) -> dict[tuple[str, ...], float] | None:
-    parts: dict[tuple[str, ...], float] = {}
+def _parts(family: Family, source: Source) -> dict[Key, float] | None:
+    parts: dict[Key, float] = {}
     for s in family.samples:
         if s.value is None or source.balance not in s.labels or not _matches(s, source.labels):
             continue
@@ -161,25 +200,27 @@ def read_source(scrape: Scrape, concept: Concept, source: Source) -> Reading | N
         parts = _parts(family, source)
         return Reading(parts=parts) if parts else None
     if family.type in ("histogram", "summary", "gaugehistogram"):
-        buckets = _buckets(family, source.labels, source.scale)
-        if buckets is None:
+        histograms = _histograms(family, source.labels, source.scale)
+        if not histograms:
             return None
         if concept.kind == COUNTER:  # a histogram of sizes: its sum is the total (TGI's tokens)
-            return Reading(value=buckets.sum)
-        return Reading(buckets=buckets)
-    value = _combine(_values(family, (name, f"{name}_total", source.family), source.labels),
-                     concept.combine)
+            parts = {key: b.sum for key, b in histograms.items()}
+            return Reading(value=sum(parts.values()), parts=parts)
+        return Reading(histograms=histograms)
+    series = _series(family, (name, f"{name}_total", source.family), source.labels)
+    value = _combine(series.values(), concept.combine)
     if value is None:
         return None
     if source.per:
         total = scrape.family(source.per)
-        den = _combine(_values(total, (total.name, f"{total.name}_total"),
-                               source.per_labels or source.labels),
+        den = _combine(_series(total, (total.name, f"{total.name}_total"),
+                               source.per_labels or source.labels).values(),
                        concept.combine) if total else None
         if not den:
             return None
-        value /= den
-    return Reading(value=value * source.scale)
+        return Reading(value=value / den * source.scale)
+    return Reading(value=value * source.scale,
+                   parts={k: v * source.scale for k, v in series.items()})
 
 
 def read(scrape: Scrape, engines: list[EngineMap]) -> dict[str, tuple[Source, Reading]]:

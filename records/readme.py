@@ -41,7 +41,7 @@ def engine_table(engine: EngineMap) -> str:
             if s.balance:
                 name += f" (balance over `{s.balance}`)"
             families.append(name)
-        since = "; ".join(s.since or "-" for s in sources)
+        since = "; ".join(dict.fromkeys(s.since or "-" for s in sources))
         rows.append(f"| {BY_CONCEPT[concept].title} | {', else '.join(families)} | {since} |")
     return "\n".join(rows) + f"\n\nNames read from: {engine.cited}."
 

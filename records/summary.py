@@ -154,6 +154,10 @@ class Summary:
     server: ServerSnapshots = field(default_factory=ServerSnapshots)
     stress: StressResult | None = field(None, omit=None)
     workers: list[WorkerFigures] | None = field(None, omit=None)
+    # the share of the prompts' tokens in blocks an earlier prompt of the run began with
+    # (records/prefix_blocks.py): what an unbounded prefix cache could hit; absent where not
+    # known (a distributed run: each worker sees its own prompts only)
+    prefix_share: float | None = field(None, omit=None)
 
     def problem(self) -> tuple[str, str] | None:
         """Times that cannot be a run's (checked as summary.json is read)."""

@@ -16,7 +16,7 @@ from analysis.readers.server_metrics import (
     source_series,
 )
 from loadgen.reference.exposition import exposition
-from loadgen.reference.tally import BLOCK, Tally
+from loadgen.reference.tally import Tally
 from loadgen.scraping.endpoints import endpoints
 from loadgen.scraping.exposition import ExpositionError, parse
 from loadgen.scraping.http_source import scrape_url
@@ -24,6 +24,7 @@ from records.declare import SettingsError, build
 from records.engine_maps import ENGINE_MAPS
 from records.load_settings import LoadSettings
 from records.metric_maps import Buckets, engines_of, read
+from records.prefix_blocks import BLOCK
 from records.server_metrics import Family, Sample, Scrape
 from tests.metrics_endpoints import EXPOSITIONS, SLOW_S, metrics_endpoints, refused_port
 
@@ -80,6 +81,7 @@ def test_triton_with_tensorrt_llm_names_and_its_gpus():
     engines, v = readings("triton_trtllm.prom")
     assert engines == ["triton"]
     assert (v["waiting"], v["running"], v["kv_usage"]) == (7, 24, 0.706299)
+    assert v["requests_finished"] == 1840  # the ensemble's, not again the model's it calls
     assert v["ttft"] == (1840, 388.419)  # nv_inference_first_response_histogram_ms, in seconds
     assert v["gpu_utilization"] == 0.92 and v["gpu_energy_j"] == pytest.approx(3624996.122)
 
@@ -174,17 +176,36 @@ def test_every_bad_endpoint_is_a_failed_scrape_with_its_reason():
         "connection refused"
 
 
+def test_a_port_that_does_not_speak_http_is_a_failed_scrape():
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer():  # an SSH server's greeting, then gone
+        conn, _ = listener.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    scrape = scrape_url(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", 2.0, 0.0)
+    listener.close()
+    assert not scrape.ok and scrape.error.startswith("broken reply (BadStatusLine")
+
+
 def test_the_default_scrapes_the_openai_target_own_metrics_only_when_it_answers():
     with metrics_endpoints() as base:
         assert endpoints("", "openai", base)[0] == [base + "/metrics"]
-        assert endpoints("off", "openai", base)[0] == []
+        assert endpoints("off", "openai", base)[0] is None
         assert endpoints("", "vllm-grpc", "127.0.0.1:1")[0] == []
         assert endpoints(f"{base}/a,{base}/b", "moe", "x:1")[0] == [f"{base}/a", f"{base}/b"]
     urls, note = endpoints("", "openai", f"http://127.0.0.1:{refused_port()}")
     assert urls == [] and "connection refused" in note and "client side only" in note
 
 
-@pytest.mark.parametrize("value", ["ftp://host/metrics", "127.0.0.1:8000/metrics", "http://"])
+@pytest.mark.parametrize("value", ["ftp://host/metrics", "127.0.0.1:8000/metrics", "http://",
+                                   "http://host:abc/metrics", "http://exa mple/metrics",
+                                   "http://[::1/metrics"])
 def test_a_metrics_url_that_is_not_http_is_refused_naming_the_flag(value):
     with pytest.raises(SettingsError, match="--server-metrics: must be off or http"):
         build(LoadSettings, {"server_metrics": value})
@@ -218,6 +239,43 @@ def test_counters_over_scrapes_with_a_restart_between():
     f = figures(series)["preemptions"]
     assert f.total == 6 + 2 + 3 and f.per_s == pytest.approx(11 / 4)
     assert series.failures == {"HTTP 500": 1} and series.scrapes == 5
+
+
+def test_a_series_the_server_makes_on_first_use_grew_from_zero():
+    # SGLang makes a labelled counter when it first counts: absent before the first request
+    def scrape(t: float, families: list) -> Scrape:
+        return Scrape(t_unix_s=t, t_run_s=t, source="u", ok=True,
+                      families=[Family(name="sglang:num_running_reqs", type="gauge",
+                                       samples=[Sample(name="sglang:num_running_reqs", value=0)]),
+                                *families])
+
+    finished = [Family(name="sglang:num_requests", type="counter",
+                       samples=[Sample(name="sglang:num_requests_total", value=n)])
+                for n in (64, 100)]
+    [series] = source_series([scrape(0, []), scrape(1, finished[:1]), scrape(2, finished[1:])])
+    assert figures(series)["requests_finished"].total == 100
+
+
+def test_each_label_set_restarts_on_its_own_and_a_missing_one_holds_its_value():
+    def energy(t: float, joules: dict) -> Scrape:
+        return Scrape(t_unix_s=t, t_run_s=t, source="nvml", ok=True, families=[Family(
+            name="nvml_gpu_energy_joules", type="counter",
+            samples=[Sample(name="nvml_gpu_energy_joules_total", labels={"gpu": gpu}, value=j)
+                     for gpu, j in joules.items()])])
+
+    # two GPUs, +100 J/s each; GPU 1 unread at t=2 (an NVML error), GPU 0 restarts at t=3
+    [series] = source_series([energy(0, {"0": 1e6, "1": 2e6}), energy(1, {"0": 1e6 + 100,
+                                                                           "1": 2e6 + 100}),
+                              energy(2, {"0": 1e6 + 200}), energy(3, {"0": 50, "1": 2e6 + 300})])
+    assert figures(series)["gpu_energy_j"].total == pytest.approx(200 + 50 + 300)
+
+
+def test_a_histogram_whose_bounds_change_leaves_out_what_cannot_be_added():
+    a, b = (0.1, float("inf")), (0.1, 1.0, float("inf"))
+    grew = bucket_growth([Buckets(a, (1, 2), 1.0, 2), Buckets(a, (3, 5), 2.0, 5),
+                          Buckets(b, (3, 6, 7), 3.0, 7), Buckets(b, (4, 8, 10), 4.5, 10)])
+    assert grew.bounds == b and grew.counts == (1, 2, 3) and grew.count == 3  # the last interval
+    assert grew.sum == pytest.approx(1.5)
 
 
 # --- the reference servers' /metrics, through the tables ---------------------------------------
@@ -264,13 +322,15 @@ def ttft_histogram(count: int, total_s: float) -> Family:
         Sample(name=f"{name}_count", value=count), Sample(name=f"{name}_sum", value=total_s)])
 
 
-def write_scraped_run(run_dir, lines: list[Scrape], client_ttft_ms: list[float]):
+def write_scraped_run(run_dir, lines: list[Scrape], client_ttft_ms: list[float],
+                      prefix_share: float | None = None):
     from analysis.readers.rundir import load_run
     from records.jsonform import dumps, to_json
     from tests.rundirs import encoded, write_summary
 
     write_summary(run_dir, throughput={"window_s": 10.0, "output_tokens_per_s": 100.0,
-                                       "requests_per_s": 1.0, "goodput_requests_per_s": 1.0})
+                                       "requests_per_s": 1.0, "goodput_requests_per_s": 1.0},
+                  **({"prefix_share": prefix_share} if prefix_share is not None else {}))
     (run_dir / "histograms.json").write_text(json.dumps({"ttft": encoded(client_ttft_ms)}))
     (run_dir / "server_metrics.jsonl").write_text(
         "".join(dumps(to_json(s)) + "\n" for s in lines))
@@ -323,3 +383,65 @@ def test_a_balanced_quiet_server_fires_nothing_and_a_missing_gpu_is_said(tmp_pat
     assert "not exposed by the scraped server" in findings["server_expert_imbalance"].verdict
     side = server_side(run)
     assert side.gpus is None and side.gpu_problem.startswith("no GPU visible to NVML")
+
+
+def test_a_stream_left_part_way_gives_back_what_it_held():
+    import asyncio
+    from types import SimpleNamespace
+
+    from loadgen.reference.pacer import Pacer
+
+    args = SimpleNamespace(capacity=1, ttft_ms=0.0, itl_ms=0.0, tokens_per_chunk=1,
+                           stall_at_s=0.0, stall_s=0.0, faults="", kv_tokens=100,
+                           preempt_every=0, seed=0, prefix_cache=True)
+
+    async def leave_after(pacer: Pacer, messages: int) -> None:
+        stream = pacer.messages(5, list(range(20)))
+        async for m in stream:
+            if m.index + 1 >= messages:
+                break
+        await stream.aclose()
+
+    async def scenario() -> Tally:
+        pacer = Pacer(args)
+        await leave_after(pacer, 1)  # the client went away after the first message
+        await leave_after(pacer, 5)  # a whole stream
+        return pacer.tally
+
+    tally = asyncio.run(scenario())
+    assert (tally.kv_held, tally.running, tally.waiting) == (0, 0, 0)
+    assert tally.generation_tokens == 1 + 5 and tally.finished == 2
+
+
+def test_a_last_scrape_cut_short_is_left_out_and_any_other_broken_line_named(tmp_path):
+    from analysis.readers.files import RunDirError
+    from analysis.readers.rundir import Run
+    from records.jsonform import dumps, to_json
+
+    whole = dumps(to_json(scrape_of((EXPOSITIONS / "vllm.prom").read_bytes())))
+    (tmp_path / "server_metrics.jsonl").write_text(f"{whole}\n{whole}\n{whole[:500]}")
+    assert len(Run(tmp_path).scrapes) == 2
+    (tmp_path / "server_metrics.jsonl").write_text(f"{whole[:500]}\n{whole}\n")
+    with pytest.raises(RunDirError, match=r"server_metrics.jsonl:1: not JSON"):
+        Run(tmp_path).scrapes  # noqa: B018
+
+
+@pytest.mark.parametrize("hits, shared, fired, says", [
+    (0, 0.6, True, "where the workload shared 60.0%"),
+    (550, 0.6, False, "hit 55.0% of the 60.0% the workload shared"),
+    (0, 0.02, False, "share little (2.0%"),
+    (0, None, None, "a distributed or older run"),
+])
+def test_the_prefix_rule_judges_the_servers_hits_against_what_the_prompts_shared(
+        tmp_path, hits, shared, fired, says):
+    from analysis.diagnosis import diagnose
+
+    def scrape(t: float, queried: float, hit: float) -> Scrape:
+        return Scrape(t_unix_s=t, t_run_s=t, source="http://vllm/metrics", ok=True, families=[
+            counter("vllm:prefix_cache_queries", queried), counter("vllm:prefix_cache_hits", hit)])
+
+    run = write_scraped_run(tmp_path, [scrape(0, 0, 0), scrape(5, 1000, hits)], [10.0],
+                            prefix_share=shared)
+    finding = next(f for f in diagnose(run) if f.rule == "prefix_misses")
+    assert finding.judged == (fired is not None) and finding.fired == bool(fired)
+    assert says in finding.verdict

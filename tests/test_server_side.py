@@ -10,7 +10,7 @@ import pytest
 from analysis.readers.rundir import load_run
 from analysis.readers.server_metrics import figures, server_side
 from analysis.readers.server_stats import server_view
-from loadgen.reference.tally import BLOCK
+from records.prefix_blocks import BLOCK
 from tests.cli import analysis
 from tests.conftest import delay_server_process, server_process
 from tests.metrics_endpoints import metrics_endpoints, refused_port
@@ -51,6 +51,7 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
     assert f["preemptions"].total == sent // PREEMPT_EVERY
     hits = (sent - 1) * BLOCK * (WORDS // BLOCK)  # every prompt after the first hits 2 blocks
     assert (f["prefix_hits"].total, f["prefix_queries"].total) == (hits, sent * WORDS)
+    assert run.summary.prefix_share == hits / (sent * WORDS)  # the client's count, the same
     assert f["waiting"].max >= 10 and f["running"].max == 1  # the queue grew behind one slot
     assert 0 < f["kv_usage"].max <= (WORDS + 4) / 100  # one stream's prompt and output of 100
     assert f["ttft"].window.count == sent and f["ttft"].window.mean >= 0.020
@@ -66,8 +67,8 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
     assert "Queue and KV usage over time" in md
     diagnosis = json.loads(analysis("diagnose", run_dir).stdout.splitlines()[-1])
     assert "server_saturated" in diagnosis["fired"]
-    assert {"kv_pressure", "front_door", "prefix_misses"} <= set(diagnosis["not_judged"]
-                                                                 + diagnosis["not_fired"])
+    # the server hit all the prompts shared; its TTFT is the client's but for the wire
+    assert {"kv_pressure", "front_door", "prefix_misses"} <= set(diagnosis["not_fired"])
 
 
 def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):

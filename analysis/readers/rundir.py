@@ -60,10 +60,17 @@ class Run:
     def scrapes(self) -> list[Scrape]:
         """server_metrics.jsonl, in file order, each scrape with the families an engine's table
         reads (the rest stay in the file: a soak's hours of whole scrapes would take minutes
-        to check field by field); [] without it."""
+        to check field by field); [] without it. A last line cut short (a collector killed as
+        it wrote) is left out."""
         file = self.path / SERVER_METRICS
+        lines = read_lines(file)
+        if lines:
+            try:
+                json.loads(lines[-1][1])
+            except json.JSONDecodeError:
+                lines = lines[:-1]
         return [_record(Scrape, _mapped(_json_line(file, number, line)), f"{file}:{number}:")
-                for number, line in read_lines(file)]
+                for number, line in lines]
 
     def intervals(self, metric: str) -> list[Interval]:
         """The metric's interval log (analysis/readers/intervals.py), read once."""

@@ -24,6 +24,7 @@ from records.metric_maps import (
     Reading,
     Source,
     engines_of,
+    merged,
     read,
 )
 from records.server_metrics import NVML, Scrape
@@ -43,12 +44,13 @@ class Window:
 @dataclass(frozen=True)
 class Figure:
     """A concept over the run: a gauge's mean and max, a counter's growth and rate, a
-    histogram's window."""
+    histogram's window; for the expert balance, the run's and the lowest interval's (min)."""
 
     concept: str
     source: Source
     mean: float | None = None
     max: float | None = None
+    min: float | None = None
     total: float | None = None
     per_s: float | None = None
     window: Window | None = None
@@ -87,28 +89,60 @@ class SourceSeries:
         return [c.name for c in asked if c.name not in found]
 
     def values(self, concept: str) -> np.ndarray:
-        """A gauge as sampled, a counter's growth since the first scrape (resets counted from
-        zero); nan where a scrape lacks it."""
-        raw = np.array([r[concept][1].value if concept in r and r[concept][1].value is not None
-                        else np.nan for r in self.readings], dtype=float)
-        return raw if BY_CONCEPT[concept].kind == GAUGE else grown(raw)
+        """A gauge as sampled (nan where a scrape lacks it); a counter's growth since the first
+        scrape, summed over its label sets, each read on its own: a fall is that one's restart
+        from zero, one first seen after the first scrape (a server makes its series on first
+        use) grew from zero, one missing from a scrape holds its last value."""
+        if BY_CONCEPT[concept].kind == GAUGE:
+            return np.array([r[concept][1].value if concept in r
+                             and r[concept][1].value is not None else np.nan
+                             for r in self.readings], dtype=float)
+        parts = self.parts(concept)
+        total = np.zeros(len(parts))
+        for key in {k for p in parts if p for k in p}:
+            raw = np.array([p[key] if p and key in p else np.nan for p in parts])
+            total += _held(grown(raw, from_zero=np.isnan(raw[0])))
+        return total
 
-    def buckets(self, concept: str) -> list[Buckets | None]:
-        return [r[concept][1].buckets if concept in r else None for r in self.readings]
+    def histograms(self, concept: str) -> list[dict | None]:
+        return [r[concept][1].histograms if concept in r else None for r in self.readings]
 
     def parts(self, concept: str) -> list[dict | None]:
         return [r[concept][1].parts if concept in r else None for r in self.readings]
+
+    def growth(self, concept: str, first: int = 0, last: int = -1) -> Buckets | None:
+        """What a histogram gained from scrape `first` to scrape `last`, each label set on its
+        own (as `values` reads a counter's), then the label sets together."""
+        histograms = self.histograms(concept)
+        last = last % len(histograms) if histograms else 0
+        window = histograms[first:last + 1]
+        grew = []
+        for key in {k for h in window if h for k in h}:
+            series = [h.get(key) if h else None for h in window]
+            from_zero = first == 0 and series[0] is None
+            grew.append(bucket_growth(series, from_zero))
+        return merged([g for g in grew if g is not None])
 
     @property
     def duration_s(self) -> float:
         return self.t_s[-1] - self.t_s[0] if len(self.t_s) > 1 else 0.0
 
 
-def grown(values: np.ndarray) -> np.ndarray:
+def _held(values: np.ndarray) -> np.ndarray:
+    """nan filled by the last value before it (0 before the first)."""
+    out, last = np.empty(len(values)), 0.0
+    for i, v in enumerate(values):
+        last = last if np.isnan(v) else v
+        out[i] = last
+    return out
+
+
+def grown(values: np.ndarray, from_zero: bool = False) -> np.ndarray:
     """A counter's growth since its first sample, a fall read as a restart from zero; nan where
-    a sample is missing (the growth goes on from the last one there)."""
+    a sample is missing (the growth goes on from the last one there). from_zero: the counter did
+    not exist before its first sample, so all of it is growth."""
     out = np.full(len(values), np.nan)
-    total, last = 0.0, None
+    total, last = 0.0, 0.0 if from_zero else None
     for i, v in enumerate(values):
         if np.isnan(v):
             continue
@@ -119,22 +153,31 @@ def grown(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def bucket_growth(series: list[Buckets | None]) -> Buckets | None:
-    """What a histogram gained from its first scrape to its last, a fall in its count (or
-    other bounds) read as a restart from zero."""
+def bucket_growth(series: list[Buckets | None], from_zero: bool = False) -> Buckets | None:
+    """What one histogram (one label set) gained from its first scrape to its last: a fall in
+    its count is a restart from zero; intervals before its bounds last changed, or over the
+    change, are left out (their buckets cannot be added to the last ones). from_zero: it did
+    not exist before its first scrape."""
     present = [b for b in series if b is not None]
+    if from_zero and present:
+        first = present[0]
+        present.insert(0, Buckets(first.bounds, (0.0,) * len(first.counts), 0.0, 0.0))
     if len(present) < 2:
         return None
+    bounds = present[-1].bounds
     counts = np.zeros(len(present[-1].counts))
     total = count = 0.0
     for before, now in zip(present, present[1:], strict=False):
-        if now.bounds != before.bounds or now.count < before.count:
+        if now.count < before.count:
             before = Buckets(now.bounds, (0.0,) * len(now.counts), 0.0, 0.0)
-        if len(now.counts) == len(counts):
-            counts += np.array(now.counts) - np.array(before.counts)
+        elif now.bounds != before.bounds:
+            continue
+        if now.bounds != bounds:
+            continue
+        counts += np.array(now.counts) - np.array(before.counts)
         total += now.sum - before.sum
         count += now.count - before.count
-    return Buckets(present[-1].bounds, tuple(counts), total, count)
+    return Buckets(bounds, tuple(counts), total, count)
 
 
 def quantile(b: Buckets, q: float) -> tuple[float, float] | None:
@@ -171,18 +214,26 @@ def balance_of(first: dict | None, last: dict | None) -> float | None:
     return float(np.mean(balances)) if balances else None
 
 
+def _balance(series: SourceSeries, first: int, last: int) -> float | None:
+    """The expert balance from scrape `first` to `last`: of the counters' growth per expert,
+    or a Summary's mean (SGLang's) over the window."""
+    parts = series.parts("expert_balance")
+    if any(p is not None for p in parts):
+        before = parts[first]
+        if before is None and first:  # missing from that scrape: the interval is unknown
+            return None
+        return balance_of(before or {}, parts[last])  # none at the first: it grew from zero
+    grew = series.growth("expert_balance", first, last)
+    return grew.sum / grew.count if grew is not None and grew.count > 0 else None
+
+
 def balance_series(series: SourceSeries) -> tuple[list[float], list[float]]:
     """(times, balancedness in each interval between scrapes) for the expert balance."""
     times, values = [], []
     if "expert_balance" not in series.sources():
         return times, values
-    parts, buckets = series.parts("expert_balance"), series.buckets("expert_balance")
     for i in range(1, len(series.t_s)):
-        if parts[i] is not None:
-            value = balance_of(parts[i - 1], parts[i])
-        else:
-            grew = bucket_growth([buckets[i - 1], buckets[i]])
-            value = grew.sum / grew.count if grew is not None and grew.count > 0 else None
+        value = _balance(series, i - 1, i)
         if value is not None:
             times.append(series.t_s[i])
             values.append(value)
@@ -195,19 +246,12 @@ def figures(series: SourceSeries) -> dict[str, Figure]:
     for concept, source in series.sources().items():
         kind = BY_CONCEPT[concept].kind
         if concept == "expert_balance":
-            parts, buckets = series.parts(concept), series.buckets(concept)
-            if any(p is not None for p in parts):
-                known = [p for p in parts if p is not None]
-                value = balance_of(known[0], known[-1]) if len(known) > 1 else None
-            else:
-                grew = bucket_growth(buckets)
-                value = grew.sum / grew.count if grew is not None and grew.count > 0 else None
             _, over_time = balance_series(series)
+            value = _balance(series, 0, len(series.t_s) - 1) if len(series.t_s) > 1 else None
             out[concept] = Figure(concept, source, mean=value,
-                                  max=min(over_time) if over_time else None)
+                                  min=min(over_time) if over_time else None)
         elif kind == HISTOGRAM:
-            out[concept] = Figure(concept, source,
-                                  window=window_of(bucket_growth(series.buckets(concept))))
+            out[concept] = Figure(concept, source, window=window_of(series.growth(concept)))
         elif kind == COUNTER:
             grew = series.values(concept)
             known = grew[~np.isnan(grew)]

@@ -1,10 +1,10 @@
 """Diagnosis rules on a server's own /metrics (server_metrics.jsonl through
 records/engine_maps.py), so they judge any target that serves them, not only this project's:
 saturation (waiting grows while running sits at its cap), KV-cache pressure (usage near full
-with preemptions), prefix-cache misses (a low hit rate where the workload shares prefixes),
-expert imbalance (balancedness low), and a slow front door (the client's TTFT far above the
-server's own). Each names the families it read; a rule whose families the server does not
-expose says which."""
+with preemptions), prefix-cache misses (a hit rate well below what the run's prompts shared,
+summary.json's prefix_share), expert imbalance (balancedness low), and a slow front door (the
+client's TTFT far above the server's own). Each names the families it read; a rule whose
+families the server does not expose says which."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ KV_FULL_ALONE = 0.98  # where preemptions are not exposed, usage alone must reac
 BALANCE_LOW = 0.8  # mean over max expert load below this is imbalance
 FRONT_DOOR_RATIO = 1.5  # the client's mean TTFT this many times the server's ...
 FRONT_DOOR_MS = 10.0  # ... and at least this much more
+PREFIX_SHARED = 0.1  # a workload sharing less than this of its prompt tokens is not judged on it
+PREFIX_MISSED = 0.5  # a hit rate below this share of what the workload shared is a miss
 MIN_SCRAPES = 5
 
 SATURATED = ("server_saturated", "Server saturated (its own metrics)")
@@ -107,7 +109,7 @@ def kv_pressure(d: Signals) -> Finding:
 
 
 def prefix_misses(d: Signals) -> Finding:
-    series, why = _with(d, "prefix_hits", "prefix_queries")
+    series, why = _with(d, "prefix_queries")
     gauge = None
     if series is None:
         series, _ = _with(d, "prefix_hit_rate")
@@ -119,19 +121,35 @@ def prefix_misses(d: Signals) -> Finding:
         rate, used = figs["prefix_hit_rate"].mean, _family(series, "prefix_hit_rate")
     else:
         queries = figs["prefix_queries"].total
-        rate = figs["prefix_hits"].total / queries if queries else None
-        used = f"{_family(series, 'prefix_hits')} / {_family(series, 'prefix_queries')}"
+        # a server that makes its series on first use (SGLang) has none until its first hit
+        hits = figs["prefix_hits"].total if "prefix_hits" in figs else 0.0
+        rate = hits / queries if queries else None
+        used = (f"{_family(series, 'prefix_hits')} / {_family(series, 'prefix_queries')}"
+                if "prefix_hits" in figs else
+                f"no hits series: none counted / {_family(series, 'prefix_queries')}")
     if rate is None:
         return Finding(*PREFIX, False, "the server counted no prefix-cache query", [],
                        judged=False)
     evidence = [f"hit rate {100 * rate:.1f}% ({used})"]
-    workload = d.run.summary.config.workload
-    if workload.dataset:
-        return Finding(*PREFIX, False, "how much a dataset's prompts share is not known, so "
-                       "the hit rate it allowed is not either", evidence, judged=False)
-    return Finding(*PREFIX, False, f"Not fired: the workload's synthetic prompts (random bytes, "
-                   f"seeded per request) share no prefix, so no hits were expected; the server "
-                   f"hit {100 * rate:.1f}%.", evidence)
+    allowed = d.run.summary.prefix_share
+    if allowed is None:
+        return Finding(*PREFIX, False, "how much the workload's prompts shared is not known "
+                       "(summary.json has no prefix_share: a distributed or older run)", evidence,
+                       judged=False)
+    evidence.append(f"the workload's prompts shared {100 * allowed:.1f}% of their tokens by "
+                    "16-token blocks (summary.json prefix_share: what an unbounded cache hits)")
+    if allowed < PREFIX_SHARED:
+        return Finding(*PREFIX, False, f"Not fired: the workload's prompts share little "
+                       f"({100 * allowed:.1f}%, judged from {100 * PREFIX_SHARED:.0f}%).",
+                       evidence)
+    fired = rate < PREFIX_MISSED * allowed
+    verdict = (f"The server hit {100 * rate:.1f}% of prompt tokens in its prefix cache where the "
+               f"workload shared {100 * allowed:.1f}%: prefix caching is off, too small, or "
+               "evicts what requests share (routing across replicas without prefix affinity "
+               "does the same)." if fired else
+               f"The prefix cache hit {100 * rate:.1f}% of the {100 * allowed:.1f}% the workload "
+               f"shared (fires below {100 * PREFIX_MISSED:.0f}% of it).")
+    return Finding(*PREFIX, fired, verdict, evidence)
 
 
 def expert_imbalance(d: Signals) -> Finding:
@@ -143,7 +161,7 @@ def expert_imbalance(d: Signals) -> Finding:
         return Finding(*IMBALANCE, False, "the expert load did not grow between scrapes", [],
                        judged=False)
     evidence = [f"balancedness ({_family(series, 'expert_balance')}): {f.mean:.3f} over the "
-                f"run, lowest interval {f.max:.3f}" if f.max is not None else
+                f"run, lowest interval {f.min:.3f}" if f.min is not None else
                 f"balancedness ({_family(series, 'expert_balance')}): {f.mean:.3f} over the run"]
     fired = f.mean < BALANCE_LOW
     verdict = (f"Experts are loaded unevenly: the busiest carries {1 / f.mean:.2f}x the mean, "

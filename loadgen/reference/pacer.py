@@ -36,7 +36,7 @@ class Pacer:
         self.faults = [f for f in args.faults.split(",") if f]
         self.arrivals = itertools.count()
         self.finished = 0
-        self.tally = Tally(args.kv_tokens, args.preempt_every, args.seed)
+        self.tally = Tally(args.kv_tokens, args.preempt_every, args.seed, args.prefix_cache)
 
     def fault(self) -> str:
         """The fault of the stream arriving now ("" for none): each in turn, then a whole one."""
@@ -64,10 +64,11 @@ class Pacer:
             self.first_arrival = received / 1e9
         per_chunk = self.args.tokens_per_chunk
         tally = self.tally
-        tally.arrived(prompt)
-        admitted = False
+        admitted = arrived = False
         sent = 0
         try:
+            tally.arrived(prompt)
+            arrived = True
             async with self.slots:
                 stream = tally.admitted(len(prompt), (time.monotonic_ns() - received) / 1e9)
                 admitted = True
@@ -84,11 +85,11 @@ class Pacer:
                     now_ns = time.monotonic_ns()
                     tally.sent(stream, sent, n, max_tokens, (now_ns - last_ns) / 1e9)
                     last_ns = now_ns
-                    yield Message(n, sent, sent + n == max_tokens, (now_ns - received) // 1000)
-                    sent += n
-        finally:  # a stream the client left counts as ended too
+                    sent += n  # counted before the yield: a client that leaves there held them
+                    yield Message(n, sent - n, sent == max_tokens, (now_ns - received) // 1000)
+        finally:  # a stream the client left, or a fault ended, counts as ended too
             if admitted:
                 tally.ended(len(prompt) + sent, (time.monotonic_ns() - received) / 1e9)
-            else:
+            elif arrived:
                 tally.waiting -= 1
         self.finished += 1

@@ -2,8 +2,8 @@
 (loadgen/reference/exposition.py): requests waiting for a slot and running, the KV tokens the
 running streams hold against --kv-tokens, preemptions (every --preempt-every-th stream, once,
 at its middle token; the reference recomputes in no time, so its schedule is unchanged),
-prefix-cache queries and hits (prompts by blocks of BLOCK tokens, each keyed by the chain of
-blocks before it, hits where the chain was seen before: vLLM's rule), prompt and generated
+prefix-cache queries and hits (records/prefix_blocks.py: vLLM's blocks; none with
+--no-prefix-cache), prompt and generated
 tokens, the server's own TTFT, inter-token, queue and end-to-end times as histograms, and a
 seeded expert load: each message's tokens routed top-2 over EXPERTS experts on RANKS ranks
 with skewed weights, its balancedness (mean over max rank load) summed as SGLang's is."""
@@ -15,7 +15,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-BLOCK = 16  # prefix-cache block, tokens (vLLM's default)
+from records.prefix_blocks import PrefixBlocks
+
 EXPERTS, RANKS, TOP_K = 8, 4, 2
 # vLLM's buckets (vllm/v1/metrics/buckets.py), shared here by every family
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -48,9 +49,10 @@ class Histogram:
 
 
 class Tally:
-    def __init__(self, kv_tokens: int, preempt_every: int, seed: int):
+    def __init__(self, kv_tokens: int, preempt_every: int, seed: int, prefix_cache: bool = True):
         self.kv_tokens = kv_tokens
         self.preempt_every = preempt_every
+        self.prefix_cache = prefix_cache
         self.waiting = self.running = self.kv_held = 0
         self.streams = self.preemptions = self.finished = 0
         self.prefix_queries = self.prefix_hits = 0
@@ -59,11 +61,10 @@ class Tally:
         self.itl = Histogram(ITL_BOUNDS)
         self.queue = Histogram(REQUEST_BOUNDS)
         self.e2e = Histogram(REQUEST_BOUNDS)
-        self.seen_blocks: set[int] = set()
+        self.cache = PrefixBlocks()
         self.rng = random.Random(seed)
         weights = [1.0 / (e + 1) for e in range(EXPERTS)]  # a Zipf-like skew, expert 0 hottest
         self.expert_weights = weights
-        self.rank_load = [0] * RANKS  # (token, expert) pairs each rank computed
         self.balancedness_sum = 0.0
         self.forwards = 0
 
@@ -72,17 +73,12 @@ class Tally:
         return min(1.0, self.kv_held / self.kv_tokens)
 
     def arrived(self, prompt: Sequence) -> None:
-        """A request, before it waits: its prompt's prefix lookup."""
+        """A request, before it waits: its prompt's prefix lookup (counted once it is done)."""
+        hits = self.cache.add(prompt) if self.prefix_cache else 0
         self.waiting += 1
         self.prompt_tokens += len(prompt)
         self.prefix_queries += len(prompt)
-        chain = 0
-        for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
-            chain = hash((chain, tuple(prompt[start:start + BLOCK])))
-            if chain in self.seen_blocks:
-                self.prefix_hits += BLOCK
-            else:
-                self.seen_blocks.add(chain)
+        self.prefix_hits += hits
 
     def admitted(self, prompt_tokens: int, queued_s: float) -> int:
         """The request got its slot: its number among the streams."""
@@ -116,9 +112,11 @@ class Tally:
     def _route(self, tokens: int) -> None:
         load = [0] * RANKS
         for _ in range(tokens):
-            for expert in self.rng.choices(range(EXPERTS), self.expert_weights, k=TOP_K):
-                load[expert % RANKS] += 1
-        for rank, n in enumerate(load):
-            self.rank_load[rank] += n
+            experts = list(range(EXPERTS))
+            weights = list(self.expert_weights)
+            for _ in range(TOP_K):  # TOP_K distinct experts, drawn by weight
+                i = self.rng.choices(range(len(experts)), weights)[0]
+                load[experts.pop(i) % RANKS] += 1
+                weights.pop(i)
         self.balancedness_sum += (sum(load) / RANKS) / max(load)
         self.forwards += 1

@@ -26,41 +26,56 @@ from records.server_metrics import NVML, Scrape
 
 
 class Collector:
-    def __init__(self, out, interval_s: float, emit: Callable[[dict], None]):
+    def __init__(self, out, interval_s: float, started_unix_s: float,
+                 emit: Callable[[dict], None]):
         self.out = out
         self.interval_s = interval_s
+        self.started_unix_s = started_unix_s
         self.emit = emit
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
 
-    def add(self, scrape: Callable[[], Scrape]) -> threading.Event:
+    def add(self, source: str, scrape: Callable[[], Scrape]) -> threading.Event:
         """Scrapes the source on its own thread, now and every interval; the event is set once
         the first scrape is kept."""
         first = threading.Event()
-        thread = threading.Thread(target=self._every_interval, args=(scrape, first),
+        thread = threading.Thread(target=self._every_interval, args=(source, scrape, first),
                                   daemon=True)
         self.threads.append(thread)
         thread.start()
         return first
 
-    def _every_interval(self, scrape: Callable[[], Scrape], first: threading.Event) -> None:
-        self._keep(scrape())
-        first.set()
+    def _every_interval(self, source: str, scrape: Callable[[], Scrape],
+                        first: threading.Event) -> None:
+        try:
+            self.keep(self._one(source, scrape))
+        finally:
+            first.set()
         while not self.stopping.wait(self.interval_s):
-            self._keep(scrape())
-        self._keep(scrape())  # the last, after the drain
+            self.keep(self._one(source, scrape))
+        self.keep(self._one(source, scrape))  # the last, after the drain
 
-    def _keep(self, scrape: Scrape) -> None:
+    def _one(self, source: str, scrape: Callable[[], Scrape]) -> Scrape:
+        """A scrape, or, where it raised what nobody foresaw, a failed one saying what."""
+        try:
+            return scrape()
+        except Exception as e:
+            now = time.time()
+            return Scrape(t_unix_s=now, t_run_s=now - self.started_unix_s, source=source,
+                          ok=False, error=f"scrape failed ({type(e).__name__}: {e})"[:160])
+
+    def keep(self, scrape: Scrape) -> None:
+        try:
+            gauges = live_gauges(scrape)
+        except Exception:  # a page our tables cannot read: kept whole, shown as nothing live
+            gauges = {}
         live = {"source": scrape.source, "t_run_s": round(scrape.t_run_s, 3), "ok": scrape.ok,
-                "error": scrape.error, "gauges": live_gauges(scrape)}
+                "error": scrape.error, "gauges": gauges}
         with self.lock:
-            self.write(scrape)
+            self.out.write(dumps(to_json(scrape)) + "\n")
+            self.out.flush()
             self.emit(live)
-
-    def write(self, scrape: Scrape) -> None:
-        self.out.write(dumps(to_json(scrape)) + "\n")
-        self.out.flush()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -88,17 +103,17 @@ def main() -> None:
         sys.stdout.flush()
 
     with open(args.out, "w") as out:
-        collector = Collector(out, args.interval_s, emit)
-        firsts = [collector.add(lambda url=url: scrape_url(url, timeout_s, args.started_unix_s,
-                                                           context))
+        collector = Collector(out, args.interval_s, args.started_unix_s, emit)
+        firsts = [collector.add(url, lambda url=url: scrape_url(url, timeout_s,
+                                                                args.started_unix_s, context))
                   for url in args.url]
         gpu = Nvml() if args.nvml else None
         if gpu is not None and not gpu.problem:
-            firsts.append(collector.add(lambda: gpu.scrape(args.started_unix_s)))
+            firsts.append(collector.add(NVML, lambda: gpu.scrape(args.started_unix_s)))
         elif gpu is not None:  # said once, so the report can say why it has no GPU figures
-            collector.write(Scrape(t_unix_s=time.time(), source=NVML, ok=False,
-                                   error=gpu.problem,
-                                   t_run_s=time.time() - args.started_unix_s))
+            now = time.time()
+            collector.keep(Scrape(t_unix_s=now, t_run_s=now - args.started_unix_s, source=NVML,
+                                   ok=False, error=gpu.problem))
         for first in firsts:  # every source scraped once (each within its timeout) ...
             first.wait()
         emit({"ready": True, "gpu": gpu.problem if gpu else ""})  # ... the sends may begin

@@ -5,6 +5,7 @@ Triton serve their metrics on another port, so they are scraped only when named.
 
 from __future__ import annotations
 
+import ssl
 import time
 
 from loadgen.scraping.http_source import scrape_url
@@ -25,10 +26,12 @@ def host_metrics_url(host: str) -> str:
     return base.rstrip("/") + "/metrics"
 
 
-def endpoints(value: str, target: str, host: str) -> tuple[list[str], str]:
-    """(the URLs to scrape, a line for the log saying where the server side comes from)."""
+def endpoints(value: str, target: str, host: str,
+              tls_ca: str = "") -> tuple[list[str] | None, str]:
+    """(the URLs to scrape, None with `off`; a line for the log saying where the server side
+    comes from). tls_ca: the CA bundle an https target's own /metrics is probed with."""
     if value.strip() == OFF:
-        return [], "server metrics: off (--server-metrics off)"
+        return None, "server metrics: off (--server-metrics off)"
     if urls := given(value):
         return urls, f"server metrics: scraping {', '.join(urls)}"
     if target != "openai":
@@ -36,7 +39,9 @@ def endpoints(value: str, target: str, host: str) -> tuple[list[str], str]:
                     f"server metrics: none (the {target} target serves them on another port: "
                     "name it with --server-metrics URL)")
     url = host_metrics_url(host)
-    probe = scrape_url(url, PROBE_TIMEOUT_S, time.time())
+    context = ssl.create_default_context(cafile=tls_ca or None) if url.startswith("https") \
+        else None
+    probe = scrape_url(url, PROBE_TIMEOUT_S, time.time(), context)
     if probe.ok:
         return [url], f"server metrics: scraping {url} (the target's own)"
     return [], (f"server metrics: none, {url} answered {probe.error} (the run has the client "

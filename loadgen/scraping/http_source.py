@@ -4,15 +4,20 @@ too large or not an exposition) is a failed scrape saying why, never an exceptio
 
 from __future__ import annotations
 
+import http.client
 import ssl
 import time
 import urllib.error
 import urllib.request
 
-from loadgen.scraping.exposition import OPENMETRICS, ExpositionError, parse
+from loadgen.scraping.exposition import ExpositionError, parse
 from records.server_metrics import MAX_SCRAPE_BYTES, Scrape
 
-ACCEPT = f"{OPENMETRICS};version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+# The text format only: prometheus_client answers OpenMetrics to any Accept naming it, and its
+# OpenMetrics writer turns the colons of vLLM's and SGLang's names into underscores in the
+# samples but not in their TYPE lines (client_python issue 1177), which no parser can read.
+# A server that sends OpenMetrics anyway is parsed as such.
+ACCEPT = "text/plain;version=0.0.4,*/*;q=0.1"
 
 
 def scrape_url(url: str, timeout_s: float, started_unix_s: float,
@@ -25,8 +30,8 @@ def scrape_url(url: str, timeout_s: float, started_unix_s: float,
         return Scrape(t_unix_s=t_unix_s, t_run_s=t_unix_s - started_unix_s, source=url,
                       elapsed_ms=(time.monotonic() - t0) * 1e3, **fields)
 
-    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
+        request = urllib.request.Request(url, headers={"Accept": ACCEPT})
         with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             length = response.headers.get("Content-Length")
             if length and length.isdigit() and int(length) > max_bytes:
@@ -48,7 +53,8 @@ def scrape_url(url: str, timeout_s: float, started_unix_s: float,
     except _TooLarge:
         return scrape(ok=False, error=f"body over the {max_bytes >> 20} MiB cap, not parsed",
                       bytes=max_bytes)
-    except (OSError, ValueError) as e:  # a reset connection, a broken chunked body
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        # a reset connection, a broken chunked body, a reply that is not HTTP, a bad URL
         return scrape(ok=False, error=f"broken reply ({type(e).__name__}: {e})"[:160])
     try:
         families, cut = parse(body, content_type)

@@ -44,6 +44,12 @@ class RequestSpec:
     cancel_after: int = 0  # the client cancels once this many output tokens arrived; 0: never
 
     @property
+    def prompt_units(self) -> tuple:
+        """The prompt as the units a server caches by: its token ids, or a text's words (a
+        tokenizer's blocks fall near enough for what a run could share)."""
+        return self.prompt_ids or tuple(self.prompt_text.split())
+
+    @property
     def text(self) -> str:
         """The prompt as text: for ids, the bytes they stand for (synthetic prompts are ASCII)."""
         return self.prompt_text or bytes(self.prompt_ids).decode("ascii", errors="replace")
