@@ -176,6 +176,24 @@ def test_every_bad_endpoint_is_a_failed_scrape_with_its_reason():
         "connection refused"
 
 
+def test_a_prometheus_client_server_is_asked_for_text_so_colon_names_survive():
+    # vLLM and SGLang serve prometheus_client's pages, which answer OpenMetrics to an Accept
+    # naming it, with the colons of their names turned to underscores in the samples
+    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+
+    registry = CollectorRegistry()
+    Histogram("vllm:time_to_first_token_seconds", "TTFT", registry=registry).observe(0.1)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        scrape = scrape_url(f"http://127.0.0.1:{server.server_port}/metrics", 2.0, 0.0)
+    finally:
+        server.shutdown()
+        thread.join(5)
+    ttft = scrape.family("vllm:time_to_first_token_seconds")
+    assert scrape.ok and ttft.type == "histogram"
+    assert {s.name for s in ttft.samples} >= {"vllm:time_to_first_token_seconds_bucket"}
+
+
 def test_a_port_that_does_not_speak_http_is_a_failed_scrape():
     import socket
     import threading
