@@ -17,6 +17,7 @@ from gevent.event import Event
 from loadgen.scraping.endpoints import endpoints
 from records.load_settings import LoadSettings
 from records.rundir import SERVER_METRICS
+from records.server_metrics import NVML
 
 log = logging.getLogger("loadgen")
 STOP_TIMEOUT_S = 15.0  # the last scrapes' time after "stop"
@@ -48,6 +49,8 @@ class ServerMetrics:
                 continue
             if message["ok"]:
                 self.gauges[message["source"]] = message["gauges"]
+            elif message["source"] == NVML:  # no GPU to read: said once, with "ready"
+                continue
             else:  # a failed source shows nothing live rather than its last values
                 self.gauges.pop(message["source"], None)
                 self.failed += 1
