@@ -191,6 +191,14 @@ class Workload(Settings):
                            "human turn, its output length the reply's (capped by --max-tokens)",
                            choices=Names("datasets"),
                            label="Dataset (ShareGPT-style JSON)")
+    shared_prefix_tokens: int = setting(0, "every request starts with one of --prefix-groups "
+                                        "fixed prefixes of this many tokens (drawn by a seeded "
+                                        "draw), then its own prompt: a fleet sharing a system "
+                                        "prompt; 0: none", check=at_least(0),
+                                        label="Shared prefix tokens (0: none)")
+    prefix_groups: int = setting(1, "how many different shared prefixes "
+                                 "(--shared-prefix-tokens)", check=at_least(1),
+                                 label="Shared prefix groups")
     cancel_share: float = setting(0.0, "share of requests the client cancels part-way, after a "
                                   "random number of output tokens (1 to max_tokens - 1): counted "
                                   "as CLIENT_CANCELLED, neither ok nor failed (a soak checks that "

@@ -90,3 +90,28 @@ def test_trace_profile_replays_times_split_over_workers(tmp_path):
 def test_bad_profiles_are_refused(spec):
     with pytest.raises(ValueError):
         Profile.parse(spec)
+
+
+def test_a_shared_prefix_starts_every_prompt_one_of_the_groups_then_its_own_tokens(tmp_path):
+    from records.prefix_blocks import PrefixBlocks
+
+    settings = build(LoadSettings, {"shared_prefix_tokens": 64, "prefix_groups": 3,
+                                    "prompt_tokens": 20, "seed": 4})
+    workload = Workload(settings)
+    specs = [workload.request(i) for i in range(60)]
+    assert {len(s.prompt_ids) for s in specs} == {64 + 20}
+    prefixes = {s.prompt_ids[:64] for s in specs}
+    assert prefixes == {workload.shared_prefix(g) for g in range(3)}
+    assert len({s.prompt_ids[64:] for s in specs}) == 60  # each its own tokens after it
+    # the share a cache could hit: every request after its group's first, the prefix's 4 blocks
+    blocks = PrefixBlocks()
+    for s in specs:
+        blocks.add(s.prompt_units)
+    assert blocks.share == pytest.approx((60 - 3) * 64 / (60 * 84))
+    # a dataset's text prompts get it as text
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hello there"},
+                                                   {"from": "gpt", "value": "hi"}]}]))
+    text = Workload(build(LoadSettings, {"shared_prefix_tokens": 8, "dataset": str(data)}))
+    spec = text.request(0)
+    assert spec.prompt_text.endswith("hello there") and len(spec.prompt_text) == 8 + 11

@@ -1,6 +1,7 @@
 """What each request asks for, seeded by its run-wide index so any process builds the same
 request: one shape (--prompt-tokens, --max-tokens), request classes drawn by weight
-(--classes, mixed mode), or conversations from a ShareGPT-style file (--dataset).
+(--classes, mixed mode), or conversations from a ShareGPT-style file (--dataset); in any of
+them, a shared prefix first (--shared-prefix-tokens, one of --prefix-groups, drawn per request).
 
 Synthetic prompts are token ids of printable ASCII bytes: sent as ids where the protocol
 takes ids (valid for any server whose vocabulary starts with the 256 byte tokens, so their
@@ -82,13 +83,28 @@ class Workload:
         self.dataset = load_dataset(c.dataset) if c.dataset else []
 
     def request(self, index: int) -> RequestSpec:
-        """The request with this run-wide index (its class '' without classes), and whether and
-        when the client cancels it (drawn apart, so --cancel-share changes no request)."""
-        spec = self._spec(index)
+        """The request with this run-wide index (its class '' without classes), its shared
+        prefix, and whether and when the client cancels it (each drawn apart, so neither
+        changes the rest of the request)."""
+        spec = self._with_prefix(index, self._spec(index))
         rng = random.Random(f"{self.seed}:{index}:cancel")
         if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
             return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))
         return spec
+
+    def shared_prefix(self, group: int) -> tuple[int, ...]:
+        """The group's fixed prefix: --shared-prefix-tokens printable byte ids."""
+        rng = random.Random(f"{self.seed}:prefix:{group}")
+        return tuple(rng.choice(PRINTABLE) for _ in range(self.shape.shared_prefix_tokens))
+
+    def _with_prefix(self, index: int, spec: RequestSpec) -> RequestSpec:
+        if not self.shape.shared_prefix_tokens:
+            return spec
+        group = random.Random(f"{self.seed}:{index}:group").randrange(self.shape.prefix_groups)
+        prefix = self.shared_prefix(group)
+        if spec.prompt_ids:
+            return replace(spec, prompt_ids=prefix + spec.prompt_ids)
+        return replace(spec, prompt_text=bytes(prefix).decode("ascii") + spec.prompt_text)
 
     def _spec(self, index: int) -> RequestSpec:
         c = self.shape
