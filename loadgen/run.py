@@ -30,6 +30,7 @@ from loadgen.targets.client import StreamResult, cut_off, stream_request
 from loadgen.targets.target import Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.profiles import schedule_of
+from loadgen.traffic.traces import read_trace_file
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
@@ -127,9 +128,14 @@ class Run:
         process sends them, and users only wait."""
         self.begin()
         while self.aio is not None and not self.stopping:
+            if self.settings.traffic.trace and self.aio.ended.is_set():
+                self._trace_over()  # the sender replayed the trace and drained
             gevent.sleep(0.1)
         while not self.stopping:
             arrival = next(self._schedule, None)
+            if arrival is None and self.settings.traffic.trace:
+                self._trace_over()
+                return
             if arrival is None:  # a finite schedule (stress) is over: wait for the stop
                 gevent.sleep(0.1)
                 continue
@@ -146,6 +152,13 @@ class Run:
                 self.recorder.not_sent += 1
                 continue
             self._send(conn, index, due_ns)
+
+    def _trace_over(self) -> None:
+        """The trace is replayed: the run ends (its drain follows), as -t would end it."""
+        if not self.stopping:
+            log.info("the trace is replayed: ending the run")
+            self.stop()
+            self.request_stop()
 
     def closed_loop(self, conn) -> None:
         """Locust's own model (--mode closed): this user sends its next request when the last
@@ -268,7 +281,10 @@ class Run:
     @property
     def notes(self) -> tuple[str, ...]:
         """What the run's figures rest on that a reader must know (the summary's warnings)."""
-        return (self.count.how,) if self.target.streams_text else ()
+        traffic = self.settings.traffic
+        trace = (read_trace_file(traffic.trace, traffic.trace_format).notes if traffic.trace
+                 else ())
+        return ((self.count.how,) if self.target.streams_text else ()) + trace
 
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,

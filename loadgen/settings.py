@@ -9,6 +9,7 @@ import time
 
 from loadgen.targets.target import TARGETS, settings_problem
 from loadgen.traffic.profiles import Profile, read_trace
+from loadgen.traffic.traces import read_trace_file, replayed
 from loadgen.traffic.workload import load_dataset, parse_classes
 from records.declare import Registry, SettingsError, check_names
 from records.load_settings import LoadSettings
@@ -32,6 +33,13 @@ REGISTRIES: dict[str, Registry] = {
 def check(settings: LoadSettings) -> None:
     """Everything the declaration cannot check alone; raises SettingsError naming the flag."""
     check_names(settings, REGISTRIES)
+    traffic = settings.traffic
+    if traffic.trace:  # its format, and the slice asked of it
+        try:
+            read_trace_file(traffic.trace, traffic.trace_format)
+            replayed(traffic)
+        except ValueError as e:
+            raise SettingsError(f"--trace: {e}") from None
     if problem := settings_problem(settings):
         raise SettingsError("--{}: {}".format(*problem))
 

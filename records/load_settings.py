@@ -23,6 +23,7 @@ from records.declare import (
 MODES = ("fixed", "stress", "mixed", "closed")
 ARRIVALS = ("poisson", "constant", "gamma")
 CLIENTS = ("gevent", "aio")
+TRACE_FORMATS = ("auto", "mooncake", "burstgpt", "azure", "jsonl")
 DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 # Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
 OPEN_LOOP_MODES = ("fixed", "stress", "mixed")
@@ -167,6 +168,23 @@ class Traffic(Settings):
                            "seconds, one per line); a constant rate when empty",
                            flag="rate-profile", choices=Names("profiles"),
                            label="Rate profile", when={"mode": "mixed"})
+    trace: str = setting("", "replay a trace: each request at its time with its prompt and "
+                         "output lengths (Mooncake JSONL, BurstGPT CSV, Azure LLM inference "
+                         "CSV, or our JSONL: docs/workloads.md), instead of --rate and "
+                         "--arrival; the run ends when the trace does", label="Trace to replay")
+    trace_format: str = setting("auto", "--trace's format; auto: told from its first line",
+                                choices=TRACE_FORMATS, label="Trace format")
+    trace_block_tokens: int = setting(512, "Mooncake traces: tokens a hash id stands for (the "
+                                      "trace's block size)", check=at_least(1),
+                                      label="Trace block tokens")
+    trace_speedup: float = setting(1.0, "trace send times divided by this", check=above(0),
+                                   label="Trace speed-up")
+    trace_start_s: float = setting(0.0, "replay the trace from this time on", check=at_least(0),
+                                   label="Trace start (s)")
+    trace_window_s: float = setting(0.0, "replay this many seconds of the trace (0: to its "
+                                    "end)", check=at_least(0), label="Trace window (s; 0: all)")
+    trace_loop: bool = setting(False, "replay the trace (or its slice) again and again, for "
+                               "soaks longer than it", label="Loop the trace")
     seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat",
                         label="Seed")
 
@@ -333,5 +351,7 @@ class LoadSettings(Settings):
                 "rate-step", "stress mode needs --rate-step above 0 or --rate-mult above 1 "
                 "(the rate starts at --rate)")
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
+        require(not self.traffic.trace or mode == "fixed", "trace",
+                f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
                 "aio sends open-loop schedules only: use it with --mode fixed or mixed")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.traffic.arrivals import worker_arrivals
+from loadgen.traffic.traces import trace_arrivals
 from records.load_settings import Traffic
 
 
@@ -99,8 +100,11 @@ def read_trace(path: str) -> list[float]:
 
 
 def schedule_of(traffic: Traffic, workers: int, index: int) -> Iterator[tuple[int, float]]:
-    """(request index, send offset s) of one of `workers` processes: the --rate-profile's shape
-    when there is one, else --arrival at a constant --rate. The gevent and aio senders share it."""
+    """(request index, send offset s) of one of `workers` processes: a --trace's times, the
+    --rate-profile's shape when there is one, else --arrival at a constant --rate. The gevent
+    and aio senders share it."""
+    if traffic.trace:
+        return trace_arrivals(traffic, workers, index)
     if traffic.profile:
         return Profile.parse(traffic.profile).arrivals(traffic.rate, traffic.seed, workers, index)
     return worker_arrivals(traffic.rate, traffic.arrival, traffic.seed, workers, index,

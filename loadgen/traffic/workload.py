@@ -1,6 +1,7 @@
 """What each request asks for, seeded by its run-wide index so any process builds the same
 request: one shape (--prompt-tokens, --max-tokens), request classes drawn by weight
-(--classes, mixed mode), or conversations from a ShareGPT-style file (--dataset); in any of
+(--classes, mixed mode), conversations from a ShareGPT-style file (--dataset), or a trace's
+requests (--trace, loadgen/traffic/traces.py); in any of
 them, a shared prefix first (--shared-prefix-tokens, one of --prefix-groups, drawn per request).
 
 Synthetic prompts are token ids of printable ASCII bytes: sent as ids where the protocol
@@ -12,12 +13,14 @@ where it takes text. Dataset prompts are text; their token counts are the server
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen.targets.target import RequestSpec
+from loadgen.traffic.traces import replayed
 from records.load_settings import LoadSettings
 
 PRINTABLE = range(32, 127)
@@ -81,6 +84,8 @@ class Workload:
         uses_classes = settings.traffic.mode == "mixed" and not c.dataset
         self.classes = parse_classes(c.classes) if uses_classes else []
         self.dataset = load_dataset(c.dataset) if c.dataset else []
+        self.trace = replayed(settings.traffic) if settings.traffic.trace else ()
+        self.block_tokens = settings.traffic.trace_block_tokens
 
     def request(self, index: int) -> RequestSpec:
         """The request with this run-wide index (its class '' without classes), its shared
@@ -106,10 +111,29 @@ class Workload:
             return replace(spec, prompt_ids=prefix + spec.prompt_ids)
         return replace(spec, prompt_text=bytes(prefix).decode("ascii") + spec.prompt_text)
 
+    def trace_block(self, hash_id: int) -> tuple[int, ...]:
+        """A Mooncake hash id's block: the same tokens wherever the id comes."""
+        rng = random.Random(f"{self.seed}:block:{hash_id}")
+        return tuple(rng.choice(PRINTABLE) for _ in range(self.block_tokens))
+
+    def _from_trace(self, index: int, rng: random.Random, rid: str) -> RequestSpec:
+        """The trace's request (a loop's later passes repeat it): its exact prompt length,
+        built from its hash ids' blocks where it has them (the last one cut), then its own
+        tokens; its text where it has one; its output length."""
+        entry = self.trace[index % len(self.trace)]
+        if entry.prompt:
+            return RequestSpec(rid, entry.max_tokens, prompt_text=entry.prompt)
+        ids = tuple(itertools.chain.from_iterable(self.trace_block(h) for h in entry.hash_ids))
+        ids = ids[:entry.prompt_tokens]
+        ids += tuple(rng.choice(PRINTABLE) for _ in range(entry.prompt_tokens - len(ids)))
+        return RequestSpec(rid, entry.max_tokens, prompt_ids=ids)
+
     def _spec(self, index: int) -> RequestSpec:
         c = self.shape
         rng = random.Random(f"{self.seed}:{index}")
         rid = f"{self.seed}-{index}"
+        if self.trace:
+            return self._from_trace(index, rng, rid)
         if self.dataset:
             prompt, reply = rng.choice(self.dataset)
             out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped
