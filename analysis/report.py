@@ -123,6 +123,12 @@ def render_text(report: Report) -> str:
                                    for key, value in applying(summary.config).items()),
              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
              "throughput: " + ", ".join(_throughput(run)), f"requests: {_accounting(run)}"]
+    if (w := summary.workload) is not None:
+        parts.append(f"workload: {w.requests} requests, prompt tokens mean "
+                     f"{w.prompt_tokens.mean:.1f} p50 {w.prompt_tokens.p50} p99 "
+                     f"{w.prompt_tokens.p99} max {w.prompt_tokens.max}, output tokens asked mean "
+                     f"{w.max_tokens.mean:.1f} max {w.max_tokens.max}, prefix share "
+                     f"{100 * w.prefix_share:.1f}%")
     if summary.classes:
         parts.append(text_table(CLASS_HEADER, _classes(run)))
     if summary.stress is not None:
@@ -161,6 +167,13 @@ def render_markdown(report: Report) -> str:
               "(3 significant digits).",
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
+    if summary.workload is not None:
+        parts += ["## Workload offered",
+                  markdown_table(["", "mean", "p50", "p90", "p99", "max"], _workload_rows(run)),
+                  f"{summary.workload.requests} requests sent; their prompts shared "
+                  f"{100 * summary.workload.prefix_share:.1f}% of their tokens by 16-token "
+                  "blocks an earlier prompt began with: what an unbounded prefix cache could "
+                  "hit (`workload.prefix_share`)."]
     requests = summary.requests
     row = [str(n) for n in (requests.sent, requests.ok, requests.failed, requests.cancelled,
                             requests.not_sent, requests.warmup)]
@@ -202,6 +215,14 @@ def render_markdown(report: Report) -> str:
         first, *rest = delivery_lines(split)
         parts += ["### Who is late: the delivery lag in three parts", first, "\n".join(rest)]
     return "\n\n".join(parts) + "\n"
+
+
+def _workload_rows(run: Run) -> list[list[str]]:
+    w = run.summary.workload
+    return [[name, f"{lengths.mean:.1f}", *(str(getattr(lengths, k)) for k in
+                                             ("p50", "p90", "p99", "max"))]
+            for name, lengths in (("prompt tokens", w.prompt_tokens),
+                                  ("output tokens asked", w.max_tokens))]
 
 
 def headline(report: Report) -> dict:

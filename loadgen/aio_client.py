@@ -13,9 +13,9 @@ from gevent import subprocess
 from gevent.event import Event
 
 from loadgen.targets.client import StreamResult
+from loadgen.traffic.offered import Offered
 from records.declare import flat
 from records.load_settings import LoadSettings
-from records.prefix_blocks import PrefixBlocks
 
 
 class AioSender:
@@ -27,7 +27,7 @@ class AioSender:
         self.on_result = on_result
         self.on_loop_lag = on_loop_lag
         self.not_sent = 0
-        self.prefixes = PrefixBlocks()  # what the sender's prompts could share, at its end
+        self.offered = Offered()  # what the sender's requests asked for, at its end
         self.ready = Event()  # set once the sender is connected (or gone)
         self.ended = Event()
         self.started = False
@@ -52,7 +52,7 @@ class AioSender:
                 self.ready.set()
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
-                self.prefixes.queried, self.prefixes.hits = data["prefixes"]
+                self.offered = Offered.of_state(data["offered"])
                 break
             elif "loop_lag" in data:
                 for t_ns, late_us in data["loop_lag"]:

@@ -9,8 +9,8 @@ the run is set up; once the target's client is imported and connected the sender
 {"ready": true}, and the parent starts the schedule with a line of its time zero
 ({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
-reports it, writes {"end": true, "not_sent": n, "prefixes": [queried, hits]} (what its prompts
-could share, records/prefix_blocks.py) and exits. Every second it also writes
+reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
+(loadgen/traffic/offered.py)} and exits. Every second it also writes
 {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
 (loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
 (loadgen/traffic/). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
@@ -29,11 +29,11 @@ from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import target_of
 from loadgen.targets.text_tokens import TextCounter
+from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
 from records.declare import build
 from records.load_settings import LoadSettings
-from records.prefix_blocks import PrefixBlocks
 
 
 async def main() -> None:
@@ -93,7 +93,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
         emit(vars(tasks.pop(task)))
 
     not_sent = 0
-    prefixes = PrefixBlocks()
+    offered = Offered()
     for index, offset_s in schedule:
         due_ns = start_ns + int(offset_s * 1e9)
         delay_s = (due_ns - time.monotonic_ns()) / 1e9
@@ -105,7 +105,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
             not_sent += 1
             continue
         spec = workload.request(index)
-        prefixes.add(spec.prompt_units)
+        offered.add(spec)
         r = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
         task = asyncio.create_task(astream_request(target, conn, spec, r,
                                                    sender.request_timeout_s, count))
@@ -123,8 +123,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
     probe.cancel()
     if lags:
         emit({"loop_lag": lags})
-    emit({"end": True, "not_sent": not_sent,
-          "prefixes": [prefixes.queried, prefixes.hits]})
+    emit({"end": True, "not_sent": not_sent, "offered": offered.state()})
     while transport.get_write_buffer_size():
         await asyncio.sleep(0.01)
 

@@ -29,13 +29,13 @@ from loadgen.stress import Stress
 from loadgen.targets.client import StreamResult, cut_off, stream_request
 from loadgen.targets.target import Target
 from loadgen.targets.text_tokens import TextCounter
+from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.traces import read_trace_file
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
-from records.prefix_blocks import PrefixBlocks
 from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
@@ -78,7 +78,7 @@ class Run:
         self.started_at = time.time()
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
         self.workload = Workload(settings)
-        self.prefixes = PrefixBlocks()  # what the prompts sent could share (the aio sender's own)
+        self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
         self._schedule = schedule_of(settings.traffic, workers, index)
         # run-wide unique ids
         self._closed_indexes = (k * workers + index for k in itertools.count())
@@ -171,7 +171,7 @@ class Run:
 
     def _send(self, conn, index: int, due_ns: int) -> gevent.Greenlet:
         spec = self.workload.request(index)
-        self.prefixes.add(spec.prompt_units)
+        self.offered.add(spec)
         result = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
                                      self.sender.request_timeout_s, self.count)
@@ -289,7 +289,7 @@ class Run:
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
                             self.recorder.window_s, self.cpu_percent, self.notes)
-        prefixes = self.aio.prefixes if self.aio is not None else self.prefixes
-        summary = dataclasses.replace(summary, prefix_share=prefixes.share)
+        offered = self.aio.offered if self.aio is not None else self.offered
+        summary = dataclasses.replace(summary, workload=offered.figures())
         return (summary if self.stress is None
                 else dataclasses.replace(summary, stress=self.stress.result()))

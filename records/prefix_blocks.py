@@ -1,7 +1,7 @@
 """Prefix sharing by blocks, as vLLM's prefix cache keys its KV: a prompt cut into BLOCK-token
 blocks, each keyed by the chain of blocks before it, so a block matches only where the whole
 prompt up to it matched. The load generator counts what its prompts could share (the run's
-`prefix_share`, what an unbounded cache could hit), the reference servers what they hit."""
+`workload.prefix_share`, what an unbounded cache could hit), the reference servers what they hit."""
 
 from __future__ import annotations
 

@@ -32,6 +32,29 @@ class Stats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Lengths:
+    """A length's distribution over the requests sent, in tokens."""
+
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class OfferedWorkload:
+    """What the requests sent asked for: their prompt lengths, the output lengths asked, and
+    the share of their prompt tokens in 16-token blocks an earlier prompt of the run began
+    with (records/prefix_blocks.py): what an unbounded prefix cache could hit."""
+
+    requests: int
+    prompt_tokens: Lengths
+    max_tokens: Lengths
+    prefix_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Throughput:
     """Over the measured window (end of warm-up -> end of the schedule)."""
 
@@ -154,10 +177,9 @@ class Summary:
     server: ServerSnapshots = field(default_factory=ServerSnapshots)
     stress: StressResult | None = field(None, omit=None)
     workers: list[WorkerFigures] | None = field(None, omit=None)
-    # the share of the prompts' tokens in blocks an earlier prompt of the run began with
-    # (records/prefix_blocks.py): what an unbounded prefix cache could hit; absent where not
-    # known (a distributed run: each worker sees its own prompts only)
-    prefix_share: float | None = field(None, omit=None)
+    # what the requests sent asked for; absent where not known (a distributed run: each
+    # worker sees its own prompts only)
+    workload: OfferedWorkload | None = field(None, omit=None)
 
     def problem(self) -> tuple[str, str] | None:
         """Times that cannot be a run's (checked as summary.json is read)."""

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 SUMMARY_KEYS = {"schema", "run_dir", "started_at", "duration_s", "window_s", "config", "metrics",
                 "server_time_ms", "throughput", "slo", "requests", "generator", "classes", "server",
-                "prefix_share"}
+                "workload"}
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
                   "send_lag", "delivery_lag", "loop_lag")
 

@@ -340,6 +340,9 @@ def ttft_histogram(count: int, total_s: float) -> Family:
         Sample(name=f"{name}_count", value=count), Sample(name=f"{name}_sum", value=total_s)])
 
 
+LENGTHS = {"mean": 100.0, "p50": 100, "p90": 100, "p99": 100, "max": 100}
+
+
 def write_scraped_run(run_dir, lines: list[Scrape], client_ttft_ms: list[float],
                       prefix_share: float | None = None):
     from analysis.readers.rundir import load_run
@@ -348,7 +351,9 @@ def write_scraped_run(run_dir, lines: list[Scrape], client_ttft_ms: list[float],
 
     write_summary(run_dir, throughput={"window_s": 10.0, "output_tokens_per_s": 100.0,
                                        "requests_per_s": 1.0, "goodput_requests_per_s": 1.0},
-                  **({"prefix_share": prefix_share} if prefix_share is not None else {}))
+                  **({"workload": {"requests": 10, "prefix_share": prefix_share,
+                                   "prompt_tokens": LENGTHS, "max_tokens": LENGTHS}}
+                     if prefix_share is not None else {}))
     (run_dir / "histograms.json").write_text(json.dumps({"ttft": encoded(client_ttft_ms)}))
     (run_dir / "server_metrics.jsonl").write_text(
         "".join(dumps(to_json(s)) + "\n" for s in lines))

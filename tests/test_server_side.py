@@ -51,7 +51,7 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
     assert f["preemptions"].total == sent // PREEMPT_EVERY
     hits = (sent - 1) * BLOCK * (WORDS // BLOCK)  # every prompt after the first hits 2 blocks
     assert (f["prefix_hits"].total, f["prefix_queries"].total) == (hits, sent * WORDS)
-    assert run.summary.prefix_share == hits / (sent * WORDS)  # the client's count, the same
+    assert run.summary.workload.prefix_share == hits / (sent * WORDS)  # the client's own count
     assert f["waiting"].max >= 10 and f["running"].max == 1  # the queue grew behind one slot
     assert 0 < f["kv_usage"].max <= (WORDS + 4) / 100  # one stream's prompt and output of 100
     assert f["ttft"].window.count == sent and f["ttft"].window.mean >= 0.020
@@ -83,7 +83,7 @@ def test_a_shared_prefix_reaches_the_server_as_prefix_cache_hits(tmp_path):
     f = figures(server_side(run).engines[0])
     assert f["prompt_tokens"].total == sent * (64 + 8)
     assert f["prefix_hits"].total == (sent - 1) * 64  # every request after the first: 4 blocks
-    assert run.summary.prefix_share == pytest.approx((sent - 1) * 64 / (sent * 72))
+    assert run.summary.workload.prefix_share == pytest.approx((sent - 1) * 64 / (sent * 72))
 
 
 def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):

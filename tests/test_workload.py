@@ -115,3 +115,24 @@ def test_a_shared_prefix_starts_every_prompt_one_of_the_groups_then_its_own_toke
     text = Workload(build(LoadSettings, {"shared_prefix_tokens": 8, "dataset": str(data)}))
     spec = text.request(0)
     assert spec.prompt_text.endswith("hello there") and len(spec.prompt_text) == 8 + 11
+
+
+def test_the_workload_offered_is_tallied_exactly_and_survives_the_aio_senders_hand_over():
+    from loadgen.traffic.offered import Offered
+
+    workload = Workload(build(LoadSettings, {"prompt_tokens": 10, "prompt_tokens_max": 19,
+                                             "max_tokens": 7, "shared_prefix_tokens": 16}))
+    offered = Offered()
+    specs = [workload.request(i) for i in range(200)]
+    for spec in specs:
+        offered.add(spec)
+    figures = offered.figures()
+    prompts = sorted(len(s.prompt_ids) for s in specs)
+    assert figures.requests == 200 and figures.prompt_tokens.max == prompts[-1] <= 16 + 19
+    assert figures.prompt_tokens.p50 == prompts[99] and figures.prompt_tokens.p99 == prompts[197]
+    assert figures.prompt_tokens.mean == pytest.approx(sum(prompts) / 200)
+    assert (figures.max_tokens.p50, figures.max_tokens.max) == (7, 7)
+    assert figures.prefix_share == pytest.approx(199 * 16 / sum(prompts))
+    handed = Offered.of_state(json.loads(json.dumps(offered.state())))
+    assert handed.figures() == figures
+    assert Offered().figures() is None

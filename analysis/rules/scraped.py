@@ -2,9 +2,9 @@
 records/engine_maps.py), so they judge any target that serves them, not only this project's:
 saturation (waiting grows while running sits at its cap), KV-cache pressure (usage near full
 with preemptions), prefix-cache misses (a hit rate well below what the run's prompts shared,
-summary.json's prefix_share), expert imbalance (balancedness low), and a slow front door (the
-client's TTFT far above the server's own). Each names the families it read; a rule whose
-families the server does not expose says which."""
+summary.json's workload.prefix_share), expert imbalance (balancedness low), and a slow front
+door (the client's TTFT far above the server's own). Each names the families it read; a rule
+whose families the server does not expose says which."""
 
 from __future__ import annotations
 
@@ -131,13 +131,15 @@ def prefix_misses(d: Signals) -> Finding:
         return Finding(*PREFIX, False, "the server counted no prefix-cache query", [],
                        judged=False)
     evidence = [f"hit rate {100 * rate:.1f}% ({used})"]
-    allowed = d.run.summary.prefix_share
-    if allowed is None:
+    workload = d.run.summary.workload
+    if workload is None:
         return Finding(*PREFIX, False, "how much the workload's prompts shared is not known "
-                       "(summary.json has no prefix_share: a distributed or older run)", evidence,
+                       "(summary.json has no workload: a distributed or older run)", evidence,
                        judged=False)
+    allowed = workload.prefix_share
     evidence.append(f"the workload's prompts shared {100 * allowed:.1f}% of their tokens by "
-                    "16-token blocks (summary.json prefix_share: what an unbounded cache hits)")
+                    "16-token blocks (summary.json workload.prefix_share: what an unbounded "
+                    "cache hits)")
     if allowed < PREFIX_SHARED:
         return Finding(*PREFIX, False, f"Not fired: the workload's prompts share little "
                        f"({100 * allowed:.1f}%, judged from {100 * PREFIX_SHARED:.0f}%).",
