@@ -123,6 +123,11 @@ def render_text(report: Report) -> str:
                                    for key, value in applying(summary.config).items()),
              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
              "throughput: " + ", ".join(_throughput(run)), f"requests: {_accounting(run)}"]
+    if (r := summary.reasoning) is not None:
+        parts.append(f"reasoning: {r.requests} requests, {r.reasoning_tokens} reasoning + "
+                     f"{r.answer_tokens} answer tokens, first reasoning token p50 "
+                     f"{fmt_ms(r.ttfr_ms.p50)} ms, first answer token p50 "
+                     f"{fmt_ms(r.ttfa_ms.p50)} ms, {r.no_answer} with no answer")
     if (w := summary.workload) is not None:
         parts.append(f"workload: {w.requests} requests, prompt tokens mean "
                      f"{w.prompt_tokens.mean:.1f} p50 {w.prompt_tokens.p50} p99 "
@@ -167,6 +172,18 @@ def render_markdown(report: Report) -> str:
               "(3 significant digits).",
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
+    if (r := summary.reasoning) is not None:
+        parts += ["## Reasoning",
+                  f"{r.requests} measured requests reasoned: {r.reasoning_tokens} reasoning and "
+                  f"{r.answer_tokens} answer tokens. TTFT is the first token of either kind; "
+                  "the times to the first reasoning and the first answer token (ms from the "
+                  "scheduled send):",
+                  markdown_table(["metric", *STAT_COLUMNS.values()],
+                                 stats_rows({"first reasoning token": r.ttfr_ms,
+                                             "first answer token": r.ttfa_ms}))]
+        if r.no_answer:
+            parts.append(f"**{r.no_answer} of them spent every token asked on reasoning, "
+                         "with no answer**: raise `--max-tokens`.")
     if summary.workload is not None:
         parts += ["## Workload offered",
                   markdown_table(["", "mean", "p50", "p90", "p99", "max"], _workload_rows(run)),

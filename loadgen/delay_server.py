@@ -77,6 +77,9 @@ def main() -> None:
     p.add_argument("--preempt-every", type=int, default=0,
                    help="/metrics: every Nth stream is preempted once (0: none)")
     p.add_argument("--seed", type=int, default=0, help="/metrics: the expert load's seed")
+    p.add_argument("--reasoning-tokens", type=int, default=0,
+                   help="openai chat: each stream's first N tokens are reasoning "
+                   "(reasoning_content deltas), the rest the answer")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="/metrics: count prefix-cache queries, never a hit")
     p.add_argument("--metrics-port-file", default="",

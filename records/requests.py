@@ -33,6 +33,12 @@ class RequestRow:
     server_prefill_us: int | None = field(None, omit=None)
     server_decode_us: int | None = field(None, omit=None)
     server_ttft_us: int | None = field(None, omit=None)
+    # a thinking model's stream (the openai target): its reasoning tokens and its answer's,
+    # and when each first came (ms from the scheduled send); absent without reasoning
+    reasoning_tokens: int | None = field(None, omit=None)
+    answer_tokens: int | None = field(None, omit=None)
+    ttfr_ms: float | None = field(None, omit=None)
+    ttfa_ms: float | None = field(None, omit=None)
 
     @property
     def measured_ok(self) -> bool:

@@ -55,6 +55,21 @@ class OfferedWorkload:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Reasoning:
+    """A thinking model's streams (the openai target's reasoning deltas), over the measured
+    ok requests that reasoned: their tokens of each kind, when each kind began (from the
+    scheduled send, as TTFT, which stays the first token of either kind), and how many spent
+    every token asked on reasoning, with no answer."""
+
+    requests: int
+    reasoning_tokens: int
+    answer_tokens: int
+    ttfr_ms: Stats  # time to the first reasoning token
+    ttfa_ms: Stats  # time to the first answer token (requests with one)
+    no_answer: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Throughput:
     """Over the measured window (end of warm-up -> end of the schedule)."""
 
@@ -180,6 +195,7 @@ class Summary:
     # what the requests sent asked for; absent where not known (a distributed run: each
     # worker sees its own prompts only)
     workload: OfferedWorkload | None = field(None, omit=None)
+    reasoning: Reasoning | None = field(None, omit=None)  # absent where no stream reasoned
 
     def problem(self) -> tuple[str, str] | None:
         """Times that cannot be a run's (checked as summary.json is read)."""

@@ -18,7 +18,25 @@ from loadgen.targets.client import StreamResult
 from records.jsonform import from_json, to_json
 from records.load_settings import LoadSettings, Slo
 from records.requests import CLIENT_CANCELLED, RequestRow
-from records.summary import Accounting, ClassFigures, Generator, SloShares, Stats, Throughput
+from records.summary import (
+    Accounting,
+    ClassFigures,
+    Generator,
+    Reasoning,
+    SloShares,
+    Stats,
+    Throughput,
+)
+
+
+def reasoning_split(r: StreamResult) -> dict:
+    """A stream's tokens of each kind, and when the first of each came (ns; None: none)."""
+    kinds = list(zip(r.recv_ns, r.tokens, r.reasoning, strict=True))
+    return {"reasoning_tokens": sum(n for _, n, thinking in kinds if thinking),
+            "answer_tokens": sum(n for _, n, thinking in kinds if not thinking),
+            "ttfr_ns": next((t for t, _, thinking in kinds if thinking), None),
+            "ttfa_ns": next((t for t, _, thinking in kinds if not thinking), None)}
+
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
                   "send_lag", "delivery_lag", "loop_lag")
@@ -63,6 +81,11 @@ class Recorder:
     slo_met: Counter = field(default_factory=Counter)
     slo_judged: int = 0  # measured ok requests
     off_length: int = 0  # ok requests whose server counted another output length than asked
+    # measured ok requests that reasoned: tokens of each kind, requests with no answer, and
+    # the times to the first token of each kind
+    reasoned: Counter = field(default_factory=Counter)
+    reasoning_times: dict[str, Histogram] = field(
+        default_factory=lambda: {"ttfr": Histogram(), "ttfa": Histogram()})
 
     @classmethod
     def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
@@ -122,6 +145,8 @@ class Recorder:
             self.record("delivery_lag", max(lag, 0))
         if timing.tpot_us is not None:
             self.record("tpot", timing.tpot_us)
+        if any(result.reasoning):
+            self.add_reasoning(result)
         if result.klass:
             hists = self.classes.setdefault(result.klass, {m: Histogram() for m in CLASS_METRICS})
             for name in CLASS_METRICS:
@@ -131,6 +156,25 @@ class Recorder:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
         return timing
+
+    def add_reasoning(self, r: StreamResult) -> None:
+        split = reasoning_split(r)
+        self.reasoned.update(requests=1, reasoning_tokens=split["reasoning_tokens"],
+                             answer_tokens=split["answer_tokens"],
+                             no_answer=split["ttfa_ns"] is None)
+        self.reasoning_times["ttfr"].record((split["ttfr_ns"] - r.scheduled_ns) // 1000)
+        if split["ttfa_ns"] is not None:
+            self.reasoning_times["ttfa"].record((split["ttfa_ns"] - r.scheduled_ns) // 1000)
+
+    def reasoning(self) -> Reasoning | None:
+        if not self.reasoned["requests"]:
+            return None
+        return Reasoning(requests=self.reasoned["requests"],
+                         reasoning_tokens=self.reasoned["reasoning_tokens"],
+                         answer_tokens=self.reasoned["answer_tokens"],
+                         ttfr_ms=self.reasoning_times["ttfr"].stats(),
+                         ttfa_ms=self.reasoning_times["ttfa"].stats(),
+                         no_answer=self.reasoned["no_answer"])
 
     def export(self) -> dict:
         """Everything a merge needs, as plain types (Locust sends it between processes)."""
@@ -201,7 +245,17 @@ class Recorder:
             ttft_ms=t.ttft_us / 1000 if t else None,
             tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,
             e2e_ms=t.e2e_us / 1000 if t else None,
-            **{f"server_{k}": v for k, v in r.usage.items()})
+            **{f"server_{k}": v for k, v in r.usage.items()}, **self._reasoning_fields(r))
+
+    def _reasoning_fields(self, r: StreamResult) -> dict:
+        if not any(r.reasoning):
+            return {}
+        split = reasoning_split(r)
+        return {"reasoning_tokens": split["reasoning_tokens"],
+                "answer_tokens": split["answer_tokens"],
+                "ttfr_ms": (split["ttfr_ns"] - r.scheduled_ns) / 1e6,
+                "ttfa_ms": (split["ttfa_ns"] - r.scheduled_ns) / 1e6
+                if split["ttfa_ns"] is not None else None}
 
     def slo_shares(self) -> SloShares:
         """The objectives and the share of measured ok requests meeting each, and all."""

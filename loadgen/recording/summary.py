@@ -15,6 +15,12 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
     has them); warnings: the caller's, after the recorder's own."""
     generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed")
+    reasoning = rec.reasoning()
+    if reasoning is not None and reasoning.no_answer:
+        warnings = (*warnings, f"{reasoning.no_answer} of {reasoning.requests} requests that "
+                    "reasoned spent every token asked (--max-tokens "
+                    f"{settings.workload.max_tokens}) on reasoning, before any answer: their "
+                    "TTFT and TPOT are the reasoning's; raise --max-tokens to measure answers")
     return Summary(
         run_dir=settings.recording.run_dir,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
@@ -28,6 +34,7 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
         requests=rec.accounting(),
         generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings]),
         classes=rec.class_figures(),
+        reasoning=reasoning,
     )
 
 

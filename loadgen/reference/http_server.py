@@ -1,6 +1,7 @@
 """The OpenAI-compatible reference server of loadgen/delay_server.py (aiohttp): /v1/completions
 and /v1/chat/completions stream the Pacer's schedule as server-sent events ("tok " a token, a
-chat stream opening with a role event), then usage (stream_options.include_usage) and [DONE];
+chat stream opening with a role event, its first --reasoning-tokens tokens as
+`reasoning_content` deltas), then usage (stream_options.include_usage) and [DONE];
 /v1/models names the model "delay"; /metrics is vLLM's, from what the server did
 (loadgen/reference/exposition.py). Each chunk carries `server_elapsed_us`, as this project's
 server does, so delivery lag is measured over HTTP too.
@@ -77,15 +78,21 @@ def app(pacer: Pacer) -> web.Application:
                 {"index": 0, "delta": {"role": "assistant", "content": ""},
                  "finish_reason": None}]}))
         prompt = prompt_of(body, chat)
+        thinking = pacer.args.reasoning_tokens if chat else 0
         async for m in pacer.messages(max_tokens, prompt):
-            text = WORD * m.tokens
-            choice = ({"index": 0, "delta": {"content": text}} if chat
-                      else {"index": 0, "text": text})
-            choice["finish_reason"] = "length" if m.last else None
-            if body.get("return_token_ids"):
-                choice["token_ids"] = [65] * m.tokens
-            await response.write(event(envelope | {"choices": [choice],
-                                                   "server_elapsed_us": m.elapsed_us}))
+            # a chat stream's first --reasoning-tokens tokens are reasoning, as vLLM's and
+            # SGLang's reasoning parsers send them; a message across the turn is sent as two
+            reasoned = max(0, min(m.tokens, thinking - m.index))
+            parts = [(n, kind) for n, kind in ((reasoned, "reasoning_content"),
+                                               (m.tokens - reasoned, "content")) if n]
+            for k, (n, kind) in enumerate(parts):
+                choice = ({"index": 0, "delta": {kind: WORD * n}} if chat
+                          else {"index": 0, "text": WORD * n})
+                choice["finish_reason"] = "length" if m.last and k == len(parts) - 1 else None
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [65] * n
+                await response.write(event(envelope | {"choices": [choice],
+                                                       "server_elapsed_us": m.elapsed_us}))
             if m.index == 0 and fault == "bad-json":
                 await response.write(b"data: {not json\n\n")
             if m.index == 0 and fault == "error-event":

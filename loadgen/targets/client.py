@@ -38,6 +38,7 @@ class StreamResult:
     finish_reason: str = ""
     usage: dict[str, int] = field(default_factory=dict)  # the server's own account
     texts: list[str] = field(default_factory=list)  # a text protocol's messages, until counted
+    reasoning: list[bool] = field(default_factory=list)  # each message: reasoning, not answer
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class StreamResult:
             self.recv_ns.append(now_ns)
             self.tokens.append(chunk.tokens or 1)
             self.server_elapsed_us.append(chunk.server_elapsed_us)
+            self.reasoning.append(chunk.reasoning)
             if chunk.text:
                 self.texts.append(chunk.text)
         self.finish_reason = chunk.finish_reason or self.finish_reason
@@ -75,6 +77,7 @@ class StreamResult:
             # a message without a token merges into the next one with tokens
             self.recv_ns = [self.recv_ns[i] for i in kept]
             self.server_elapsed_us = [self.server_elapsed_us[i] for i in kept]
+            self.reasoning = [self.reasoning[i] for i in kept]
             self.tokens = [counted[i] for i in kept]
             self.texts = []
         if self.ok and not self.finish_reason:

@@ -140,16 +140,20 @@ class OpenAITarget:
         choice = choices[0]
         if not isinstance(choice, dict):
             raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
+        thinking = ""
         if self.chat:
             delta = choice.get("delta") or {}
-            text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning
+            thinking = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            text = str(delta.get("content") or "") + thinking
         else:
             text = choice.get("text") or ""
         ids = choice.get("token_ids")
         tokens = len(ids) if isinstance(ids, list) else 0
         return Chunk(tokens=tokens, text="" if tokens else text,
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
-                     finish_reason=choice.get("finish_reason") or "", usage=counts)
+                     finish_reason=choice.get("finish_reason") or "", usage=counts,
+                     reasoning=bool(thinking) and not delta.get("content"))
 
     def check_reply(self, status: int, content_type: str, body: bytes) -> None:
         """Raises unless the reply is the start of an event stream; body: an error's first

@@ -63,6 +63,7 @@ class Chunk:
     text: str = ""  # ... or the text it carries, counted when the stream ends (text_tokens.py)
     server_elapsed_us: int = 0  # the server's time from the request to this message; 0 unknown
     finish_reason: str = ""  # set on the message that ends the stream
+    reasoning: bool = False  # it carries reasoning (a thinking model's), no answer yet
     # the server's own account, on the last message; keys as RequestRow's server_* fields
     usage: dict[str, int] = field(default_factory=dict)
 
