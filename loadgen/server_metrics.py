@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 import gevent
@@ -15,9 +16,11 @@ from gevent import subprocess
 from gevent.event import Event
 
 from loadgen.scraping.endpoints import endpoints
+from loadgen.scraping.nvml import Nvml
+from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
 from records.rundir import SERVER_METRICS
-from records.server_metrics import NVML
+from records.server_metrics import NVML, Scrape
 
 log = logging.getLogger("loadgen")
 STOP_TIMEOUT_S = 15.0  # the last scrapes' time after "stop"
@@ -91,14 +94,24 @@ class ServerMetrics:
 
 
 def start_server_metrics(settings: LoadSettings, started_unix_s: float) -> ServerMetrics | None:
-    """The collector for a run, where it has something to scrape (NVML rides along), after one
-    line in the log saying what."""
+    """The collector for a run, where it has something to scrape (URLs, or this host's GPUs),
+    after one line in the log saying what. With no URL and no GPU, no process: the run
+    directory says there was no GPU, once."""
     recording = settings.recording
     urls, note = endpoints(recording.server_metrics, settings.target.target,
                            settings.sender.host, settings.target.tls_ca)
     if note:
         log.info("%s", note)
     if urls is None:
+        return None
+    if not urls and (problem := Nvml.absent()):
+        log.info("GPU telemetry: %s", problem)
+        run_dir = Path(recording.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        (run_dir / SERVER_METRICS).write_text(dumps(to_json(Scrape(
+            t_unix_s=now, t_run_s=now - started_unix_s, source=NVML, ok=False,
+            error=problem))) + "\n")
         return None
     return ServerMetrics(urls, Path(recording.run_dir),
                          recording.server_metrics_interval_s or recording.interval_s,

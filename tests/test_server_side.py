@@ -31,12 +31,13 @@ def dataset(path) -> str:
 
 def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(tmp_path):
     run_dir = tmp_path / "run"
-    # one stream at a time, 50 ms each, offered every 33 ms: the queue grows all run
+    # one stream at a time, 25 ms each, offered every 17 ms: the queue grows all run
     with delay_server_process(tmp_path, "--protocol", "openai", "--capacity", "1",
-                              "--ttft-ms", "20", "--itl-ms", "10", "--kv-tokens", "100",
+                              "--ttft-ms", "10", "--itl-ms", "5", "--kv-tokens", "100",
                               "--preempt-every", str(PREEMPT_EVERY)) as (_, port):
-        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai", "-t", "4s",
-                      "--rate", "30", "--arrival", "constant", "--max-tokens", "4",
+        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai", "-t", "3s",
+                      "--rate", "60", "--arrival", "constant", "--max-tokens", "4",
+                      "--server-metrics-interval-s", "0.5",
                       "--dataset", dataset(tmp_path / "one.json"))
     assert done.returncode == 0, done.stdout
     assert "server metrics: scraping" in done.stdout and "(the target's own)" in done.stdout
@@ -54,7 +55,7 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
     assert run.summary.workload.prefix_share == hits / (sent * WORDS)  # the client's own count
     assert f["waiting"].max >= 10 and f["running"].max == 1  # the queue grew behind one slot
     assert 0 < f["kv_usage"].max <= (WORDS + 4) / 100  # one stream's prompt and output of 100
-    assert f["ttft"].window.count == sent and f["ttft"].window.mean >= 0.020
+    assert f["ttft"].window.count == sent and f["ttft"].window.mean >= 0.010
 
     report = analysis("report", run_dir)
     assert report.returncode == 0, report.stderr
@@ -91,7 +92,7 @@ def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):
     with delay_server_process(tmp_path, "--protocol", "sglang-grpc", "--seed", "7",
                               "--metrics-port-file", str(metrics_file)) as (_, port):
         url = f"http://127.0.0.1:{metrics_file.read_text().strip()}/metrics"
-        done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "3s", "--rate", "8",
+        done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "2s", "--rate", "8",
                       "--prompt-tokens", "8", "--max-tokens", "6", "--server-metrics", url)
     assert done.returncode == 0, done.stdout
     run = load_run(run_dir)
@@ -112,7 +113,7 @@ def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):
 def test_our_servers_metrics_give_what_its_getstats_gives_in_the_same_run(tmp_path):
     run_dir, metrics_port = tmp_path / "run", free_port()
     with server_process(tmp_path, "--metrics-port", str(metrics_port)) as (_, port):
-        done = locust(port, run_dir, "-t", "4s", "--rate", "4", "--arrival", "constant",
+        done = locust(port, run_dir, "-t", "3s", "--rate", "4", "--arrival", "constant",
                       "--prompt-tokens", "8", "--max-tokens", "4", "--server-metrics",
                       f"http://127.0.0.1:{metrics_port}/metrics")
     assert done.returncode == 0, done.stdout
@@ -137,13 +138,13 @@ def test_failing_endpoints_leave_the_run_untouched_and_are_each_named(tmp_path):
         urls = [f"http://127.0.0.1:{port}/metrics", *(f"{bad}/{path}" for path in (
             "500", "nothing", "html", "garbage", "huge", "huge-stream", "slow", "flaky")),
             f"http://127.0.0.1:{refused_port()}/metrics"]
-        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai", "-t", "4s",
+        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai", "-t", "3s",
                       "--rate", "10", "--arrival", "constant", "--prompt-tokens", "8",
                       "--max-tokens", "4", "--server-metrics", ",".join(urls))
     assert done.returncode == 0, done.stdout
     run = load_run(run_dir)
     # (the sends wait for every endpoint's first scrape, the slow one's 1 s timeout included)
-    assert run.summary.requests.ok == run.summary.requests.sent >= 20
+    assert run.summary.requests.ok == run.summary.requests.sent >= 12
     # Nothing waited on a scrape: one that blocked the sends would add its 1 s timeout or its
     # 8 MiB read to some request; what is left is this 2-core machine's contention.
     ttft = run.histograms["ttft"]

@@ -36,6 +36,15 @@ class Nvml:
         if not self.handles:
             self.problem = "no GPU visible to NVML (0 devices)"
 
+    @staticmethod
+    def absent() -> str:
+        """Why this host has no GPU to read ("" where it has one), NVML shut again: whether a
+        run needs the collector at all."""
+        gpu = Nvml()
+        if not gpu.problem:
+            gpu.nvml.nvmlShutdown()
+        return gpu.problem
+
     def readings(self, handle) -> dict[str, float]:
         nvml, out = self.nvml, {}
         reads = {
