@@ -67,24 +67,31 @@ def test_the_row_and_the_summary_hold_the_split_and_the_times_of_each_kind():
 
 @pytest.mark.slow
 def test_the_split_is_exact_against_the_reference_and_a_spent_budget_warns(tmp_path):
+    # one run of a trace of our own: requests asking 7 tokens, and some asking only 2
+    trace = tmp_path / "asks.jsonl"
+    trace.write_text("".join(json.dumps({"t_s": 0.15 * i, "prompt_tokens": 8,
+                                         "max_tokens": 2 if i % 4 == 3 else 7}) + "\n"
+                             for i in range(12)))
+    run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "openai", "--reasoning-tokens", "2",
                               "--tokens-per-chunk", "2") as (_, port):
-        runs = {}
-        for max_tokens in (7, 2):
-            run_dir = tmp_path / f"max{max_tokens}"
-            done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai",
-                          "--endpoint", "/v1/chat/completions", "--token-ids", "-t", "2s",
-                          "--rate", "5", "--max-tokens", str(max_tokens))
-            assert done.returncode == 0, done.stdout
-            runs[max_tokens] = run_dir
-    rows = [json.loads(line) for line in (runs[7] / "requests.jsonl").read_text().splitlines()]
+        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai",
+                      "--endpoint", "/v1/chat/completions", "--token-ids", "--trace",
+                      str(trace))
+    assert done.returncode == 0, done.stdout
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    answered = [r for r in rows if r["output_tokens"] == 7]
     # messages of 1, 2, 2, 2 tokens: the second crosses from reasoning to the answer, sent as
     # two events and counted exactly
-    assert rows and all((r["reasoning_tokens"], r["answer_tokens"]) == (2, 5) for r in rows)
+    assert len(answered) == 9 and all((r["reasoning_tokens"], r["answer_tokens"]) == (2, 5)
+                                      for r in answered)
     assert all(r["ttft_ms"] == pytest.approx(r["ttfr_ms"], abs=0.01) for r in rows)
-    assert all(r["ttfa_ms"] > r["ttfr_ms"] for r in rows)
-    summary = json.loads((runs[2] / "summary.json").read_text())
-    assert summary["reasoning"]["no_answer"] == summary["reasoning"]["requests"] > 0
-    assert any("on reasoning, before any answer" in w for w in summary["generator"]["warnings"])
-    analysis("report", runs[7])
-    assert "## Reasoning" in (runs[7] / "report.md").read_text()
+    assert all(r["ttfa_ms"] > r["ttfr_ms"] for r in answered)
+    spent = [r for r in rows if r["output_tokens"] == 2]
+    assert len(spent) == 3 and all(r.get("ttfa_ms") is None for r in spent)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["reasoning"]["requests"], summary["reasoning"]["no_answer"]) == (12, 3)
+    assert any("3 of 12 requests that reasoned spent every token asked" in w
+               for w in summary["generator"]["warnings"])
+    analysis("report", run_dir)
+    assert "## Reasoning" in (run_dir / "report.md").read_text()

@@ -72,34 +72,25 @@ def test_an_openai_run_with_no_flag_reports_the_reference_servers_known_figures(
     assert {"kv_pressure", "front_door", "prefix_misses"} <= set(diagnosis["not_fired"])
 
 
-def test_a_shared_prefix_reaches_the_server_as_prefix_cache_hits(tmp_path):
-    run_dir = tmp_path / "run"
-    with delay_server_process(tmp_path, "--protocol", "openai") as (_, port):
-        done = locust(f"http://127.0.0.1:{port}", run_dir, "--target", "openai", "-t", "3s",
-                      "--rate", "5", "--prompt-tokens", "8", "--max-tokens", "2",
-                      "--shared-prefix-tokens", "64")
-    assert done.returncode == 0, done.stdout
-    run = load_run(run_dir)
-    sent = run.summary.requests.sent
-    f = figures(server_side(run).engines[0])
-    assert f["prompt_tokens"].total == sent * (64 + 8)
-    assert f["prefix_hits"].total == (sent - 1) * 64  # every request after the first: 4 blocks
-    assert run.summary.workload.prefix_share == pytest.approx((sent - 1) * 64 / (sent * 72))
-
-
-def test_an_sglang_grpc_run_reads_the_side_ports_expert_balance(tmp_path):
+def test_an_sglang_grpc_run_reads_the_side_port_and_a_shared_prefix_reaches_it(tmp_path):
     run_dir, metrics_file = tmp_path / "run", tmp_path / "metrics.port"
     with delay_server_process(tmp_path, "--protocol", "sglang-grpc", "--seed", "7",
                               "--metrics-port-file", str(metrics_file)) as (_, port):
         url = f"http://127.0.0.1:{metrics_file.read_text().strip()}/metrics"
         done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "2s", "--rate", "8",
-                      "--prompt-tokens", "8", "--max-tokens", "6", "--server-metrics", url)
+                      "--prompt-tokens", "8", "--max-tokens", "6", "--server-metrics", url,
+                      "--shared-prefix-tokens", "64")
     assert done.returncode == 0, done.stdout
     run = load_run(run_dir)
     [series] = server_side(run).engines
     assert series.engine.startswith("SGLang")
     f = figures(series)
-    assert f["requests_finished"].total == run.summary.requests.ok > 10
+    ok = run.summary.requests.ok
+    assert f["requests_finished"].total == ok > 10
+    # the shared prefix reached the server: every request after the first hit its 4 blocks
+    assert f["prompt_tokens"].total == ok * (64 + 8)
+    assert f["prefix_hits"].total == (ok - 1) * 64  # sglang:cached_tokens
+    assert run.summary.workload.prefix_share == pytest.approx((ok - 1) * 64 / (ok * 72))
     # the seeded Zipf-like load over 4 ranks: well below even, never above it
     assert 0.3 < f["expert_balance"].mean < 0.9
     analysis("report", run_dir)
