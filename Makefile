@@ -136,12 +136,13 @@ soak: install
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 PYTEST_OK_IF_EMPTY = rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-# The whole suite: on two processes (each module's tests on one), then the tests marked timing,
+# The whole suite: on two processes (an idle one takes tests from the busy one's queue, so a
+# long module does not leave the other waiting), then the tests marked timing,
 # which measure against known delays, one at a time. A timing test that misses its tolerance
 # runs once more: a shared machine's neighbours can shift a whole 3 s run by ~10 ms, while a
 # real error fails twice.
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not timing"; $(PYTEST_OK_IF_EMPTY)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not timing"; $(PYTEST_OK_IF_EMPTY)
 	$(PY) -m pytest -q -m timing || { echo "== once more, the timing tests that failed"; \
 	  $(PY) -m pytest -q -m timing --last-failed; }; $(PYTEST_OK_IF_EMPTY)
 

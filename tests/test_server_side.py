@@ -104,7 +104,7 @@ def test_an_sglang_grpc_run_reads_the_side_port_and_a_shared_prefix_reaches_it(t
 def test_our_servers_metrics_give_what_its_getstats_gives_in_the_same_run(tmp_path):
     run_dir, metrics_port = tmp_path / "run", free_port()
     with server_process(tmp_path, "--metrics-port", str(metrics_port)) as (_, port):
-        done = locust(port, run_dir, "-t", "3s", "--rate", "4", "--arrival", "constant",
+        done = locust(port, run_dir, "-t", "2s", "--rate", "4", "--arrival", "constant",
                       "--prompt-tokens", "8", "--max-tokens", "4", "--server-metrics",
                       f"http://127.0.0.1:{metrics_port}/metrics")
     assert done.returncode == 0, done.stdout
