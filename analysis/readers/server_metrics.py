@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -58,7 +59,9 @@ class Figure:
 
 @dataclass
 class SourceSeries:
-    """One source's scrapes through its engines' tables."""
+    """One source's scrapes through its engines' tables. Built once by source_series; what is
+    derived from the scrapes (the concepts found, the figures over the run) is worked out on
+    first use and kept, since the report, the rules and compare each ask for it."""
 
     source: str
     engines: list[EngineMap]
@@ -74,11 +77,20 @@ class SourceSeries:
 
     def sources(self) -> dict[str, Source]:
         """Each concept found, with the source it was first read from."""
+        return self._found
+
+    @cached_property
+    def _found(self) -> dict[str, Source]:
         found: dict[str, Source] = {}
         for readings in self.readings:
             for concept, (source, _) in readings.items():
                 found.setdefault(concept, source)
         return found
+
+    @cached_property
+    def figures(self) -> dict[str, Figure]:
+        """Each exposed concept over the run."""
+        return _figures(self)
 
     def missing(self) -> list[str]:
         """The concepts no scrape of this source exposed (the host's GPUs are a source of their
@@ -241,7 +253,11 @@ def balance_series(series: SourceSeries) -> tuple[list[float], list[float]]:
 
 
 def figures(series: SourceSeries) -> dict[str, Figure]:
-    """Each exposed concept over the run."""
+    """Each exposed concept over the run (worked out once per series)."""
+    return series.figures
+
+
+def _figures(series: SourceSeries) -> dict[str, Figure]:
     out = {}
     for concept, source in series.sources().items():
         kind = BY_CONCEPT[concept].kind
