@@ -24,6 +24,7 @@ from analysis.readers.server_stats import ServerView, server_view
 from analysis.readers.timeseries import ClientSeries, client_series
 from analysis.report_scraped import headline_figures, scraped_markdown, scraped_text
 from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
+from analysis.report_sessions import sessions_markdown, sessions_text
 from analysis.rules.delivery import delivery_split
 from analysis.rules.delivery import lines as delivery_lines
 from analysis.rules.expert_parallel import EpView, ep_view
@@ -136,6 +137,8 @@ def render_text(report: Report) -> str:
                      f"{100 * w.prefix_share:.1f}%")
     if summary.classes:
         parts.append(text_table(CLASS_HEADER, _classes(run)))
+    if summary.sessions is not None:
+        parts.append(sessions_text(summary.sessions))
     if summary.stress is not None:
         parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
     if server_time := summary.server_time_ms:
@@ -200,6 +203,8 @@ def render_markdown(report: Report) -> str:
         parts.append("Failed by status code:\n\n" + _bullets(f"{code}: {n}" for code, n in by_code))
     if summary.classes:
         parts += ["## Request classes (ms)", markdown_table(CLASS_HEADER, _classes(run))]
+    if summary.sessions is not None:
+        parts += ["## Sessions", *sessions_markdown(summary.sessions)]
     if summary.stress is not None:
         parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
         if summary.stress.steps:

@@ -106,7 +106,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
             continue
         spec = workload.request(index)
         offered.add(spec)
-        r = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
+        r = StreamResult.of(spec, due_ns)
         task = asyncio.create_task(astream_request(target, conn, spec, r,
                                                    sender.request_timeout_s, count))
         tasks[task] = r

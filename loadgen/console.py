@@ -24,6 +24,14 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
         print(f"class {klass:<12} sent {c.sent:>6}  ok {c.ok:>6}  "
               f"TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
               f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
+    if (sessions := summary.sessions) is not None:
+        print(f"sessions: {sessions.started} started, {sessions.completed} completed, "
+              f"{sessions.failed} failed, {sessions.cancelled} cancelled, {sessions.stopped} "
+              f"stopped by the run's end")
+        for turn, c in sessions.by_turn.items():
+            print(f"turn {turn:<13} sent {c.sent:>6}  ok {c.ok:>6}  "
+                  f"TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
+                  f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
     print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, "
           f"{t.requests_per_s:.2f} requests/s, "
           f"goodput {t.goodput_requests_per_s:.2f} requests/s over {t.window_s:.1f} s")

@@ -8,8 +8,8 @@ so TTFT, TPOT and the per-token ITL are known and a message's ITL is the chunk's
 optionally every stream stalls from --stall-at-s after the first stream arrived for --stall-s
 (a hiccup a closed loop would hide; timed from the first arrival, so a client's start-up does
 not decide whether its requests meet it). --faults KIND,... spoils streams in turn (every
-len+1-th is left whole) in one of the protocol's ways (loadgen/reference/), for the
-tests of bad replies.
+len+1-th is left whole; `none` leaves one whole too, to space them out) in one of the
+protocol's ways (loadgen/reference/), for the tests of bad replies.
 
 Each serves /metrics as the engine it stands for would (the openai one vLLM's, on its own
 port; the vllm-grpc and sglang-grpc ones vLLM's and SGLang's on a side HTTP port,

@@ -283,6 +283,9 @@ def describe(settings: LoadSettings, workers: int = 1) -> str:
     if t.mode == "closed":
         return (f"closed loop: each user sends its next request when the last ends; "
                 f"{shape}, results to {where}")
-    rate = (f"{t.rate / workers:.3g} of {t.rate:.3g} requests/s" if workers > 1
-            else f"{t.rate:.3g} requests/s")
+    unit = "sessions/s" if t.mode == "sessions" else "requests/s"
+    rate = (f"{t.rate / workers:.3g} of {t.rate:.3g} {unit}" if workers > 1
+            else f"{t.rate:.3g} {unit}")
+    if t.mode == "sessions":
+        shape = f"{t.session_turns} turns, {t.think_time_s} s think time, {shape} a turn"
     return f"open loop: {rate} ({t.arrival}), {shape}, results to {where}"

@@ -26,21 +26,25 @@ from loadgen.recording.summary import summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.server_metrics import ServerMetrics
 from loadgen.stress import Stress
-from loadgen.targets.client import StreamResult, cut_off, stream_request
-from loadgen.targets.target import Target
+from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_request
+from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
+from loadgen.traffic.sessions import History, Part, SessionPlanner
 from loadgen.traffic.traces import read_trace_file
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
+from records.requests import CLIENT_CANCELLED
 from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
 
 log = logging.getLogger("loadgen")
+# how a session ends at a turn that did not end ok (other statuses: failed)
+SESSION_END = {CLIENT_CANCELLED: "cancelled", CUT_OFF: "stopped"}
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 SCRAPE_READY_S = 15.0  # ... and for the first scrape of the server's metrics
 
@@ -79,6 +83,9 @@ class Run:
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
         self.workload = Workload(settings)
         self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
+        sessions = settings.traffic.mode == "sessions"
+        self.sessions = SessionPlanner(settings, self.workload) if sessions else None
+        self._session_group = Group()  # the sessions' own greenlets (their requests: _group)
         self._schedule = schedule_of(settings.traffic, workers, index)
         # run-wide unique ids
         self._closed_indexes = (k * workers + index for k in itertools.count())
@@ -151,7 +158,10 @@ class Run:
             if len(self.inflight) >= self.sender.max_in_flight:
                 self.recorder.not_sent += 1
                 continue
-            self._send(conn, index, due_ns)
+            if self.sessions is not None:
+                self._session_group.spawn(self._session, conn, index, due_ns)
+            else:
+                self._send(conn, self.workload.request(index), due_ns)
 
     def _trace_over(self) -> None:
         """The trace is replayed: the run ends (its drain follows), as -t would end it."""
@@ -167,17 +177,55 @@ class Run:
         self.begin()
         while not self.stopping:
             index = next(self._closed_indexes)
-            self._send(conn, index, time.monotonic_ns()).join()
+            self._send(conn, self.workload.request(index), time.monotonic_ns())[0].join()
 
-    def _send(self, conn, index: int, due_ns: int) -> gevent.Greenlet:
-        spec = self.workload.request(index)
+    def _send(self, conn, spec: RequestSpec,
+              due_ns: int) -> tuple[gevent.Greenlet, StreamResult]:
         self.offered.add(spec)
-        result = StreamResult(spec.request_id, due_ns, spec.klass, spec.max_tokens)
+        result = StreamResult.of(spec, due_ns)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
                                      self.sender.request_timeout_s, self.count)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
-        return greenlet
+        return greenlet, result
+
+    def _session(self, conn, index: int, due_ns: int) -> None:
+        """One session (--mode sessions, loadgen/traffic/sessions.py): its turns one after
+        another, each due its think time after the previous reply's end and timed from then,
+        until a turn does not end ok or the run stops. A drain that ends it mid-turn leaves it
+        stopped."""
+        plan = self.sessions.plan(index)
+        history = History(plan, self.workload, self.count.tokenizer)
+        first_ns, last_ns, ok, outcome = due_ns, due_ns, 0, "stopped"
+        try:
+            for turn in range(1, len(plan.messages) + 1):
+                if turn > 1:
+                    due_ns = last_ns + int(plan.think_s[turn - 2] * 1e9)
+                    gevent.sleep(max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
+                    if self.stopping:
+                        self.recorder.not_sent += due_ns <= self.stop_ns
+                        break
+                try:
+                    spec = history.ask(turn)
+                except ValueError as exc:  # a reply without text where the history is text
+                    log.error("session %s ends at turn %d: %s", plan.session_id, turn, exc)
+                    outcome = "failed"
+                    break
+                greenlet, result = self._send(conn, spec, due_ns)
+                greenlet.join()
+                if not result.ok:
+                    outcome = SESSION_END.get(result.status, "failed")
+                    break
+                ok, last_ns = ok + 1, result.recv_ns[-1]
+                texts = "".join(result.reply_texts)
+                history.answered(spec, Part(tuple(result.reply_ids) or None,
+                                            texts if texts or not result.reply_ids else None))
+            else:
+                outcome = "completed"
+        finally:
+            self.recorder.end_session(outcome, len(plan.messages), ok,
+                                      (last_ns - first_ns) // 1000
+                                      if outcome == "completed" else None)
 
     def _tick_every_interval(self) -> None:
         """Interval histograms and a GetStats sample (where the target has one) on one clock,
@@ -247,6 +295,7 @@ class Run:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
         self._group.join(timeout=self.sender.drain_s)
+        self._session_group.kill(block=True, timeout=5)  # what still runs ends stopped
         for greenlet, result in list(self.inflight.items()):
             # finished just now, its callback not run yet: count it as it ended
             if greenlet.ready():

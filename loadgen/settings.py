@@ -8,6 +8,7 @@ import dataclasses
 import time
 
 from loadgen.targets.target import TARGETS, settings_problem
+from loadgen.traffic.draws import Draw
 from loadgen.traffic.profiles import Profile, read_trace
 from loadgen.traffic.traces import read_trace_file, replayed
 from loadgen.traffic.workload import load_dataset, parse_classes
@@ -27,6 +28,8 @@ REGISTRIES: dict[str, Registry] = {
     "profiles": _profile,
     "classes": parse_classes,
     "datasets": lambda path: path and load_dataset(path),
+    "turns": lambda spec: Draw.parse(spec, whole=True),
+    "think_times": Draw.parse,
 }
 
 

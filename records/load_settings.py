@@ -20,16 +20,18 @@ from records.declare import (
     within,
 )
 
-MODES = ("fixed", "stress", "mixed", "closed")
+MODES = ("fixed", "stress", "mixed", "closed", "sessions")
 ARRIVALS = ("poisson", "constant", "gamma")
 CLIENTS = ("gevent", "aio")
 TRACE_FORMATS = ("auto", "mooncake", "burstgpt", "azure", "jsonl")
 DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 # Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
-OPEN_LOOP_MODES = ("fixed", "stress", "mixed")
+OPEN_LOOP_MODES = ("fixed", "stress", "mixed", "sessions")
 OPEN_LOOP = {"mode": OPEN_LOOP_MODES}
-ONE_SHAPE = {"mode": ("fixed", "stress", "closed"), "dataset": ""}  # not classes, not a dataset
+# not classes, not a dataset
+ONE_SHAPE = {"mode": ("fixed", "stress", "closed", "sessions"), "dataset": ""}
 STRESS = {"mode": "stress"}
+SESSIONS = {"mode": "sessions"}
 OPENAI = {"target": "openai"}
 TRITON = {"target": "triton"}
 
@@ -151,9 +153,13 @@ class Traffic(Settings):
                         "request classes drawn by weight (--classes), each reported on its own and "
                         "together, at a rate shaped by --rate-profile. closed: Locust's own model, "
                         "-u users each sending the next request when the last ends (it "
-                        "under-states queueing, and the run says so)", choices=MODES,
+                        "under-states queueing, and the run says so). sessions: multi-turn "
+                        "conversations arriving at --rate sessions/s, each turn re-sending the "
+                        "history with the server's replies (--session-turns, --think-time-s)",
+                        choices=MODES,
                         label="Mode")
-    rate: float = setting(1.0, "offered requests/s, total across users and workers",
+    rate: float = setting(1.0, "offered requests/s (sessions/s in sessions mode), total across "
+                          "users and workers",
                           check=above(0, " requests/s"),
                           label="Offered rate (requests/s)", when=OPEN_LOOP)
     arrival: str = setting("poisson", "gaps between sends: poisson (exponential), constant, or "
@@ -185,6 +191,14 @@ class Traffic(Settings):
                                     "end)", check=at_least(0), label="Trace window (s; 0: all)")
     trace_loop: bool = setting(False, "replay the trace (or its slice) again and again, for "
                                "soaks longer than it", label="Loop the trace")
+    session_turns: str = setting("4", "sessions: turns of each session, N or MIN-MAX (uniform, "
+                                 "drawn per session); with --dataset a conversation's own "
+                                 "turns, at most this many", choices=Names("turns"),
+                                 label="Turns per session", when=SESSIONS)
+    think_time_s: str = setting("1", "sessions: seconds from a reply's end to the next turn, N, "
+                                "MIN-MAX (uniform) or exp:MEAN, drawn per turn",
+                                choices=Names("think_times"), label="Think time (s)",
+                                when=SESSIONS)
     seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat",
                         label="Seed")
 
@@ -354,4 +368,5 @@ class LoadSettings(Settings):
         require(not self.traffic.trace or mode == "fixed", "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
-                "aio sends open-loop schedules only: use it with --mode fixed or mixed")
+                "aio sends the fixed and mixed modes' schedules only: use it with --mode fixed "
+                "or mixed")

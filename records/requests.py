@@ -27,6 +27,8 @@ class RequestRow:
     ttft_ms: float | None  # None unless ok
     tpot_ms: float | None  # None unless ok with two tokens or more
     e2e_ms: float | None
+    session: str = field("", omit="")  # the session it is a turn of (sessions mode)
+    turn: int = field(0, omit=0)  # its turn there, from 1
     server_prompt_tokens: int | None = field(None, omit=None)
     server_completion_tokens: int | None = field(None, omit=None)
     server_queue_us: int | None = field(None, omit=None)

@@ -123,6 +123,24 @@ class ClassFigures:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SessionFigures:
+    """Multi-turn sessions (--mode sessions): how they ended, their turns, how long the
+    completed ones took (first turn's scheduled send to the last reply's end, think times
+    included), and each turn's requests (turn 1 against later turns is where a server's
+    prefix cache shows). Every turn is a request in the accounting too."""
+
+    started: int
+    completed: int  # every turn ok
+    failed: int  # ended at a turn that failed
+    cancelled: int  # ended at a turn the client cancelled (--cancel-share)
+    stopped: int  # the run ended before their last turn
+    turns_asked: float  # a session's turns, mean
+    turns_ok: float  # ... of them ok, mean
+    duration_ms: Stats
+    by_turn: dict[str, ClassFigures]  # "1", "2", ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerSnapshots:
     start: ServerStats | None = field(None, omit=None)
     end: ServerStats | None = field(None, omit=None)
@@ -196,6 +214,7 @@ class Summary:
     # worker sees its own prompts only)
     workload: OfferedWorkload | None = field(None, omit=None)
     reasoning: Reasoning | None = field(None, omit=None)  # absent where no stream reasoned
+    sessions: SessionFigures | None = field(None, omit=None)  # sessions mode only
 
     def problem(self) -> tuple[str, str] | None:
         """Times that cannot be a run's (checked as summary.json is read)."""

@@ -195,10 +195,10 @@ def test_workers_split_the_rate_and_never_share_an_index():
         assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)
 
 
-def test_aio_client_is_for_open_loop_schedules():
+def test_aio_client_is_for_the_fixed_and_mixed_schedules():
     assert build(LoadSettings, {"client": "aio"}).sender.client == "aio"
-    for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {})):
-        with pytest.raises(SettingsError, match="--client: aio sends open-loop schedules only"):
+    for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {}), ("sessions", {})):
+        with pytest.raises(SettingsError, match="--client: aio sends the fixed and mixed"):
             build(LoadSettings, {"mode": mode, "client": "aio", **extra})
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loadgen.recording import slo as objectives
+from loadgen.recording.groups import Groups
 from loadgen.recording.histograms import Histogram
 from loadgen.recording.timing import StreamTiming, stream_timing
 from loadgen.targets.client import StreamResult
@@ -23,8 +24,8 @@ from records.summary import (
     ClassFigures,
     Generator,
     Reasoning,
+    SessionFigures,
     SloShares,
-    Stats,
     Throughput,
 )
 
@@ -40,8 +41,8 @@ def reasoning_split(r: StreamResult) -> dict:
 
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
                   "send_lag", "delivery_lag", "loop_lag")
-CLASS_METRICS = ("ttft", "tpot", "e2e")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
+SESSION_ENDS = ("completed", "failed", "cancelled", "stopped")  # SessionFigures' counts
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
                  "slo_judged", "rows_omitted", "off_length")
@@ -65,8 +66,12 @@ class Recorder:
         default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(
         default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
-    classes: dict[str, dict[str, Histogram]] = field(default_factory=dict)  # class -> CLASS_METRICS
-    class_statuses: dict[str, Counter] = field(default_factory=dict)  # class -> status counts
+    classes: Groups = field(default_factory=Groups)  # by request class
+    turns: Groups = field(default_factory=Groups)  # by turn of a session (sessions mode)
+    # sessions: how they ended, turns asked and ok, and the durations of the completed ones
+    session_ends: Counter = field(default_factory=Counter)
+    session_turns: Counter = field(default_factory=Counter)
+    session_duration: Histogram = field(default_factory=Histogram)
     rows: list[RequestRow] = field(default_factory=list)  # one per request sent, up to max_rows
     max_rows: int = 100_000  # requests.jsonl cap: memory stays bounded in a soak
     rows_omitted: int = 0
@@ -107,7 +112,9 @@ class Recorder:
         self.off_length += bool(result.ok and result.max_tokens and done is not None
                                 and done != result.max_tokens)
         if result.klass:
-            self.class_statuses.setdefault(result.klass, Counter())[result.status] += 1
+            self.classes.count(result.klass, result.status)
+        if result.turn:
+            self.turns.count(str(result.turn), result.status)
         lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
         if lag_us is not None and lag_us > LATE_SEND_MS * 1000:
             self.late_sends += 1
@@ -148,10 +155,9 @@ class Recorder:
         if any(result.reasoning):
             self.add_reasoning(result)
         if result.klass:
-            hists = self.classes.setdefault(result.klass, {m: Histogram() for m in CLASS_METRICS})
-            for name in CLASS_METRICS:
-                if getattr(timing, f"{name}_us") is not None:
-                    hists[name].record(getattr(timing, f"{name}_us"))
+            self.classes.record(result.klass, timing)
+        if result.turn:
+            self.turns.record(str(result.turn), timing)
         for name in SERVER_METRICS:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
@@ -183,9 +189,9 @@ class Recorder:
             "server": {name: [h.encode(), h.clamped] for name, h in self.server.items()},
             "statuses": dict(self.statuses), "slo_met": dict(self.slo_met),
             "rows": to_json(self.rows),
-            "classes": {k: {m: [h.encode(), h.clamped] for m, h in hists.items()}
-                        for k, hists in self.classes.items()},
-            "class_statuses": {k: dict(v) for k, v in self.class_statuses.items()},
+            "classes": self.classes.export(), "turns": self.turns.export(),
+            "session_ends": dict(self.session_ends), "session_turns": dict(self.session_turns),
+            "session_duration": [self.session_duration.encode(), self.session_duration.clamped],
             **{k: getattr(self, k) for k in MERGED_COUNTS},
         }
 
@@ -195,12 +201,11 @@ class Recorder:
             for name, (encoded, clamped) in part[kind].items():
                 hists[name].merge(encoded, clamped)
         self.statuses.update(part["statuses"])
-        for klass, hists in part["classes"].items():
-            mine = self.classes.setdefault(klass, {m: Histogram() for m in CLASS_METRICS})
-            for name, (encoded, clamped) in hists.items():
-                mine[name].merge(encoded, clamped)
-        for klass, counts in part["class_statuses"].items():
-            self.class_statuses.setdefault(klass, Counter()).update(counts)
+        self.classes.absorb(part["classes"])
+        self.turns.absorb(part["turns"])
+        self.session_ends.update(part["session_ends"])
+        self.session_turns.update(part["session_turns"])
+        self.session_duration.merge(*part["session_duration"])
         self.slo_met.update(part["slo_met"])
         room = self.max_rows - len(self.rows)
         self.rows.extend(from_json(RequestRow, row, "a worker's row")
@@ -227,13 +232,26 @@ class Recorder:
 
     def class_figures(self) -> dict[str, ClassFigures]:
         """Each request class on its own: counts, and latency of its measured ok requests."""
-        def stats(klass: str, metric: str) -> Stats:
-            return self.classes[klass][metric].stats() if klass in self.classes else Stats(count=0)
+        return self.classes.figures()
 
-        return {k: ClassFigures(sent=sum(counts.values()), ok=counts["OK"],
-                                ttft_ms=stats(k, "ttft"), tpot_ms=stats(k, "tpot"),
-                                e2e_ms=stats(k, "e2e"))
-                for k, counts in sorted(self.class_statuses.items())}
+    def end_session(self, outcome: str, turns_asked: int, turns_ok: int,
+                    duration_us: int | None) -> None:
+        """A session is over: outcome one of SESSION_ENDS; duration_us from its first turn's
+        scheduled send to its last reply's end, for a completed session."""
+        self.session_ends[outcome] += 1
+        self.session_turns.update(asked=turns_asked, ok=turns_ok)
+        if duration_us is not None:
+            self.session_duration.record(duration_us)
+
+    def sessions(self) -> SessionFigures | None:
+        started = sum(self.session_ends.values())
+        if not started:
+            return None
+        return SessionFigures(started=started, **{k: self.session_ends[k] for k in SESSION_ENDS},
+                              turns_asked=self.session_turns["asked"] / started,
+                              turns_ok=self.session_turns["ok"] / started,
+                              duration_ms=self.session_duration.stats(),
+                              by_turn=self.turns.figures(order=int))
 
     def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> RequestRow:
         """The request's line in requests.jsonl, times in ms from the run's start."""
@@ -245,6 +263,7 @@ class Recorder:
             ttft_ms=t.ttft_us / 1000 if t else None,
             tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,
             e2e_ms=t.e2e_us / 1000 if t else None,
+            session=r.session, turn=r.turn,
             **{f"server_{k}": v for k, v in r.usage.items()}, **self._reasoning_fields(r))
 
     def _reasoning_fields(self, r: StreamResult) -> dict:

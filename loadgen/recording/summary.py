@@ -35,6 +35,7 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
         generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings]),
         classes=rec.class_figures(),
         reasoning=reasoning,
+        sessions=rec.sessions(),
     )
 
 

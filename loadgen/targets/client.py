@@ -39,6 +39,17 @@ class StreamResult:
     usage: dict[str, int] = field(default_factory=dict)  # the server's own account
     texts: list[str] = field(default_factory=list)  # a text protocol's messages, until counted
     reasoning: list[bool] = field(default_factory=list)  # each message: reasoning, not answer
+    session: str = ""  # the session it is a turn of, "" none
+    turn: int = 0
+    # a session's turn keeps the reply for the next turn's history: its token ids where the
+    # protocol streams them, its answer's text where it streams text
+    reply_ids: list[int] = field(default_factory=list)
+    reply_texts: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
+        return cls(spec.request_id, scheduled_ns, spec.klass, spec.max_tokens,
+                   session=spec.session, turn=spec.turn)
 
     @property
     def ok(self) -> bool:
@@ -55,6 +66,10 @@ class StreamResult:
             self.reasoning.append(chunk.reasoning)
             if chunk.text:
                 self.texts.append(chunk.text)
+            if self.session and not chunk.reasoning:
+                self.reply_ids.extend(chunk.ids)
+                if chunk.text or chunk.said:
+                    self.reply_texts.append(chunk.text or chunk.said)
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 

@@ -35,6 +35,7 @@ class EngineTarget(GrpcTarget):
     the fields that differ."""
 
     output_ids = "output_ids"  # the complete message's field of all output token ids
+    replies_text = False  # the chunks carry token ids only
 
     def __init__(self, settings):
         super().__init__(settings)
@@ -54,7 +55,7 @@ class EngineTarget(GrpcTarget):
     def chunk_of(self, msg, seen: int) -> Chunk:
         kind = msg.WhichOneof("response")
         if kind == "chunk":
-            return Chunk(tokens=len(msg.chunk.token_ids))
+            return Chunk(tokens=len(msg.chunk.token_ids), ids=msg.chunk.token_ids)
         if kind != "complete":
             raise TargetError("BAD_STREAM", f"a Generate message with neither chunk nor "
                               f"complete: {str(msg)[:200]!r}")

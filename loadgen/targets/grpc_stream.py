@@ -48,6 +48,7 @@ class Conn:
 class GrpcTarget:
     over_http = False
     takes_text = True
+    replies_text = True
     required: tuple[str, ...] = ()
     streams_text = False
     stub_class: ClassVar[type]
@@ -56,9 +57,14 @@ class GrpcTarget:
         self.settings = settings
         self.credentials = Credentials(settings)
 
-    def call(self, stub, request, timeout_s: float):
+    def call(self, stub, request, timeout_s: float, metadata: tuple):
         """The server's messages for one request (a response iterator, sync or aio)."""
-        return stub.Generate(request, timeout=timeout_s, metadata=self.credentials.metadata)
+        return stub.Generate(request, timeout=timeout_s, metadata=metadata)
+
+    def metadata_of(self, spec: RequestSpec) -> tuple:
+        """The call's metadata: the bearer token, and a session's turn its session_id."""
+        session = (("session_id", spec.session),) if spec.session else ()
+        return (*self.credentials.metadata, *session)
 
     def connect(self, host: str) -> Conn:
         channel = self.credentials.channel(host, CHANNEL_OPTIONS)
@@ -66,7 +72,7 @@ class GrpcTarget:
 
     def stream(self, conn: Conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
         seen = 0
-        call = self.call(conn.stub, self.request(spec), timeout_s)
+        call = self.call(conn.stub, self.request(spec), timeout_s, self.metadata_of(spec))
         try:
             for msg in call:
                 chunk = self.chunk_of(msg, seen)
@@ -87,7 +93,7 @@ class GrpcTarget:
     async def astream(self, conn: Conn, spec: RequestSpec,
                       timeout_s: float) -> AsyncIterator[Chunk]:
         seen = 0
-        call = self.call(conn.stub, self.request(spec), timeout_s)
+        call = self.call(conn.stub, self.request(spec), timeout_s, self.metadata_of(spec))
         try:
             async for msg in call:
                 chunk = self.chunk_of(msg, seen)

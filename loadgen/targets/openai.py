@@ -80,6 +80,7 @@ class OpenAITarget:
     name = "openai"
     over_http = True
     takes_text = True
+    replies_text = True
     required: tuple[str, ...] = ()
 
     def __init__(self, settings: TargetSettings):
@@ -105,7 +106,9 @@ class OpenAITarget:
         if self.model:
             body["model"] = self.model
         if self.chat:
-            body["messages"] = [{"role": "user", "content": spec.text}]
+            turns = spec.dialogue or (spec.text,)
+            body["messages"] = [{"role": ("user", "assistant")[i % 2], "content": text}
+                                for i, text in enumerate(turns)]
         else:
             body["prompt"] = list(spec.prompt_ids) or spec.prompt_text
         if s.exact_length:
@@ -113,6 +116,10 @@ class OpenAITarget:
         if s.token_ids:
             body["return_token_ids"] = True
         return json.dumps(body).encode()
+
+    def headers_of(self, spec: RequestSpec) -> dict[str, str]:
+        """The request's headers: a session's turn says its session, for affinity."""
+        return {**self.headers, "X-Session-ID": spec.session} if spec.session else self.headers
 
     def chunk_of(self, data: str) -> Chunk | None:
         """One event's data as a Chunk; None for [DONE]."""
@@ -145,15 +152,17 @@ class OpenAITarget:
             delta = choice.get("delta") or {}
             # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning
             thinking = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
-            text = str(delta.get("content") or "") + thinking
+            answer = str(delta.get("content") or "")
         else:
-            text = choice.get("text") or ""
+            answer = str(choice.get("text") or "")
         ids = choice.get("token_ids")
-        tokens = len(ids) if isinstance(ids, list) else 0
-        return Chunk(tokens=tokens, text="" if tokens else text,
+        ids = ids if isinstance(ids, list) else ()
+        tokens = len(ids)
+        return Chunk(tokens=tokens, text="" if tokens else answer + thinking, ids=ids,
+                     said=answer if tokens else "",
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
-                     reasoning=bool(thinking) and not delta.get("content"))
+                     reasoning=bool(thinking) and not answer)
 
     def check_reply(self, status: int, content_type: str, body: bytes) -> None:
         """Raises unless the reply is the start of an event stream; body: an error's first
@@ -182,7 +191,7 @@ class OpenAITarget:
                                "(--request-timeout-s)")
         with gevent.Timeout(timeout_s, deadline):
             response = conn.request("POST", self.settings.endpoint, body=self.body(spec),
-                                    headers=self.headers)
+                                    headers=self.headers_of(spec))
             try:
                 status = response.status_code
                 self.check_reply(status, response.get("content-type", ""),
@@ -220,7 +229,8 @@ class OpenAITarget:
     async def astream(self, conn, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
         import aiohttp
 
-        async with conn.post(self.settings.endpoint, data=self.body(spec), headers=self.headers,
+        async with conn.post(self.settings.endpoint, data=self.body(spec),
+                             headers=self.headers_of(spec),
                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             status = response.status
             self.check_reply(status, response.headers.get("Content-Type", ""),

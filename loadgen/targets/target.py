@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -42,6 +42,12 @@ class RequestSpec:
     prompt_text: str = ""  # ... or text (a dataset's prompts); one of the two is set
     klass: str = ""  # the request class, "" without classes
     cancel_after: int = 0  # the client cancels once this many output tokens arrived; 0: never
+    session: str = ""  # the session it is a turn of (--mode sessions), "" none: sent as
+    # X-Session-ID over HTTP and session_id metadata over gRPC, for the server's affinity
+    turn: int = 0  # its turn in the session, from 1
+    # a session's conversation as texts, user and assistant by turns, ending with the new
+    # message: chat endpoints send it as messages (the prompt is its concatenation)
+    dialogue: tuple[str, ...] = ()
 
     @property
     def prompt_units(self) -> tuple:
@@ -64,6 +70,10 @@ class Chunk:
     server_elapsed_us: int = 0  # the server's time from the request to this message; 0 unknown
     finish_reason: str = ""  # set on the message that ends the stream
     reasoning: bool = False  # it carries reasoning (a thinking model's), no answer yet
+    # its output token ids where the protocol streams them, and their text where it streams
+    # that beside them: kept for a session's history only
+    ids: Sequence[int] = ()
+    said: str = ""
     # the server's own account, on the last message; keys as RequestRow's server_* fields
     usage: dict[str, int] = field(default_factory=dict)
 
@@ -80,6 +90,7 @@ class Target(Protocol):
     name: ClassVar[str]
     over_http: ClassVar[bool]  # --host is http://HOST:PORT (or HOST:PORT) rather than HOST:PORT
     takes_text: ClassVar[bool]  # prompts may go as text; else as token ids only
+    replies_text: ClassVar[bool]  # its messages carry the reply's text (else its ids only)
     required: ClassVar[tuple[str, ...]]  # Target settings it cannot run without
     streams_text: bool  # its messages carry text, counted by loadgen/targets/text_tokens.py
 
@@ -135,6 +146,10 @@ def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
     if settings.workload.dataset and not cls.takes_text and not settings.target.tokenizer:
         return "dataset", (f"the {name} target takes token ids only: give --tokenizer to turn "
                            "the dataset's prompts into ids")
+    if (settings.traffic.mode == "sessions" and settings.workload.dataset
+            and not cls.replies_text and not settings.target.tokenizer):
+        return "tokenizer", (f"the {name} target streams the replies as token ids: a session "
+                             "of the dataset's text turns needs --tokenizer to join them")
     return None
 
 

@@ -79,10 +79,9 @@ class TritonTarget(GrpcTarget):
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         return request
 
-    def call(self, stub, request, timeout_s: float):
+    def call(self, stub, request, timeout_s: float, metadata: tuple):
         # a stream of one request: the server answers it, then ends the stream
-        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s,
-                                     metadata=self.credentials.metadata)
+        return stub.ModelStreamInfer(iter([request]), timeout=timeout_s, metadata=metadata)
 
     def chunk_of(self, msg: pb.ModelStreamInferResponse, seen: int) -> Chunk:
         if msg.error_message:
@@ -96,7 +95,8 @@ class TritonTarget(GrpcTarget):
         text = b"".join(bytes_items(outputs.get(self.settings.triton_output, b"")))
         count = outputs.get("num_output_tokens", b"")
         tokens = struct.unpack_from("<I", count)[0] if len(count) >= 4 else 0
-        return Chunk(tokens=tokens, text="" if self.vllm else text.decode(errors="replace"),
+        said = text.decode(errors="replace")
+        return Chunk(tokens=tokens, text="" if self.vllm else said, said=said if self.vllm else "",
                      finish_reason=reason or ("stop" if final else ""))
 
     def probe(self, host: str) -> str:

@@ -1,8 +1,9 @@
 """What each request asks for, seeded by its run-wide index so any process builds the same
 request: one shape (--prompt-tokens, --max-tokens), request classes drawn by weight
 (--classes, mixed mode), conversations from a ShareGPT-style file (--dataset), or a trace's
-requests (--trace, loadgen/traffic/traces.py); in any of
-them, a shared prefix first (--shared-prefix-tokens, one of --prefix-groups, drawn per request).
+requests (--trace, loadgen/traffic/traces.py); a session's turns are built from these parts
+by loadgen/traffic/sessions.py. In any of them, a shared prefix first (--shared-prefix-tokens,
+one of --prefix-groups, drawn per request).
 
 Synthetic prompts are token ids of printable ASCII bytes: sent as ids where the protocol
 takes ids (valid for any server whose vocabulary starts with the 256 byte tokens, so their
@@ -56,25 +57,33 @@ def parse_classes(spec: str) -> list[RequestClass]:
     return classes
 
 
-def load_dataset(path: str) -> list[tuple[str, str]]:
-    """(prompt, reply) pairs from a ShareGPT-style JSON list: each item's 'conversations'
-    holds turns with 'from' (human/gpt) and 'value'; the first human turn and the reply to
-    it are used, conversations without both are skipped."""
+def load_conversations(path: str) -> list[list[tuple[str, str]]]:
+    """Each conversation of a ShareGPT-style JSON list as its (human turn, the gpt reply to
+    it) pairs in order: an item's 'conversations' holds turns with 'from' (human/gpt) and
+    'value'; a human turn not answered by the next is left out, conversations without a pair
+    are skipped."""
     try:
         items = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
-    pairs = []
+    conversations = []
     for item in items if isinstance(items, list) else []:
         turns = item.get("conversations", []) if isinstance(item, dict) else []
-        for ask, reply in zip(turns, turns[1:], strict=False):
-            if (ask.get("from") == "human" and reply.get("from") == "gpt"
-                    and ask.get("value") and reply.get("value")):
-                pairs.append((ask["value"], reply["value"]))
-                break
-    if not pairs:
+        turns = [t for t in turns if isinstance(t, dict)]
+        pairs = [(ask["value"], reply["value"])
+                 for ask, reply in zip(turns, turns[1:], strict=False)
+                 if ask.get("from") == "human" and reply.get("from") == "gpt"
+                 and ask.get("value") and reply.get("value")]
+        if pairs:
+            conversations.append(pairs)
+    if not conversations:
         raise ValueError(f"{path} has no conversation with a human turn followed by a gpt turn")
-    return pairs
+    return conversations
+
+
+def load_dataset(path: str) -> list[tuple[str, str]]:
+    """(prompt, reply) pairs: each conversation's first human turn and the reply to it."""
+    return [pairs[0] for pairs in load_conversations(path)]
 
 
 class Workload:
@@ -83,7 +92,8 @@ class Workload:
         self.shape = c = settings.workload
         uses_classes = settings.traffic.mode == "mixed" and not c.dataset
         self.classes = parse_classes(c.classes) if uses_classes else []
-        self.dataset = load_dataset(c.dataset) if c.dataset else []
+        sessions = settings.traffic.mode == "sessions"  # loadgen/traffic/sessions.py reads it
+        self.dataset = load_dataset(c.dataset) if c.dataset and not sessions else []
         self.trace = replayed(settings.traffic) if settings.traffic.trace else ()
         self.block_tokens = settings.traffic.trace_block_tokens
 
@@ -91,8 +101,18 @@ class Workload:
         """The request with this run-wide index (its class '' without classes), its shared
         prefix, and whether and when the client cancels it (each drawn apart, so neither
         changes the rest of the request)."""
-        spec = self._with_prefix(index, self._spec(index))
-        rng = random.Random(f"{self.seed}:{index}:cancel")
+        spec = self._spec(index)
+        prefix = self.prefix_of(index)
+        if prefix and spec.prompt_ids:
+            spec = replace(spec, prompt_ids=prefix + spec.prompt_ids)
+        elif prefix:
+            spec = replace(spec, prompt_text=bytes(prefix).decode("ascii") + spec.prompt_text)
+        return self.with_cancel(spec, str(index))
+
+    def with_cancel(self, spec: RequestSpec, key: str) -> RequestSpec:
+        """spec, cancelled by the client part-way where the draw for `key` (a request's index,
+        a session's turn) says so (--cancel-share)."""
+        rng = random.Random(f"{self.seed}:{key}:cancel")
         if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
             return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))
         return spec
@@ -102,14 +122,13 @@ class Workload:
         rng = random.Random(f"{self.seed}:prefix:{group}")
         return tuple(rng.choice(PRINTABLE) for _ in range(self.shape.shared_prefix_tokens))
 
-    def _with_prefix(self, index: int, spec: RequestSpec) -> RequestSpec:
+    def prefix_of(self, index: int) -> tuple[int, ...]:
+        """The shared prefix the request (or session) with this index starts with; () without
+        --shared-prefix-tokens."""
         if not self.shape.shared_prefix_tokens:
-            return spec
+            return ()
         group = random.Random(f"{self.seed}:{index}:group").randrange(self.shape.prefix_groups)
-        prefix = self.shared_prefix(group)
-        if spec.prompt_ids:
-            return replace(spec, prompt_ids=prefix + spec.prompt_ids)
-        return replace(spec, prompt_text=bytes(prefix).decode("ascii") + spec.prompt_text)
+        return self.shared_prefix(group)
 
     def trace_block(self, hash_id: int) -> tuple[int, ...]:
         """A Mooncake hash id's block: the same tokens wherever the id comes."""
