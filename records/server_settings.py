@@ -33,6 +33,10 @@ class Serving(Settings):
                                     compared=False)
     http_port_file: str | None = setting(None, "write the bound HTTP port here once serving",
                                          compared=False)
+    reasoning_tokens: int = setting(0, "HTTP chat: the first N tokens of each answer stream as "
+                                    "reasoning (reasoning_content deltas, a message holding the "
+                                    "N-th token whole), the rest as content, as a thinking "
+                                    "model's would; 0: none", check=at_least(0))
     max_queue: int = setting(1024, "waiting requests before RESOURCE_EXHAUSTED", check=at_least(1),
                              compared=False)
     max_streams_per_client: int = setting(0, "open requests (queued or running) one client may "

@@ -113,7 +113,8 @@ async def start(settings: ServerSettings) -> App:
         if serving.http_port is not None:
             app.http, app.http_port = await start_http(admission, name, serving.host,
                                                        serving.http_port, serving.grace_s,
-                                                       settings.limits.max_message_bytes, guard)
+                                                       settings.limits.max_message_bytes, guard,
+                                                       serving.reasoning_tokens)
     except OSError as exc:  # taken since server/settings.py checked the ports
         await app.drain(0)
         flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"

@@ -10,7 +10,10 @@ import threading
 
 import pytest
 
+from loadgen.targets.openai import OpenAITarget
 from proto import moe_pb2
+from records.declare import build
+from records.load_settings import LoadSettings
 from tests.conftest import running_server, server_process
 from tests.test_service import stats, wait_until
 
@@ -142,3 +145,29 @@ def test_sigterm_refuses_new_requests_with_503_and_lets_open_streams_finish(tmp_
         got = events(streaming.read().decode())
         assert got[-1] == "[DONE]" and got[-2]["choices"][0]["finish_reason"] == "length"
         assert proc.wait(timeout=20) == 0
+
+
+def test_reasoning_tokens_stream_first_as_reasoning_content_on_chat_only():
+    with running_server(max_batch_size=2, http_port=0, reasoning_tokens=3) as s:
+        body = {"messages": [{"role": "user", "content": "think"}], "max_tokens": 8,
+                "ignore_eos": True, "stream": True, "return_token_ids": True}
+        status, _, text = call(s.app.http_port, "POST", "/v1/chat/completions", body)
+        whole = json.loads(call(s.app.http_port, "POST", "/v1/chat/completions",
+                                {**body, "stream": False})[2])
+        plain = events(call(s.app.http_port, "POST", "/v1/completions",
+                            {"prompt": "x", "max_tokens": 4, "stream": True})[2])
+    assert status == 200
+    chunks = [c["choices"][0] for c in events(text)[:-1]]
+    kinds = ["reasoning_content" in c["delta"] for c in chunks]
+    assert kinds[0] and not kinds[-1] and kinds == sorted(kinds, reverse=True)  # then the answer
+    before = [sum(len(c["token_ids"]) for c in chunks[:i]) for i in range(len(chunks))]
+    first_answer = kinds.index(False)
+    assert before[first_answer] >= 3 and before[first_answer - 1] < 3  # the 3rd token's message
+    assert sum(len(c["token_ids"]) for c in chunks) == 8
+    # the load generator's openai target tells the two apart
+    target = OpenAITarget(build(LoadSettings, {"endpoint": "/v1/chat/completions",
+                                               "token_ids": True}).target)
+    assert [target.chunk_of(json.dumps({"choices": [c]})).reasoning for c in chunks] == kinds
+    message = whole["choices"][0]["message"]
+    assert message["reasoning_content"] and "content" in message
+    assert all("text" in c["choices"][0] for c in plain[:-1] if c["choices"])

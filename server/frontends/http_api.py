@@ -140,10 +140,13 @@ def call_of(body: Any, chat: bool, model: str) -> Call:
 
 
 class OpenAIApi:
-    def __init__(self, admission: Admission, model: str, tokens: Tokens | None = None):
+    def __init__(self, admission: Admission, model: str, tokens: Tokens | None = None,
+                 reasoning_tokens: int = 0):
+        """reasoning_tokens: chat answers stream their first this many as reasoning."""
         self.admission = admission
         self.model = model
         self.tokens = tokens
+        self.reasoning_tokens = reasoning_tokens
         self.created = int(time.time())
 
     def app(self, max_body_bytes: int) -> web.Application:
@@ -217,7 +220,8 @@ class OpenAIApi:
             return response_of(exc)
         async with stream:
             record_write = self.admission.engine_thread.record_write
-            answer = Answer(call, self.model, received_ns, record_write)
+            answer = Answer(call, self.model, received_ns, record_write,
+                            self.reasoning_tokens if chat else 0)
             if call.stream:
                 return await answer.streamed(request, stream.batches())
             return await answer.whole(stream.batches())
@@ -227,23 +231,37 @@ class Answer:
     """The response to one call: chunks as server-sent events, or one JSON body."""
 
     def __init__(self, call: Call, model: str, received_ns: int,
-                 written: Callable[[float], None] = lambda ms: None):
-        """written: told each token chunk's write delay, stamped -> the transport took it."""
+                 written: Callable[[float], None] = lambda ms: None, reasoning_tokens: int = 0):
+        """written: told each token chunk's write delay, stamped -> the transport took it;
+        reasoning_tokens: a chat answer's first this many tokens are reasoning (a batch that
+        begins among them is reasoning whole)."""
         self.call, self.model, self.received_ns = call, model, received_ns
         self.written = written
+        self.reasoning_tokens, self.tokens_out = reasoning_tokens, 0
         prefix = "chatcmpl" if call.chat else "cmpl"
         self.id = f"{prefix}-{call.ask.request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if call.chat else "text_completion"
 
-    def choice(self, batch: Batch, *, first: bool, streamed: bool) -> dict:
+    def thinking(self, batch: Batch) -> bool:
+        """Whether the batch is reasoning; counts its tokens as sent."""
+        thinking = self.tokens_out < self.reasoning_tokens
+        self.tokens_out += len(batch.ids)
+        return thinking
+
+    def choice(self, batch: Batch, *, first: bool, streamed: bool,
+               reasoning: str = "") -> dict:
+        """reasoning: streamed, the batch is reasoning ("" or its text); whole, the answer's
+        reasoning text."""
         reason = FINISH_REASONS.get(batch.finish_reason or "")
         if self.call.chat and streamed:
-            delta = {"role": "assistant", "content": batch.text} if first else {
-                "content": batch.text}
+            delta = ({"reasoning_content": reasoning} if reasoning
+                     else {"content": batch.text})
+            delta = {"role": "assistant", **delta} if first else delta
             out = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         elif self.call.chat:
-            out = {"index": 0, "message": {"role": "assistant", "content": batch.text},
+            thought = {"reasoning_content": reasoning} if reasoning else {}
+            out = {"index": 0, "message": {"role": "assistant", "content": batch.text, **thought},
                    "logprobs": None, "finish_reason": reason}
         else:
             out = {"index": 0, "text": batch.text, "logprobs": None, "finish_reason": reason}
@@ -280,8 +298,10 @@ class Answer:
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well
+                thought = batch.text if self.thinking(batch) else ""
                 await self.emit(response, self.envelope(True) | {
-                    "choices": [self.choice(batch, first=first, streamed=True)]})
+                    "choices": [self.choice(batch, first=first, streamed=True,
+                                            reasoning=thought)]})
                 first = False
                 if batch.usage is not None and self.call.include_usage:
                     await send(response, self.envelope(True) | {"choices": [],
@@ -293,16 +313,17 @@ class Answer:
         return response
 
     async def whole(self, batches) -> web.Response:
-        ids, text, last = [], [], None
+        ids, text, thought, last = [], [], [], None
         async for batch in batches:
             if batch.error is not None:
                 return response_of(batch.error)
             ids += batch.ids
-            text.append(batch.text)
+            (thought if self.thinking(batch) else text).append(batch.text)
             last = batch
         whole = Batch(ids, "".join(text), last.finish_reason, last.usage)
         return web.json_response(self.envelope(False) | {
-            "choices": [self.choice(whole, first=True, streamed=False)],
+            "choices": [self.choice(whole, first=True, streamed=False,
+                                    reasoning="".join(thought))],
             "usage": usage_of(whole)})
 
 
@@ -317,13 +338,14 @@ async def send(response: web.StreamResponse, event: dict) -> None:
 
 
 async def start_http(admission: Admission, model: str, host: str, port: int,
-                     grace_s: float, max_body_bytes: int,
-                     guard: Guard = OPEN) -> tuple[web.AppRunner, int]:
+                     grace_s: float, max_body_bytes: int, guard: Guard = OPEN,
+                     reasoning_tokens: int = 0) -> tuple[web.AppRunner, int]:
     """The API listening on host:port (0 = any free port), over TLS and checking tokens where
     the guard says; returns its runner and bound port. Cleaning the runner up gives open
     streams grace_s to finish."""
     # handler_cancellation: a client that leaves cancels its request at once, as over gRPC
-    runner = web.AppRunner(OpenAIApi(admission, model, guard.tokens).app(max_body_bytes),
+    api = OpenAIApi(admission, model, guard.tokens, reasoning_tokens)
+    runner = web.AppRunner(api.app(max_body_bytes),
                            shutdown_timeout=grace_s, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=guard.ssl_context)
