@@ -247,3 +247,13 @@ def test_a_session_ends_at_its_failed_turn_and_chat_carries_the_text_replies(tmp
     assert any(len(rows) >= 3 for rows in sessions.values())  # two replies carried
     assert figures["started"] == len(sessions) == sum(
         figures[k] for k in ("completed", "failed", "cancelled", "stopped"))
+
+
+def test_a_trace_requests_session_goes_with_it(tmp_path):
+    trace = tmp_path / "mine.jsonl"
+    trace.write_text('{"t_s": 0, "prompt_tokens": 4, "max_tokens": 2, "session": "u17"}\n'
+                     '{"t_s": 1, "prompt_tokens": 4, "max_tokens": 2}\n')
+    s = build(LoadSettings, {"trace": str(trace)})
+    first, second = Workload(s).request(0), Workload(s).request(1)
+    assert chat_target().headers_of(first)["X-Session-ID"] == "u17"
+    assert second.session == "" and first.turn == 0  # not a turn: nothing kept of its reply

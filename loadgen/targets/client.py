@@ -66,7 +66,7 @@ class StreamResult:
             self.reasoning.append(chunk.reasoning)
             if chunk.text:
                 self.texts.append(chunk.text)
-            if self.session and not chunk.reasoning:
+            if self.turn and not chunk.reasoning:
                 self.reply_ids.extend(chunk.ids)
                 if chunk.text or chunk.said:
                     self.reply_texts.append(chunk.text or chunk.said)

@@ -141,11 +141,12 @@ class Workload:
         tokens; its text where it has one; its output length."""
         entry = self.trace[index % len(self.trace)]
         if entry.prompt:
-            return RequestSpec(rid, entry.max_tokens, prompt_text=entry.prompt)
+            return RequestSpec(rid, entry.max_tokens, prompt_text=entry.prompt,
+                               session=entry.session)
         ids = tuple(itertools.chain.from_iterable(self.trace_block(h) for h in entry.hash_ids))
         ids = ids[:entry.prompt_tokens]
         ids += tuple(rng.choice(PRINTABLE) for _ in range(entry.prompt_tokens - len(ids)))
-        return RequestSpec(rid, entry.max_tokens, prompt_ids=ids)
+        return RequestSpec(rid, entry.max_tokens, prompt_ids=ids, session=entry.session)
 
     def _spec(self, index: int) -> RequestSpec:
         c = self.shape
