@@ -25,8 +25,12 @@ COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots
 	--max-step-tokens 32 --routing-skew affinity:0.1
 COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
+# The second comparison, a prefix workload: chat sessions of 4 turns, each re-sending its
+# history, the prefix cache on (the server's default), at a load small holds on 2 cores
+COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.2 --session-turns 4 \
+	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench gpu-check gpu-proto gpu-wheels lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench gpu-check gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -88,6 +92,7 @@ demo: install
 # per-request expert affinity against each policy, same server settings, goodput at stated SLOs.
 compare: install
 	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
+	$(call policy_runs,$(COMPARE_DIR)-sessions,$(POLICIES),$(COMPARE_SERVER),$(COMPARE_SESSIONS))
 
 # The seed's experiment (its section 4; docs/expert-parallelism.md): 8, 16 and 32 experts of the
 # same size and top-k (the same active parameters per token) over 2 ranks on an emulated link,
@@ -156,7 +161,10 @@ bench-engine: install
 bench-loadgen: install
 	$(PY) -m loadgen.bench_loadgen
 
-bench: bench-engine bench-loadgen
+bench-prefix: install
+	$(PY) -m server.tools.bench_prefix
+
+bench: bench-engine bench-loadgen bench-prefix
 
 # The GPU path in one short run (server/tools/gpu_check.py). Here: the project's environment, where the
 # parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python

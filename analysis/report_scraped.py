@@ -105,16 +105,29 @@ def timing_rows(series: SourceSeries, run: Run) -> list[list[str]]:
     return rows
 
 
+def _has_prefix(series: SourceSeries) -> bool:
+    return {"prefix_queries", "prefix_hits"} <= set(series.sources())
+
+
 def over_time_header(series: SourceSeries) -> list[str]:
     balance = ["expert balance"] if "expert_balance" in series.sources() else []
-    return ["run s", "waiting", "running", "KV usage", *balance, "client TTFT p50 (ms)",
-            "client TPOT p50 (ms)"]
+    prefix = ["prefix hit rate"] if _has_prefix(series) else []
+    return ["run s", "waiting", "running", "KV usage", *balance, *prefix,
+            "client TTFT p50 (ms)", "client TPOT p50 (ms)"]
+
+
+def _hit_rate(t: np.ndarray, hits: np.ndarray, queries: np.ndarray, start: float,
+              end: float) -> float | None:
+    """Prompt tokens hit / queried between the last scrapes at or before start and end."""
+    a, b = np.searchsorted(t, start, "right") - 1, np.searchsorted(t, end, "right") - 1
+    asked = queries[b] - queries[a]
+    return float((hits[b] - hits[a]) / asked) if asked > 0 else None
 
 
 def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[list[str]]:
     """At most OVER_TIME_ROWS windows of the run: the server's waiting, running and KV usage
-    (means of the scrapes in the window), its expert balance where exposed, beside the
-    client's TTFT and TPOT p50."""
+    (means of the scrapes in the window), its expert balance and prefix-cache hit rate where
+    exposed, beside the client's TTFT and TPOT p50."""
     t = np.array(series.t_s)
     if len(t) < 2:
         return []
@@ -122,6 +135,8 @@ def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[li
     edges = np.linspace(t[0], t[-1], min(OVER_TIME_ROWS, len(t) - 1) + 1)
     gauges = {name: series.values(name) for name in ("waiting", "running", "kv_usage")
               if name in series.sources()}
+    prefix = ((np.nan_to_num(series.values("prefix_hits")),
+               np.nan_to_num(series.values("prefix_queries"))) if _has_prefix(series) else None)
     rows = []
     for start, end in zip(edges, edges[1:], strict=False):
         inside = (t >= start) & (t <= end)
@@ -135,6 +150,8 @@ def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[li
         if "expert_balance" in series.sources():
             part = balance[(balance_t > start) & (balance_t <= end)]
             row.append(fmt_num(float(part.mean()) if len(part) else None, ".3f"))
+        if prefix is not None:
+            row.append(fmt_percent(_hit_rate(t, *prefix, start, end)))
         for metric in ("ttft_p50_ms", "tpot_p50_ms"):
             row.append(fmt_ms(_client_mean(client, metric, start, end)))
         rows.append(row)

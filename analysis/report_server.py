@@ -98,6 +98,14 @@ def _moe_fields(server: ServerView) -> list[tuple[str, str]]:
         fields.append(("expert-cache hit rate",
                        f"{fmt_percent(cache['hit_rate'])} ({int(cache['hits'])} hits, "
                        f"{int(cache['misses'])} misses, {fmt_ms(cache['copy_ms'])} ms copying)"))
+    counts = server.counters
+    if queries := counts.get("prefix_cache_queries"):
+        hits = counts.get("prefix_cache_hits", 0)
+        fields.append(("prefix-cache hit rate (prompt tokens)",
+                       f"{fmt_percent(hits / queries)} ({int(hits)} of {int(queries)}; "
+                       f"{int(counts.get('prefix_cache_copied', 0))} copied from running "
+                       f"sequences, {int(counts.get('prefix_cache_evictions', 0))} blocks "
+                       "evicted)"))
     if server.tokens_per_step is not None:
         fields.append(("tokens per step", f"{server.tokens_per_step:.1f}"))
     if server.kv_efficiency is not None:

@@ -19,6 +19,8 @@ LAB = EngineMap(
      "kv_usage": (Source("moe_kv_slots_in_use", per="moe_kv_slots"),),
      "prompt_tokens": (Source("moe_prompt_tokens"),),
      "generation_tokens": (Source("moe_tokens_generated"),),
+     "prefix_queries": (Source("moe_prefix_cache_queries"),),
+     "prefix_hits": (Source("moe_prefix_cache_hits"),),
      "requests_finished": (Source("moe_requests", (("outcome", "finished"),)),),
      "ttft": (Source("moe_request_seconds", (("phase", "ttft"),)),),
      "tpot": (Source("moe_request_seconds", (("phase", "tpot"),)),),

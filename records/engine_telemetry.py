@@ -123,6 +123,16 @@ METRICS: tuple[Metric, ...] = (
            family="moe_expert_bytes_read"),
     Metric("expert_compute_ms", COUNTER, "ms", "Time in expert compute",
            family="moe_expert_compute_seconds"),
+    Metric("prefix_cache_queries", COUNTER, "tokens", "Prompt tokens of the requests admitted, "
+           "looked up in the prefix cache (with it off too: none hit)",
+           family="moe_prefix_cache_queries", sparse=True),
+    Metric("prefix_cache_hits", COUNTER, "tokens", "Prompt tokens found in the prefix cache: "
+           "the prefill they saved", family="moe_prefix_cache_hits", sparse=True),
+    Metric("prefix_cache_copied", COUNTER, "tokens", "Prefix-cache hits copied from a slot in "
+           "use (the rest were kept in place)", family="moe_prefix_cache_copied", sparse=True),
+    Metric("prefix_cache_evictions", COUNTER, "blocks", "Prefix-cache blocks forgotten: their "
+           "slot taken by a new sequence, or past --prefix-cache-tokens",
+           family="moe_prefix_cache_evictions", sparse=True),
     # --- the engine now ---
     Metric("uptime_s", GAUGE, "s", "since the server started"),
     Metric("window_s", GAUGE, "s", "since the server started or the last ResetStats"),
@@ -131,6 +141,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("kv_slots_in_use", GAUGE, "slots", "KV cache pool slots held",
            family="moe_kv_slots_in_use"),
     Metric("kv_slots_total", GAUGE, "slots", "KV cache pool slots", family="moe_kv_slots"),
+    Metric("prefix_cache_blocks", GAUGE, "blocks", "Distinct prefix blocks the prefix cache "
+           "can serve now", family="moe_prefix_cache_blocks", sparse=True),
     Metric("mean_batch_size", GAUGE, "ratio", "requests per step, averaged over the window"),
     Metric("step_time_mean_ms", GAUGE, "ms", "mean wall time of one engine step"),
     Metric("expert_bandwidth_gb_s", GAUGE, "GB/s", "expert_bytes_read / expert_compute_ms"),

@@ -201,13 +201,24 @@ class Batching(Settings):
                             "--max-batch-size", check=at_least(0, note=" (0 = --max-batch-size)"))
     # The next two are policy knobs: they differ between policies by design.
     max_wait_ms: float = setting(50.0, "static, dynamic: longest wait for a batch to fill; "
-                                 "expert_aware: age bound", check=at_least(0), compared=False)
+                                 "expert_aware, prefix_aware: age bound", check=at_least(0),
+                                 compared=False)
     max_step_tokens: int = setting(512, "latency_sensitive: tokens per step, decodes first, then "
                                    "prompt chunks", check=at_least(1), compared=False)
     max_prefill_tokens: int = setting(8192, "prompt tokens one step prefills, under every "
                                       "policy: the rest of a longer prompt, and the prompts after "
                                       "it, wait for the next steps (a step's activation memory "
                                       "grows with its prompt tokens)", check=at_least(1))
+    prefix_cache: bool = setting(True, "reuse the KV of prompt prefixes already computed, by "
+                                 "block, kept in the pool's free slots (docs/design.md, "
+                                 "\"Prefix cache\"); --no-prefix-cache computes every prompt "
+                                 "from its first token")
+    prefix_block_tokens: int = setting(16, "tokens of one prefix-cache block: prefixes are "
+                                       "reused in whole blocks", check=at_least(1))
+    prefix_cache_tokens: int | None = setting(None, "most tokens the prefix cache keeps in free "
+                                              "slots (least recently used forgotten first); "
+                                              "default: the whole pool, --kv-slots x the "
+                                              "context", check=at_least(1))
 
 
 @dataclass(frozen=True)

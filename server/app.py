@@ -26,6 +26,7 @@ from server.frontends.security import guard_of
 from server.scheduling.engine_thread import EngineThread
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import build_policy
+from server.scheduling.prefix_cache import PrefixCache
 from server.settings import check, resolve
 from server.telemetry.step_log import StepLog
 
@@ -88,9 +89,12 @@ async def start(settings: ServerSettings) -> App:
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None
-    engine_thread = EngineThread(engine, build_policy(settings.batching), serving.max_queue,
+    batching = settings.batching
+    prefix_cache = (PrefixCache(batching.prefix_block_tokens, engine.slots,
+                                batching.prefix_cache_tokens) if batching.prefix_cache else None)
+    engine_thread = EngineThread(engine, build_policy(batching), serving.max_queue,
                                  step_log, settings.faults, HeapTrimmer(model.heap_trim_s),
-                                 settings.batching.max_prefill_tokens)
+                                 batching.max_prefill_tokens, prefix_cache)
     engine_thread.start()
     limits = RequestLimits(engine.args.vocab_size, engine.args.max_seq_len,
                            serving.max_tokens_limit, serving.max_streams_per_client)

@@ -60,6 +60,7 @@ def check(settings: ServerSettings, ports: bool = True) -> None:
     except ValueError as e:
         raise SettingsError(f"--routing-skew: {e}") from None
     build_policy(settings.batching)  # a policy checks its own knobs
+    check_prefix_cache(settings, args)
     check_parallel(settings, args)
     check_exposure(settings)
     guard_of(settings.security)  # the certificates and tokens can be read
@@ -91,6 +92,19 @@ def check_parallel(settings: ServerSettings, args: ModelArgs) -> None:
             "the whole step; not supported with --ep (drop it: dropless)")
     require(not moe.expert_cache, "expert-cache", "not supported with --ep (each rank holds "
             "only its own experts already)")
+
+
+def check_prefix_cache(settings: ServerSettings, args: ModelArgs) -> None:
+    """Blocks fit the context, and the cache's cap the pool."""
+    b = settings.batching
+    require(b.prefix_block_tokens <= args.max_seq_len, "prefix-block-tokens",
+            f"must be at most the context ({args.max_seq_len} tokens), got "
+            f"{b.prefix_block_tokens}")
+    pool = settings.kv_slots * args.max_seq_len
+    require(b.prefix_cache_tokens is None or b.prefix_cache_tokens <= pool,
+            "prefix-cache-tokens", f"must be at most the KV pool, --kv-slots "
+            f"{settings.kv_slots} x {args.max_seq_len} context = {pool} tokens, got "
+            f"{b.prefix_cache_tokens}")
 
 
 def listeners(settings: ServerSettings) -> list[tuple[str, str, int]]:

@@ -106,6 +106,43 @@ def test_greedy_tokens_equal_transformers_generate_while_batched(checkpoints, na
     assert len(set(generated)) > 5  # real sequences, not one token repeated
 
 
+SHARED = "the experts route every token, and the batch waits for the slowest"
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_prefix_cache_hits_give_the_tokens_a_whole_prefill_gives(checkpoints, name):
+    """One by one (a hit kept in place, a next turn hitting the reply too), then two at once
+    hitting one slot (one keeps it, the other copies it while it runs): every output is
+    transformers' greedy one for the whole prompt."""
+    directory, model = checkpoints[name]
+    with running_server(checkpoint=str(directory), policy="static", max_batch_size=2,
+                        kv_slots=4, max_wait_ms=200, prefix_block_tokens=4) as served:
+        tokenizer = served.app.service.admission.tokenizer
+        asked: list[tuple[list[int], list[int]]] = []
+
+        def ask(ids: list[int]) -> list[int]:
+            out = [t for m in served.stub.Generate(moe_pb2.GenerateRequest(
+                prompt_token_ids=ids, max_tokens=12, ignore_eos=True)) for t in m.token_ids]
+            asked.append((ids, out))
+            return out
+
+        first = tokenizer.encode(SHARED + " one")
+        ask(tokenizer.encode(SHARED + " two words"))
+        reply = ask(first)
+        turn = first + reply + tokenizer.encode(" and then")
+        turn = turn + ask(turn)
+        threads = [threading.Thread(target=ask, args=(turn + tokenizer.encode(end),))
+                   for end in (" x", " y z")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    assert len(asked) == 5 and stats.prefix_cache_hits > len(turn) and stats.prefix_cache_copied
+    for i, (ids, out) in enumerate(asked):
+        assert out == greedy(model, ids)[:12], (name, i, len(ids))
+
+
 def test_streamed_text_holds_back_a_character_split_across_tokens(checkpoints):
     directory, _ = checkpoints["olmoe"]
     tokenizer = open_checkpoint(str(directory)).tokenizer()

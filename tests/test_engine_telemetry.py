@@ -77,7 +77,8 @@ def test_each_getstats_record_holds_its_messages_fields_and_the_declared_ones(me
 
 
 def test_a_reading_for_every_metric_on_one_rank_and_on_several():
-    now = Now(running=1, waiting=2, kv_slots_in_use=1, kv_slots_total=4, uptime_s=1.0,
+    now = Now(running=1, waiting=2, kv_slots_in_use=1, kv_slots_total=4, prefix_cache_blocks=0,
+              uptime_s=1.0,
               gpu=GpuStats(-1.0, 0, 0), heap_trims=0, heap_trim_ms=0.0, faults=FaultCounts())
     declared = {m.name for m in METRICS}
     for ranks in (1, 2):

@@ -24,6 +24,7 @@ from server.engine.stages import STAGES
 from server.engine.tokenizer import ByteTokenizer
 from server.scheduling.batching_loop import BatchingLoop
 from server.scheduling.policies import POLICIES, build_policy, length_bucket
+from server.scheduling.prefix_cache import PrefixCache
 from server.scheduling.requests import Request, TokenEvent
 from tests.conftest import running_server
 
@@ -65,7 +66,7 @@ class FakeEngine:
     def step(self, seqs) -> StepResult:
         used = torch.zeros(len(seqs), N_LAYERS, N_EXPERTS, dtype=torch.bool)
         for i, s in enumerate(seqs):
-            if s.start_pos == 0:
+            if s.begins:
                 self.key_of[s.slot] = s.routing_key
             key = self.key_of[s.slot]
             used[i, :, [key % N_EXPERTS, (key // N_EXPERTS) % N_EXPERTS]] = True
@@ -104,22 +105,27 @@ class Recording:
 
 
 def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
-             max_prefill_tokens: int | None = None, **knobs) -> Run:
-    """arrivals: (time ms, prompt tokens, max tokens, priority) per request."""
+             max_prefill_tokens: int | None = None, prompt_of=None, cache_block: int = 0,
+             **knobs) -> Run:
+    """arrivals: (time ms, prompt tokens, max tokens, priority) per request; prompt_of(i, n):
+    request i's prompt of n tokens (default n ones); cache_block: the prefix cache's block
+    tokens (0: no cache)."""
     clock = FakeClock()
     engine = FakeEngine(clock, kv_slots)
     run = Run(engine, [])
     batching = Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)
     policy = Recording(build_policy(batching), run)
+    cache = PrefixCache(cache_block, engine.slots) if cache_block else None
     loop = BatchingLoop(engine, policy, max_queue=10_000, clock=clock,
-                        max_prefill_tokens=max_prefill_tokens)
+                        max_prefill_tokens=max_prefill_tokens, prefix_cache=cache)
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
         while pending and pending[0][1][0] * MS <= clock.now_ns:
             i, (t_ms, prompt, max_tokens, priority) = pending.pop(0)
             rid = f"r{i}"
             run.events[rid] = []
-            req = Request(request_id=rid, prompt_ids=[1] * prompt, max_tokens=max_tokens,
+            ids = prompt_of(i, prompt) if prompt_of else [1] * prompt
+            req = Request(request_id=rid, prompt_ids=ids, max_tokens=max_tokens,
                           sink=run.events[rid].append, ignore_eos=True, priority=priority,
                           received_ns=int(t_ms * MS))
             run.requests.append(req)
@@ -174,6 +180,45 @@ def test_no_step_prefills_more_than_max_prefill_tokens(policy):
         chunks.update(r.request_id for r, _ in plan.prefill)
     longest = max(range(30), key=lambda i: arrivals[i][1])
     assert chunks[f"r{longest}"] >= 4  # a prompt of up to 70 tokens, 16 at most a step
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_request_finishes_exactly_once_over_the_prefix_cache(policy):
+    arrivals = poisson_arrivals(60, rate_per_ms=0.2, prompts=(8, 64), priorities=(0, 1))
+    run = simulate(policy, arrivals, max_wait_ms=20, max_step_tokens=48, cache_block=4,
+                   prompt_of=lambda i, n: ([i % 3] * 24 + [9] * n)[:n])
+    assert_each_finished_once(run, arrivals)
+    prefilled = sum(n for _, _, plan, _ in run.views for _, n in plan.prefill)
+    assert prefilled < sum(a[1] for a in arrivals)  # the shared prefixes were not prefilled again
+
+
+def group_prompt(i: int, n: int) -> list[int]:
+    """Requests r0, r2, r4... share one prefix; the others have prompts of their own."""
+    return [5] * n if i % 2 == 0 else [100 + i] * n
+
+
+def test_prefix_aware_admits_the_longest_cached_prefix_first():
+    # r0 runs alone (one slot); r1 (no hit) and r2 (r0's prompt) wait for it
+    arrivals = [(0, 32, 8, 0), (1, 32, 8, 0), (2, 32, 8, 0)]
+    orders = {}
+    for policy in ("fcfs", "prefix_aware"):
+        run = simulate(policy, arrivals, kv_slots=1, max_batch_size=1, max_wait_ms=1000,
+                       cache_block=4, prompt_of=group_prompt)
+        assert_each_finished_once(run, arrivals)
+        orders[policy] = [r.request_id for _, _, plan, _ in run.views for r, _ in plan.prefill]
+    assert orders == {"fcfs": ["r0", "r1", "r2"], "prefix_aware": ["r0", "r2", "r1"]}
+
+
+def test_prefix_aware_admits_a_request_without_a_hit_within_its_age_bound():
+    # a steady stream sharing r0's prefix would always win; r1 has none of its own
+    arrivals = [(0, 32, 4, 0), (0.5, 32, 4, 0)] + [(1 + 2 * k, 32, 4, 0) for k in range(80)]
+    run = simulate("prefix_aware", arrivals, kv_slots=1, max_batch_size=1, max_wait_ms=20,
+                   cache_block=4, prompt_of=lambda i, n: [100] * n if i == 1 else [5] * n)
+    assert_each_finished_once(run, arrivals)
+    admitted_at = next(now for _, _, plan, now in run.views
+                       if any(r.request_id == "r1" for r, _ in plan.prefill))
+    step_ms = 0.05 * 32 + 2 * N_EXPERTS  # the longest step here: a whole prompt
+    assert admitted_at / MS <= 0.5 + 20 + 4 * step_ms  # its bound, then the request before
 
 
 def test_static_never_admits_mid_batch():

@@ -4,13 +4,15 @@ saturation (waiting grows while running sits at its cap), KV-cache pressure (usa
 with preemptions), prefix-cache misses (a hit rate well below what the run's prompts shared,
 summary.json's workload.prefix_share), expert imbalance (balancedness low), and a slow front
 door (the client's TTFT far above the server's own). Each names the families it read; a rule
-whose families the server does not expose says which."""
+whose families the server does not expose says which. The prefix rule reads this project's
+server's GetStats counters where nothing was scraped."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from analysis.readers.server_metrics import SourceSeries, figures
+from analysis.readers.server_stats import server_view
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals
 from records.metric_maps import BY_CONCEPT
@@ -111,18 +113,32 @@ def kv_pressure(d: Signals) -> Finding:
     return Finding(*KV, fired, verdict, evidence)
 
 
+def _getstats_prefix(d: Signals) -> tuple[float, str] | None:
+    """This project's server without /metrics: its prefix-cache counters over the run, from
+    its GetStats snapshots (hit rate, what was read); None where it counted none."""
+    view = server_view(d.run.summary.server)
+    queries = view.counters.get("prefix_cache_queries", 0) if view is not None else 0
+    if not queries:
+        return None
+    return (view.counters.get("prefix_cache_hits", 0) / queries,
+            f"GetStats prefix_cache_hits / prefix_cache_queries, {view.basis}")
+
+
 def prefix_misses(d: Signals) -> Finding:
     series, why = _with(d, "prefix_queries")
     gauge = None
     if series is None:
         series, _ = _with(d, "prefix_hit_rate")
         gauge = series is not None
-    if series is None:
+    if series is None and (own := _getstats_prefix(d)) is not None:
+        rate, used = own
+    elif series is None:
         return Finding(*PREFIX, False, why, [], judged=False)
-    figs = figures(series)
-    if gauge:
+    elif gauge:
+        figs = figures(series)
         rate, used = figs["prefix_hit_rate"].mean, _family(series, "prefix_hit_rate")
     else:
+        figs = figures(series)
         queries = figs["prefix_queries"].total
         # a server that makes its series on first use (SGLang) has none until its first hit
         hits = figs["prefix_hits"].total if "prefix_hits" in figs else 0.0

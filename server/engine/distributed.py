@@ -100,7 +100,10 @@ class DistributedEngine:
         for s in seqs:
             rank = s.slot % self.world
             where.append((rank, len(parts[rank])))
-            parts[rank].append(dataclasses.replace(s, slot=s.slot // self.world))
+            # a cached prefix is copied on its own rank (the scheduler keeps it there)
+            source = None if s.prefix_from is None else s.prefix_from // self.world
+            parts[rank].append(dataclasses.replace(s, slot=s.slot // self.world,
+                                                   prefix_from=source))
         try:
             self.group.command((STEP, parts))
             mine = self.local.step(parts[0])

@@ -31,6 +31,15 @@ class SeqInput:
     temperature: float = 0.0
     seed: int = 0  # seeds the sequence's sampling when it starts (start_pos 0, temperature > 0)
     routing_key: int = 0  # seeds the request's affinity preference (affinity skew)
+    # a new sequence whose first start_pos positions are a cached prefix (server/scheduling/
+    # prefix_cache.py): the slot they are copied from before the step, or its own slot, where
+    # they were kept in place; None: no cached prefix
+    prefix_from: int | None = None
+
+    @property
+    def begins(self) -> bool:
+        """A new sequence starts in the slot: its sampler and affinity are made anew."""
+        return self.start_pos == 0 or self.prefix_from is not None
 
 
 @dataclass(kw_only=True)

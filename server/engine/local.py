@@ -112,20 +112,31 @@ class LocalEngine:
 
     def generator(self, s: SeqInput) -> torch.Generator:
         """The sampler of the sequence in s.slot, new when the sequence starts."""
-        if s.start_pos == 0 or s.slot not in self._generators:
+        if s.begins or s.slot not in self._generators:
             self._generators[s.slot] = torch.Generator(device=self.device).manual_seed(s.seed)
         return self._generators[s.slot]
+
+    @torch.no_grad()
+    def copy_prefixes(self, seqs: list[SeqInput]) -> None:
+        """Each new sequence's cached prefix, copied into its slot from the slot holding it
+        (every layer's keys and values of its first start_pos positions), before the step
+        writes anything."""
+        for s in seqs:
+            if s.prefix_from is not None and s.prefix_from != s.slot:
+                for cache in (self.kv.k, self.kv.v):
+                    cache[:, s.slot, :, :s.start_pos] = cache[:, s.prefix_from, :, :s.start_pos]
 
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """Runs one forward pass over all seqs and samples the next token of each."""
         self.timer.begin()
+        self.copy_prefixes(seqs)
         (tokens,) = lists_to_device([[t for s in seqs for t in s.token_ids]], self.device)
         layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
                                   self.device, self.kv_slots)
         token_bias = None
         if self.slot_bias is not None:
             for s in seqs:
-                if s.start_pos == 0:
+                if s.begins:
                     bias = self.skew.request_bias(self.args.n_layers, self.args.n_experts,
                                                   s.routing_key, self.seed)
                     self.slot_bias[s.slot] = to_device(bias, self.device)

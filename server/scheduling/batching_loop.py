@@ -22,6 +22,7 @@ from server.errors import QueueFullError
 from server.scheduling.fairness import fair_order
 from server.scheduling.faults import Injector
 from server.scheduling.policies import Policy, StepPlan, View, within_prefill_budget
+from server.scheduling.prefix_cache import PrefixCache, block_keys
 from server.scheduling.requests import FailureEvent, Request, TokenEvent, Usage
 from server.telemetry.histogram import count_bounds
 from server.telemetry.step_log import StepLog
@@ -36,9 +37,12 @@ MIN_RETRY_S = 0.05
 class BatchingLoop:
     def __init__(self, engine: Engine, policy: Policy, max_queue: int,
                  clock: Callable[[], int] = time.monotonic_ns, step_log: StepLog | None = None,
-                 faults: Injector | None = None, max_prefill_tokens: int | None = None):
-        """max_prefill_tokens: prompt tokens per step under any policy; None: no cap."""
+                 faults: Injector | None = None, max_prefill_tokens: int | None = None,
+                 prefix_cache: PrefixCache | None = None):
+        """max_prefill_tokens: prompt tokens per step under any policy; None: no cap.
+        prefix_cache: where new requests reuse cached prompt prefixes; None: they never do."""
         self.engine = engine
+        self.prefix_cache = prefix_cache
         self.faults = faults
         self.policy = policy
         self.max_prefill_tokens = max_prefill_tokens
@@ -84,26 +88,71 @@ class BatchingLoop:
         self._reap_cancelled()
         now = self.clock()
         plan = self.policy.plan(View(now, fair_order(self.waiting, self.resident),
-                                     self.resident, len(self.engine.slots)))
+                                     self.resident, len(self.engine.slots), self.cached))
         if self.max_prefill_tokens is not None:
             plan.prefill = within_prefill_budget(plan.prefill, self.max_prefill_tokens)
         admitted = []
         for req, _ in plan.prefill:
             if req.slot is None:
-                req.slot = self.engine.slots.take()
+                self._take_slot(req)
                 req.admitted_ns = now
                 self.waiting.remove(req)
                 self.resident.append(req)
                 admitted.append(len(req.prompt_ids))
         self.telemetry.record_admitted(admitted)
+        # a cached prefix shortened the prompt left
+        plan.prefill = [(req, min(n, req.prompt_left)) for req, n in plan.prefill]
         return plan
+
+    def _take_slot(self, req: Request) -> None:
+        """A KV slot for a new request: where the prefix cache places it (its cached prefix
+        then counts as prefilled), or the pool's next."""
+        cache, counts = self.prefix_cache, self.telemetry.counts
+        counts["prefix_cache_queries"] += req.prompt_len  # without a cache: none of it hits
+        if cache is None:
+            req.slot = self.engine.slots.take()
+            return
+        placement, evicted = cache.place(self.keys_of(req), req.prompt_len)
+        req.slot, req.prefilled = placement.slot, placement.cached
+        req.prefix_from = placement.source
+        counts["prefix_cache_hits"] += placement.cached
+        counts["prefix_cache_copied"] += placement.cached * (placement.source != placement.slot)
+        counts["prefix_cache_evictions"] += evicted
+
+    def cached(self, req: Request) -> int:
+        """The prompt tokens a waiting request would find in the prefix cache now."""
+        if self.prefix_cache is None:
+            return 0
+        return self.prefix_cache.cached(self.keys_of(req), req.prompt_len)
+
+    def keys_of(self, req: Request) -> list[int]:
+        if req.block_keys is None:
+            req.block_keys = block_keys(req.prompt_ids, self.prefix_cache.block)
+        return req.block_keys
+
+    def _give_slot(self, req: Request) -> None:
+        """The request's slot back to the pool; its KV stays there for the prefix cache (its
+        blocks computed: the prompt once prefilled, and the output but its last token)."""
+        cache = self.prefix_cache
+        if cache is not None and not req.prompt_left:
+            if req.output_ids[:-1]:
+                cache.computed(req.slot, block_keys(req.prompt_ids + req.output_ids[:-1],
+                                                    cache.block))
+            else:
+                cache.computed(req.slot, self.keys_of(req))
+        self.engine.slots.give(req.slot)
+        if cache is not None:
+            self.telemetry.counts["prefix_cache_evictions"] += cache.freed()
 
     def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
         """One engine step for the plan; returns the result and its start and end times."""
         seqs = [SeqInput(req.slot, req.prompt_ids[req.prefilled:req.prefilled + n], req.prefilled,
                          temperature=req.temperature, seed=req.seed,
-                         routing_key=request_key(req.request_id, req.seed))
+                         routing_key=request_key(req.request_id, req.seed),
+                         prefix_from=req.prefix_from)
                 for req, n in plan.prefill]
+        for req, _ in plan.prefill:
+            req.prefix_from = None  # taken in by this step
         seqs += [SeqInput(req.slot, req.output_ids[-1:],
                           len(req.prompt_ids) + len(req.output_ids) - 1,
                           temperature=req.temperature, seed=req.seed)
@@ -131,6 +180,8 @@ class BatchingLoop:
                 if req.prompt_left:
                     continue  # a prompt chunk: its logits are not a token yet
                 req.first_token_ns = t1
+                if self.prefix_cache is not None:  # its prompt can serve others now
+                    self.prefix_cache.computed(req.slot, self.keys_of(req))
             req.output_ids.append(token)
             stops = (token in self.engine.tokenizer.eos_ids and not req.ignore_eos
                      and len(req.output_ids) > req.min_tokens)
@@ -141,7 +192,7 @@ class BatchingLoop:
                 finished += 1
                 lifetime_s = (t1 - req.received_ns) / 1e9
                 self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
-                self.engine.slots.give(req.slot)
+                self._give_slot(req)
                 usage = Usage(prompt_tokens=len(req.prompt_ids),
                               completion_tokens=len(req.output_ids),
                               queue_us=(req.admitted_ns - req.received_ns) // 1000,
@@ -172,7 +223,7 @@ class BatchingLoop:
                 self.waiting.remove(req)
             else:
                 self.resident.remove(req)
-                self.engine.slots.give(req.slot)
+                self._give_slot(req)
         self.cancelled.clear()
 
     def fail_all(self, error: Exception) -> None:
@@ -192,5 +243,5 @@ class BatchingLoop:
         for req in pending:
             req.done = True
             if req.slot is not None:
-                self.engine.slots.give(req.slot)
+                self._give_slot(req)
             req.sink(FailureEvent(error))

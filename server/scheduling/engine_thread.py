@@ -20,6 +20,7 @@ from server.scheduling.batching_loop import BatchingLoop
 from server.scheduling.faults import InjectedFault, Injector
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import Policy
+from server.scheduling.prefix_cache import PrefixCache
 from server.scheduling.requests import Request
 from server.telemetry.process import GpuStats, gpu_stats
 from server.telemetry.readings import Now, readings
@@ -43,14 +44,16 @@ def out_of_memory(exc: RuntimeError) -> bool:
 class EngineThread:
     def __init__(self, engine: Engine, policy: Policy, max_queue: int,
                  step_log: StepLog | None = None, faults: Faults | None = None,
-                 heap: HeapTrimmer | None = None, max_prefill_tokens: int | None = None):
+                 heap: HeapTrimmer | None = None, max_prefill_tokens: int | None = None,
+                 prefix_cache: PrefixCache | None = None):
         self.engine = engine
         self.heap = heap or HeapTrimmer(0)  # returns freed memory between steps
         self.policy = policy
         self.started_ns = time.monotonic_ns()
         self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
         self.batching = BatchingLoop(engine, policy, max_queue, step_log=step_log,
-                                     faults=self.faults, max_prefill_tokens=max_prefill_tokens)
+                                     faults=self.faults, max_prefill_tokens=max_prefill_tokens,
+                                     prefix_cache=prefix_cache)
         self.before = self.batching.new_telemetry()  # the windows ResetStats ended, added up
         # called on the engine thread if a step raises
         self.on_failure: Callable[[], None] | None = None
@@ -135,6 +138,7 @@ class EngineThread:
         return Now(running=len(b.resident), waiting=len(b.waiting),
                    kv_slots_in_use=engine.kv_slots - len(engine.slots),
                    kv_slots_total=engine.kv_slots,
+                   prefix_cache_blocks=b.prefix_cache.blocks if b.prefix_cache else 0,
                    uptime_s=(time.monotonic_ns() - self.started_ns) / 1e9,
                    gpu=gpu, heap_trims=self.heap.trims,
                    heap_trim_ms=self.heap.trim_ms, faults=self.faults.snapshot())

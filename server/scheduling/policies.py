@@ -17,7 +17,7 @@ that set them (records/server_settings.py), and one entry in POLICIES.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar, Protocol
 
@@ -64,6 +64,8 @@ class View:
     waiting: Sequence[Pending]  # not yet admitted, oldest first
     resident: Sequence[Pending]  # hold a KV slot, in admission order
     free_slots: int
+    # the prompt tokens a waiting request would find in the prefix cache now (0 without one)
+    cached: Callable[[Pending], int] = lambda req: 0
 
 
 def age_ms(req: Pending, now_ns: int) -> float:
@@ -267,8 +269,35 @@ class LatencySensitive:
         return plan
 
 
+@dataclass(frozen=True)
+class PrefixAware:
+    """Continuous batching that admits first the waiting requests with the longest cached
+    prompt prefix (the prefix cache, on by default), in the spirit of SGLang's
+    longest-prefix-match scheduling: they prefill least, and run while the prefix they share
+    is still cached. A request that has waited max_wait_ms is admitted first, in arrival
+    order, so none starves. Decodes and resumed prompts go as in fcfs."""
+
+    name: ClassVar[str] = "prefix_aware"
+    max_batch_size: int
+    max_wait_ms: float
+
+    def plan(self, v: View) -> StepPlan:
+        plan = StepPlan(decode=decoding(v.resident)[:self.max_batch_size])
+        room = self.max_batch_size - len(plan.decode)
+        plan.prefill = resuming(v.resident)[:room]
+        room = min(room - len(plan.prefill), v.free_slots)
+        if room <= 0 or not v.waiting:
+            return plan
+        overdue = [r for r in v.waiting if age_ms(r, v.now_ns) >= self.max_wait_ms]
+        # stable: equal prefixes in arrival order
+        rest = sorted((r for r in v.waiting if age_ms(r, v.now_ns) < self.max_wait_ms),
+                      key=lambda r: -v.cached(r))
+        plan.prefill += [(r, r.prompt_left) for r in (overdue + rest)[:room]]
+        return plan
+
+
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fcfs, Static, Dynamic, ExpertAware,
-                                                         LatencySensitive)}
+                                                         LatencySensitive, PrefixAware)}
 
 
 def build_policy(batching: Batching) -> Policy:

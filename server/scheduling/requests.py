@@ -56,6 +56,10 @@ class Request:
     last_run_ns: int = 0  # last step that included it (expert_aware's age bound)
     prefill_us: int = 0  # engine time of the steps that prefilled it
     signature: torch.Tensor | None = None  # [L, E] experts its last step used
+    # the prefix cache's (server/scheduling/prefix_cache.py): its prompt's block keys, worked
+    # out once; the slot its cached prefix comes from, until the step that takes it in
+    block_keys: list[int] | None = None
+    prefix_from: int | None = None
     done: bool = False
 
     @property

@@ -29,6 +29,7 @@ class Now:
     waiting: int
     kv_slots_in_use: int
     kv_slots_total: int
+    prefix_cache_blocks: int  # distinct blocks the prefix cache can serve (0 without one)
     uptime_s: float
     gpu: GpuStats
     heap_trims: int  # since the server started (server/scheduling/heap.py)
@@ -58,7 +59,7 @@ def readings(t: Telemetry, cache: list[CacheCounters], now: Now) -> dict[str, ob
         **counts, **hists,
         "uptime_s": now.uptime_s, "window_s": t.window_s,
         "running": now.running, "waiting": now.waiting, "kv_slots_in_use": now.kv_slots_in_use,
-        "kv_slots_total": now.kv_slots_total,
+        "kv_slots_total": now.kv_slots_total, "prefix_cache_blocks": now.prefix_cache_blocks,
         "mean_batch_size": hists["batch_size"].mean, "step_time_mean_ms": hists["step_ms"].mean,
         "expert_bandwidth_gb_s": (counts["expert_bytes_read"] / compute_ms / 1e6 if compute_ms
                                   else 0.0),
