@@ -8,7 +8,7 @@
    prompt, the step prefilling only the part past the cached prefix, and what the hit adds
    (the lookup and the copy of the prefix's KV from another slot), medians of --repeats.
 3. The bookkeeping's share of a decode step with no hits: the batching loop's plan, run and
-   apply over decode-only steps, with the cache and without.
+   apply over decode-only steps, with the cache and without, rounds alternated, medians.
 
 Prints a table, then one line of JSON with every number. Timings are information, never
 asserted.
@@ -90,26 +90,31 @@ def decode_steps(engine: LocalEngine, cache: bool, batch: int, steps: int) -> fl
 
 def ttft_over_the_wire(preset: str, prefix: int, rate: float, duration_s: int) -> dict:
     """TTFT p50 of the same Locust run against the server with the cache and without."""
+    load = ["-t", f"{duration_s}s", "--rate", str(rate), "--shared-prefix-tokens", str(prefix),
+            "--prefix-groups", "1", "--prompt-tokens", "32", "--max-tokens", "16"]
     out = {}
     for name, flags in (("cache", []), ("no_cache", ["--no-prefix-cache"])):
         with tempfile.TemporaryDirectory() as tmp:
-            port_file = Path(tmp) / "port"
+            port_file, run_dir = Path(tmp) / "port", Path(tmp) / "run"
             server = subprocess.Popen([sys.executable, "-m", "server", "--preset", preset,
                                        "--port", "0", "--port-file", str(port_file), *flags],
                                       cwd=REPO, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
             try:
                 deadline = time.monotonic() + 120
-                while not port_file.exists() and time.monotonic() < deadline:
+                while not (port_file.exists() and port_file.read_text().strip()):
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise SystemExit(f"the server ({name}) did not start")
                     time.sleep(0.1)
-                run_dir = Path(tmp) / "run"
-                subprocess.run([str(Path(sys.executable).parent / "locust"), "-f",
-                                "loadgen/moe.py", "--headless", "--only-summary", "--host",
-                                f"127.0.0.1:{port_file.read_text()}", "-t", f"{duration_s}s",
-                                "--rate", str(rate), "--shared-prefix-tokens", str(prefix),
-                                "--prefix-groups", "1", "--prompt-tokens", "32",
-                                "--max-tokens", "16", "--run-dir", str(run_dir)],
-                               cwd=REPO, capture_output=True, timeout=duration_s + 120)
+                host = f"127.0.0.1:{port_file.read_text().strip()}"
+                done = subprocess.run([str(Path(sys.executable).parent / "locust"), "-f",
+                                       "loadgen/moe.py", "--headless", "--only-summary",
+                                       "--host", host, "--run-dir", str(run_dir), *load],
+                                      cwd=REPO, capture_output=True, text=True,
+                                      timeout=duration_s + 120)
+                if not (run_dir / "summary.json").exists():
+                    raise SystemExit(f"the {name} run wrote no summary:\n"
+                                     f"{(done.stdout + done.stderr)[-3000:]}")
                 summary = json.loads((run_dir / "summary.json").read_text())
                 out[name] = summary["metrics"]["ttft_ms"]["p50"]
             finally:
@@ -131,8 +136,11 @@ def main() -> None:
     torch.manual_seed(0)
     engine = LocalEngine.from_preset(args.preset, 8, "cpu", torch.float32, 0)
     hit = hit_cost(engine, args.prefix_tokens, 32, args.repeats)
-    with_cache = decode_steps(engine, True, 4, 30)
-    without = decode_steps(engine, False, 4, 30)
+    rounds = {True: [], False: []}
+    for _ in range(args.repeats):  # alternated, so drift falls on both alike
+        for cache in (True, False):
+            rounds[cache].append(decode_steps(engine, cache, 4, 20))
+    with_cache, without = statistics.median(rounds[True]), statistics.median(rounds[False])
     results = {"hit": hit, "hit_cost_share": (hit["copy_ms"] + hit["lookup_ms"]) / hit["saved_ms"],
                "decode_step_ms": {"cache": with_cache, "no_cache": without},
                "bookkeeping_share": with_cache / without - 1}
