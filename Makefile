@@ -27,7 +27,7 @@ COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --
 	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
 # The second comparison, a prefix workload: chat sessions of 4 turns, each re-sending its
 # history, the prefix cache on (the server's default), at a load small holds on 2 cores
-COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.2 --session-turns 4 \
+COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
 	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
 .PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench gpu-check gpu-proto gpu-wheels lint docs clean

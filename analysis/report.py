@@ -288,7 +288,8 @@ def answer(report: Report) -> str:
         offered = (f"A stress run from {traffic.rate:g} requests/s: "
                    + ("no step held" if knee is None else f"the knee is {knee:g} requests/s"))
     else:
-        offered = f"Offered {traffic.rate:g} requests/s ({traffic.mode}, {traffic.arrival})"
+        unit = "sessions/s" if traffic.mode == "sessions" else "requests/s"
+        offered = f"Offered {traffic.rate:g} {unit} ({traffic.mode}, {traffic.arrival})"
     parts = [f"{offered} to the {config.target.target} server at {config.sender.host}, "
              f"measured over {summary.window_s:.0f} s: achieved {t.requests_per_s:.2f} "
              f"requests/s and {t.output_tokens_per_s:.1f} output tokens/s."]

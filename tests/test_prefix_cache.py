@@ -155,3 +155,25 @@ def test_a_run_reads_the_hit_rate_against_what_the_workload_shared(tmp_path):
         if cache:
             assert re.search(r"prefix-cache hit rate \(prompt tokens\) (\d+\.\d)%", report)
     assert "prefix_misses" not in verdicts[True] and "prefix_misses" in verdicts[False]
+
+
+@pytest.mark.slow
+def test_two_ranks_reuse_prefixes_on_the_rank_holding_them_and_generate_what_one_does():
+    shared = list(range(40, 104))
+    prompts = [shared + [7], shared + [8, 9], shared + [7, 10], shared + [11, 12, 13]]
+    outputs = {}
+    for name, flags in (("one rank, no cache", {"prefix_cache": False}), ("two ranks", {"ep": 2})):
+        got: dict = {}
+        with running_server(max_batch_size=2, kv_slots=4, **flags) as served:
+            generate(served.stub, prompts[0], got, 0)
+            threads = [threading.Thread(target=generate, args=(served.stub, prompts[i], got, i))
+                       for i in (1, 2, 3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+        outputs[name] = [got[i] for i in range(4)]
+        if "ep" in flags:
+            assert stats.prefix_cache_hits >= len(shared)
+    assert outputs["two ranks"] == outputs["one rank, no cache"]
