@@ -80,6 +80,9 @@ def main() -> None:
     p.add_argument("--reasoning-tokens", type=int, default=0,
                    help="openai chat: each stream's first N tokens are reasoning "
                    "(reasoning_content deltas), the rest the answer")
+    p.add_argument("--no-health", dest="health", action="store_false",
+                   help="moe: leave out the standard grpc.health.v1 service (a user's own "
+                   "moe.v1 server, an older build)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="/metrics: count prefix-cache queries, never a hit")
     p.add_argument("--metrics-port-file", default="",

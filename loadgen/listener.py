@@ -20,6 +20,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
+from loadgen.headroom import headroom
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.rundir import write_run_dir
 from loadgen.recording.summary import histogram_encodings
@@ -40,6 +41,7 @@ from records.server_stats import ServerStats
 from records.summary import ServerSnapshots, Summary
 
 log = logging.getLogger("loadgen")
+WARMUP_ENTRY = " (warm-up)"  # Locust's statistics entry of the requests not measured
 
 
 def settings_of(environment) -> LoadSettings:
@@ -140,10 +142,12 @@ class RunListener:
                            f"{settings.recording.run_dir}/worker-{self.rank}")
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
+            say_headroom(settings, len(ranks))
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test)
             self.run.scraping = start_server_metrics(settings, self.run.started_at)
             log.info("%s", describe(settings))
+            say_headroom(settings)
         self.recorder, self.timeline = self.run.recorder, self.run.timeline
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
@@ -174,11 +178,16 @@ class RunListener:
         """Each request once into Locust's own statistics, so its request rate and failures are
         the run's: named by its class ("generate" without classes), its time the end-to-end
         latency from the scheduled send, its size the output tokens; a failure by its status.
-        TTFT, TPOT and ITL are in the web UI's Latency (HDR) tab (loadgen/web/tab.py)."""
+        A request scheduled in the warm-up goes in an entry of its own ("... (warm-up)"), so the
+        named entry counts what the report measures. TTFT, TPOT and ITL are in the web UI's
+        Latency (HDR) tab (loadgen/web/tab.py)."""
         end_ns = result.recv_ns[-1] if result.recv_ns else time.monotonic_ns()
         failed = not result.ok and result.status != CLIENT_CANCELLED  # cancelled on purpose
+        name = result.klass or "generate"
+        if self.recorder is not None and result.scheduled_ns < self.recorder.warmup_end_ns:
+            name += WARMUP_ENTRY
         self.environment.events.request.fire(
-            request_type=self.request_type, name=result.klass or "generate",
+            request_type=self.request_type, name=name,
             response_time=(end_ns - result.scheduled_ns) / 1e6,
             response_length=sum(result.tokens),
             exception=RuntimeError(f"{result.status}: {result.details}") if failed else None,
@@ -269,6 +278,13 @@ def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]
     if stats is not None and not stats.ok:
         log.warning("%s server at %s: %s", target.name, host, stats.error)
     return "", stats
+
+
+def say_headroom(settings: LoadSettings, workers: int = 1) -> None:
+    """Before the run: whether one process can time what it is asked (loadgen/headroom.py)."""
+    if (said := headroom(settings, workers)) is not None:
+        holds, line = said
+        (log.info if holds else log.warning)("this run %s", line)
 
 
 def describe(settings: LoadSettings, workers: int = 1) -> str:

@@ -4,6 +4,7 @@ own counts, interval logs read back by HdrHistogram's reader, the report produce
 UI driven over HTTP; a master with two workers merging exactly; and a graceful SIGTERM while
 streams are open."""
 
+import csv
 import json
 import re
 import socket
@@ -62,6 +63,15 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS  # the schema the README documents
+    # Locust's own table counts the measured requests, the warm-up's in an entry of their own,
+    # its median our E2E p50 within Locust's rounding (to 2 significant digits past 100 ms)
+    entries = {row["Name"]: row for row in csv.DictReader(open(tmp_path / "lc_stats.csv"))}
+    req = summary["requests"]
+    assert int(entries["generate"]["Request Count"]) == req["sent"] - req["warmup"]
+    assert int(entries["generate (warm-up)"]["Request Count"]) == req["warmup"] > 0
+    e2e_p50 = summary["metrics"]["e2e_ms"]["p50"]
+    assert abs(float(entries["generate"]["Median Response Time"]) - e2e_p50) <= max(
+        1.0, 0.05 * e2e_p50)
     # Locust's --csv gains the HDR figures its own files lack
     latency = (tmp_path / "lc_latency.csv").read_text().splitlines()
     ttft = next(line for line in latency if line.startswith('"TTFT"')).split(",")

@@ -4,21 +4,24 @@ slot holding nothing or used longest ago, never a running sequence's, the cap, a
 refused; through the real server, hits counted in GetStats and /metrics and the same tokens
 as without the cache (per architecture: tests/test_checkpoints.py)."""
 
-import json
 import re
 import threading
 import urllib.request
 
 import pytest
 
+from analysis.diagnosis import diagnose
+from analysis.readers.rundir import load_run
+from analysis.readers.server_stats import server_view
+from analysis.report_server import server_text
 from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
 from server.engine.slots import RankSlots, SlotPool
 from server.scheduling.prefix_cache import PrefixCache, block_keys
 from server.settings import check
-from tests.cli import analysis
 from tests.conftest import running_server
+from tests.test_diagnosis import finding
 from tests.test_end_to_end import locust
 
 
@@ -146,15 +149,17 @@ def test_a_run_reads_the_hit_rate_against_what_the_workload_shared(tmp_path):
     for cache in (True, False):
         run_dir = tmp_path / f"cache-{cache}"
         with running_server(prefix_cache=cache, max_batch_size=4) as served:
-            done = locust(served.port, run_dir, "-t", "4s", "--rate", "3", "--arrival",
+            done = locust(served.port, run_dir, "-t", "2s", "--rate", "4", "--arrival",
                           "constant", "--shared-prefix-tokens", "64", "--prompt-tokens", "8",
                           "--max-tokens", "4")
         assert done.returncode == 0, done.stdout
-        report = analysis("report", str(run_dir)).stdout
-        verdicts[cache] = json.loads(report.splitlines()[-1])["diagnosis_fired"]
-        if cache:
-            assert re.search(r"prefix-cache hit rate \(prompt tokens\) (\d+\.\d)%", report)
-    assert "prefix_misses" not in verdicts[True] and "prefix_misses" in verdicts[False]
+        run = load_run(run_dir)
+        verdicts[cache] = finding(diagnose(run), "prefix_misses")
+        text = " ".join(server_text(server_view(run.summary.server)))
+        rate = re.search(r"prefix-cache hit rate \(prompt tokens\) (\d+\.\d)%", text)
+        assert (float(rate[1]) > 50) is cache
+    assert verdicts[True].judged and not verdicts[True].fired
+    assert verdicts[False].fired and "workload shared" in verdicts[False].verdict
 
 
 @pytest.mark.slow

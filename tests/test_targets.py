@@ -6,10 +6,12 @@ this project's own server over its HTTP port; settings a target cannot run with 
 before any request."""
 
 import json
+import logging
 
 import pytest
 
 from loadgen.settings import check
+from loadgen.targets.moe import MoeTarget
 from loadgen.targets.target import TARGETS
 from records.declare import SettingsError, build
 from records.jsonform import to_json
@@ -17,8 +19,6 @@ from records.load_settings import LoadSettings
 from tests.conftest import delay_server_process, server_process
 from tests.test_end_to_end import locust
 from tests.tokenizer_files import write_word_tokenizer
-
-pytestmark = pytest.mark.timing  # measured against known delays: make test runs them alone
 
 # Locust's gevent clients add delivery lag at this light load (docs/measured.md), and the
 # reference server's own wake-ups a few ms more.
@@ -54,6 +54,7 @@ EXTRA = {("openai", "gevent"): ("--tokenizer", "{tokenizer}"),
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # measured against known delays: make test runs them alone
 @pytest.mark.parametrize("client", ["gevent", "aio"])
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_a_target_measures_its_reference_server_truthfully(tmp_path, target, client):
@@ -163,3 +164,16 @@ def test_secrets_are_not_written_down():
     config = to_json(settings)
     assert config["api_key"] == "<set>" and config["headers"] == "<set>"
     assert "sk-1" not in json.dumps(config)
+
+
+def test_a_moe_server_without_the_health_service_is_still_a_server(tmp_path, caplog):
+    target = MoeTarget(build(LoadSettings, {}).target)
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "full").mkdir()
+    with delay_server_process(tmp_path / "bare", "--protocol", "moe", "--no-health") as (_, port):
+        with caplog.at_level(logging.WARNING, logger="loadgen"):
+            assert target.probe(f"127.0.0.1:{port}") == ""
+    assert "readiness could not be checked" in caplog.text and "UNIMPLEMENTED" in caplog.text
+    with delay_server_process(tmp_path / "full", "--protocol", "moe") as (_, port):
+        assert target.probe(f"127.0.0.1:{port}") == ""  # serving, said by its health service
+    assert "not answering" in target.probe("127.0.0.1:9")  # nobody there

@@ -149,11 +149,12 @@ async def start(protocol: str, pacer: Pacer):
     server = grpc.aio.server()
     if protocol == "moe":
         moe_pb2_grpc.add_MoEInferenceServicer_to_server(MoeServicer(pacer), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        service = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
-        for name in ("", service):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if pacer.args.health:  # --no-health: a moe.v1 server without the standard service
+            health_servicer = health.aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            service = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
+            for name in ("", service):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     else:
         servicer, add = (triton_servicer(pacer) if protocol == "triton"
                          else engine_servicer(protocol, pacer))

@@ -8,6 +8,8 @@ account of the request (queue, prefill, decode, TTFT). GetStats is sampled durin
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -18,6 +20,10 @@ from records.jsonform import from_json
 from records.server_stats import ServerStats
 
 SERVICE = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
+# the health check's answers from a server without the standard service (or without the
+# service named in it): an answer all the same
+NO_HEALTH_SERVICE = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)
+log = logging.getLogger("loadgen")
 
 
 class MoeTarget(GrpcTarget):
@@ -47,6 +53,11 @@ class MoeTarget(GrpcTarget):
                     health_pb2.HealthCheckRequest(service=SERVICE), timeout=PROBE_S,
                     metadata=self.credentials.metadata)
         except grpc.RpcError as exc:
+            if exc.code() in NO_HEALTH_SERVICE:  # it answered: it is up
+                log.warning("moe server at %s answers but has no grpc.health.v1 check for %s "
+                            "(%s): readiness could not be checked; going on", host, SERVICE,
+                            exc.code().name)
+                return ""
             return self.not_answering(host, exc)
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
