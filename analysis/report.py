@@ -23,7 +23,13 @@ from analysis.readers.server_metrics import ServerSide
 from analysis.readers.server_stats import ServerView, server_view
 from analysis.readers.timeseries import ClientSeries, client_series
 from analysis.report_scraped import headline_figures, scraped_markdown, scraped_text
-from analysis.report_server import EXPERTS_PNG, STAGES_PNG, server_markdown, server_text
+from analysis.report_server import (
+    EXPERTS_PNG,
+    STAGES_PNG,
+    prefix_over_time,
+    server_markdown,
+    server_text,
+)
 from analysis.report_sessions import sessions_markdown, sessions_text
 from analysis.rules.delivery import delivery_split
 from analysis.rules.delivery import lines as delivery_lines
@@ -222,6 +228,10 @@ def render_markdown(report: Report) -> str:
     if report.server or summary.server_time_ms:
         parts += ["## Server", *server_markdown(report.server, summary.server_time_ms,
                                                 bool(report.series and report.series.stage_ms))]
+    if prefix := prefix_over_time(report.series, report.client):
+        parts += ["### Prefix-cache hit rate over time, beside the client's TTFT",
+                  markdown_table(["run s", "prompt tokens queried", "hit rate",
+                                  "client TTFT p50 (ms)"], prefix)]
     if report.scraped:
         parts += ["## Server metrics (scraped)",
                   *scraped_markdown(report.scraped, run, report.client)]

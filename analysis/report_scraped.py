@@ -153,12 +153,12 @@ def over_time_rows(series: SourceSeries, client: ClientSeries | None) -> list[li
         if prefix is not None:
             row.append(fmt_percent(_hit_rate(t, *prefix, start, end)))
         for metric in ("ttft_p50_ms", "tpot_p50_ms"):
-            row.append(fmt_ms(_client_mean(client, metric, start, end)))
+            row.append(fmt_ms(client_mean(client, metric, start, end)))
         rows.append(row)
     return rows
 
 
-def _client_mean(client: ClientSeries | None, metric: str, start: float,
+def client_mean(client: ClientSeries | None, metric: str, start: float,
                  end: float) -> float | None:
     if client is None or not len(client):
         return None

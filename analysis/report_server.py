@@ -1,10 +1,15 @@
 """The report's server section: the server's counters over the run, its own timing, and the
 MoE view (expert load per layer, distinct experts per step, dropped slots, expert-cache hit
-rate, stage time per step, batching efficiency)."""
+rate, stage time per step, batching efficiency), and the prefix cache's hit rate over time."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from analysis.readers.samples import ServerSeries
 from analysis.readers.server_stats import ServerView, expert_shares
+from analysis.readers.timeseries import ClientSeries
+from analysis.report_scraped import OVER_TIME_ROWS, client_mean
 from analysis.tables import (
     STAT_COLUMNS,
     fmt_ms,
@@ -114,3 +119,23 @@ def _moe_fields(server: ServerView) -> list[tuple[str, str]]:
     if server.prefill_padded_share is not None:
         fields.append(("prefill padding share", fmt_percent(server.prefill_padded_share)))
     return fields
+
+
+def prefix_over_time(series: ServerSeries | None,
+                     client: ClientSeries | None) -> list[list[str]]:
+    """The prefix cache's hit rate (prompt tokens hit / queried) over windows of the run's
+    GetStats samples, beside the client's TTFT p50; [] where the server counted no query."""
+    queries = series.counters.get("prefix_cache_queries") if series is not None else None
+    if queries is None or not np.nansum(queries):
+        return []
+    hits = series.counters["prefix_cache_hits"]
+    edges = np.linspace(series.t_s[0] - series.length_s[0], series.t_s[-1],
+                        min(OVER_TIME_ROWS, len(series)) + 1)
+    rows = []
+    for start, end in zip(edges, edges[1:], strict=False):
+        inside = (series.t_s > start) & (series.t_s <= end)
+        asked = float(np.nansum(queries[inside]))
+        rows.append([f"{start:.0f}-{end:.0f}", f"{asked:.0f}",
+                     fmt_percent(float(np.nansum(hits[inside])) / asked if asked else None),
+                     fmt_ms(client_mean(client, "ttft_p50_ms", start, end))])
+    return rows

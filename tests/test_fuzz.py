@@ -179,7 +179,7 @@ def run_analysis(*argv: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize(("command", "examples"), [pytest.param("diagnose", 120,
                                                                 marks=pytest.mark.slow),
-                                                   pytest.param("report", 8,
+                                                   pytest.param("report", 5,
                                                                 marks=pytest.mark.slow)])
 def test_a_damaged_run_directory_is_read_or_refused_naming_the_file(tmp_path, command,
                                                                     examples):

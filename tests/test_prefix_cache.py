@@ -11,9 +11,11 @@ import urllib.request
 import pytest
 
 from analysis.diagnosis import diagnose
-from analysis.readers.rundir import load_run
+from analysis.readers.rundir import load_run, read_samples
+from analysis.readers.samples import server_series
 from analysis.readers.server_stats import server_view
-from analysis.report_server import server_text
+from analysis.readers.timeseries import client_series
+from analysis.report_server import prefix_over_time, server_text
 from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
@@ -158,6 +160,8 @@ def test_a_run_reads_the_hit_rate_against_what_the_workload_shared(tmp_path):
         text = " ".join(server_text(server_view(run.summary.server)))
         rate = re.search(r"prefix-cache hit rate \(prompt tokens\) (\d+\.\d)%", text)
         assert (float(rate[1]) > 50) is cache
+        over_time = prefix_over_time(server_series(read_samples(run_dir)), client_series(run))
+        assert over_time and all(row[2].endswith("%") for row in over_time)
     assert verdicts[True].judged and not verdicts[True].fired
     assert verdicts[False].fired and "workload shared" in verdicts[False].verdict
 

@@ -34,9 +34,9 @@ def test_fixed_rate_percentiles_match_the_known_delays(tmp_path):
 
 def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
     run_dir = tmp_path / "run"
-    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "1.5",
                               "--stall-s", "2") as (_, port):
-        done = locust(port, run_dir, "-t", "7s", "--rate", "10", "--arrival", "constant",
+        done = locust(port, run_dir, "-t", "5s", "--rate", "10", "--arrival", "constant",
                       "--prompt-tokens", "4", "--max-tokens", "3")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -52,9 +52,9 @@ def test_a_stall_of_every_stream_shows_in_ttft_p99(tmp_path):
 
 def test_closed_loop_hides_the_same_stall_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
-    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "2.5",
+    with delay_server_process(tmp_path, "--ttft-ms", "20", "--itl-ms", "10", "--stall-at-s", "1.5",
                               "--stall-s", "2") as (_, port):
-        done = locust(port, run_dir, "-t", "7s", "--mode", "closed", "-u", "2", "-r", "2",
+        done = locust(port, run_dir, "-t", "5s", "--mode", "closed", "-u", "2", "-r", "2",
                       "--prompt-tokens", "4", "--max-tokens", "3")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())

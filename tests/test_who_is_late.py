@@ -98,9 +98,9 @@ def start_hog(**_):
 def test_only_a_generator_that_is_late_itself_is_accused(tmp_path, starved):
     locustfile = tmp_path / "starved.py"
     locustfile.write_text(STARVED)
-    # the demo's load (2 requests/s, 64 + 32 tokens); one torch thread leaves the generator a
-    # core of a 2-core machine
-    with server_process(tmp_path, "--preset", "small", "--torch-threads", "1") as (_, port):
+    # the demo's load (2 requests/s, 64 + 32 tokens) on the tiny preset, whose steps leave the
+    # generator a core of a 2-core machine
+    with server_process(tmp_path) as (_, port):
         flags = ["-t", "6s", "--rate", "2", "--prompt-tokens", "64", "--max-tokens", "32",
                  "--warmup-s", "2"]
         done = (locust_file(port, tmp_path / "run", locustfile, flags) if starved
