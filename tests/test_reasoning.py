@@ -33,6 +33,9 @@ def test_reasoning_deltas_are_told_apart_from_the_answer():
     assert not answer.reasoning and answer.text == "42"
     both = target.chunk_of(event({"content": "so", "reasoning_content": "."}))
     assert not both.reasoning  # the answer has begun
+    held = target.chunk_of(event({"reasoning_content": ""}, token_ids=[195]))
+    assert held.reasoning and held.tokens == 1  # a character held back: its token still came
+    assert not target.chunk_of(event({"content": "x", "reasoning_content": None})).reasoning
     completions = OpenAITarget(build(LoadSettings, {}).target)
     assert not completions.chunk_of(json.dumps({"choices": [{"text": "x"}]})).reasoning
 

@@ -147,10 +147,13 @@ class OpenAITarget:
         choice = choices[0]
         if not isinstance(choice, dict):
             raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
-        thinking = ""
+        thinking, thinks = "", False
         if self.chat:
             delta = choice.get("delta") or {}
-            # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning
+            # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning. A delta
+            # with the key is reasoning even when its text is empty (a character held back
+            # until whole: its token ids still came)
+            thinks = any(delta.get(k) is not None for k in ("reasoning_content", "reasoning"))
             thinking = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
             answer = str(delta.get("content") or "")
         else:
@@ -162,7 +165,7 @@ class OpenAITarget:
                      said=answer if tokens else "",
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
-                     reasoning=bool(thinking) and not answer)
+                     reasoning=thinks and not answer)
 
     def check_reply(self, status: int, content_type: str, body: bytes) -> None:
         """Raises unless the reply is the start of an event stream; body: an error's first

@@ -249,13 +249,13 @@ class Answer:
         self.tokens_out += len(batch.ids)
         return thinking
 
-    def choice(self, batch: Batch, *, first: bool, streamed: bool,
+    def choice(self, batch: Batch, *, first: bool, streamed: bool, thinking: bool = False,
                reasoning: str = "") -> dict:
-        """reasoning: streamed, the batch is reasoning ("" or its text); whole, the answer's
-        reasoning text."""
+        """thinking: streamed, the batch is reasoning (its text, held-back characters and
+        all, goes as reasoning_content); reasoning: whole, the answer's reasoning text."""
         reason = FINISH_REASONS.get(batch.finish_reason or "")
         if self.call.chat and streamed:
-            delta = ({"reasoning_content": reasoning} if reasoning
+            delta = ({"reasoning_content": batch.text} if thinking
                      else {"content": batch.text})
             delta = {"role": "assistant", **delta} if first else delta
             out = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
@@ -298,10 +298,9 @@ class Answer:
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well
-                thought = batch.text if self.thinking(batch) else ""
                 await self.emit(response, self.envelope(True) | {
                     "choices": [self.choice(batch, first=first, streamed=True,
-                                            reasoning=thought)]})
+                                            thinking=self.thinking(batch))]})
                 first = False
                 if batch.usage is not None and self.call.include_usage:
                     await send(response, self.envelope(True) | {"choices": [],
