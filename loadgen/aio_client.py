@@ -27,6 +27,7 @@ class AioSender:
         self.on_result = on_result
         self.on_loop_lag = on_loop_lag
         self.not_sent = 0
+        self.cpu_s: float | None = None  # the sender's CPU from time zero, at its end
         self.offered = Offered()  # what the sender's requests asked for, at its end
         self.ready = Event()  # set once the sender is connected (or gone)
         self.ended = Event()
@@ -52,6 +53,7 @@ class AioSender:
                 self.ready.set()
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
+                self.cpu_s = data["cpu_s"]
                 self.offered = Offered.of_state(data["offered"])
                 break
             elif "loop_lag" in data:

@@ -10,8 +10,8 @@ the run is set up; once the target's client is imported and connected the sender
 ({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
-(loadgen/traffic/offered.py)} and exits. Every second it also writes
-{"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
+(loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero} and exits. Every
+second it also writes {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
 (loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
 (loadgen/traffic/). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
 processes. Output goes through a non-blocking pipe writer, so a slow reader never stalls the
@@ -66,6 +66,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
                target, conn, count: TextCounter, schedule) -> None:
     """The schedule from start_ns until "stop" (or its end), then the drain."""
     sender = settings.sender
+    cpu_start_s = time.process_time()  # its CPU from time zero, not its imports
     stopped = asyncio.Event()
 
     async def watch_stdin():
@@ -123,7 +124,8 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
     probe.cancel()
     if lags:
         emit({"loop_lag": lags})
-    emit({"end": True, "not_sent": not_sent, "offered": offered.state()})
+    emit({"end": True, "not_sent": not_sent, "offered": offered.state(),
+          "cpu_s": time.process_time() - cpu_start_s})
     while transport.get_write_buffer_size():
         await asyncio.sleep(0.01)
 
