@@ -135,11 +135,8 @@ class BatchingLoop:
         blocks computed: the prompt once prefilled, and the output but its last token)."""
         cache = self.prefix_cache
         if cache is not None and not req.prompt_left:
-            if req.output_ids[:-1]:
-                cache.computed(req.slot, block_keys(req.prompt_ids + req.output_ids[:-1],
-                                                    cache.block))
-            else:
-                cache.computed(req.slot, self.keys_of(req))
+            cache.computed(req.slot, block_keys(req.prompt_ids + req.output_ids[:-1],
+                                                cache.block, self.keys_of(req)))
         self.engine.slots.give(req.slot)
         if cache is not None:
             self.telemetry.counts["prefix_cache_evictions"] += cache.freed()

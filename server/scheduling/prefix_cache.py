@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from server.engine.slots import Slots
 
 
-def block_keys(ids: list[int], block: int) -> list[int]:
-    """The chained key of each full block of ids."""
-    keys, parent = [], 0
-    for start in range(0, len(ids) - block + 1, block):
+def block_keys(ids: list[int], block: int, known: list[int] = ()) -> list[int]:
+    """The chained key of each full block of ids; known: the keys of its first blocks, already
+    worked out (only the blocks after them are hashed)."""
+    keys = list(known)
+    parent = keys[-1] if keys else 0
+    for start in range(len(keys) * block, len(ids) - block + 1, block):
         parent = hash((parent, tuple(ids[start:start + block])))
         keys.append(parent)
     return keys
@@ -61,7 +63,7 @@ class PrefixCache:
         """Where a new request goes and what it reuses, and the blocks it evicts; takes the
         slot from the pool."""
         self.clock += 1
-        holders, blocks = self._longest(keys[:(prompt_len - 1) // self.block])
+        holders, blocks = self._longest(self._usable(keys, prompt_len))
         free = [s for s in holders if s in self.slots]
         if free:
             placement = Placement(free[-1], blocks * self.block, free[-1])
@@ -76,7 +78,12 @@ class PrefixCache:
 
     def cached(self, keys: list[int], prompt_len: int) -> int:
         """The prompt tokens a request would find now (what `place` would reuse at most)."""
-        return self._longest(keys[:(prompt_len - 1) // self.block])[1] * self.block
+        return self._longest(self._usable(keys, prompt_len))[1] * self.block
+
+    def _usable(self, keys: list[int], prompt_len: int) -> list[int]:
+        """The prompt's blocks a hit may cover: all but its last token (computed for the first
+        output token's logits)."""
+        return keys[:(prompt_len - 1) // self.block]
 
     def _longest(self, keys: list[int]) -> tuple[list[int], int]:
         """The slots holding the longest run of keys from the first, and its length."""
