@@ -67,6 +67,20 @@ def test_out_of_range_values_are_clamped_and_counted():
     assert h.count == 3 and h.clamped == 2
 
 
+def test_recording_a_stream_at_once_is_recording_each_value():
+    rng = random.Random(3)
+    values = [0, 1, 2047, 2048, HIGHEST_US, -4, HIGHEST_US + 1, 0.6]
+    values += [rng.lognormvariate(9, 4) for _ in range(5000)]  # past the top too
+    one_by_one, at_once = Histogram(), Histogram()
+    for v in values:
+        one_by_one.record(v)
+    at_once.record_all(values[:100])
+    at_once.record_all(values[100:])
+    assert at_once.clamped == one_by_one.clamped > 2
+    assert at_once.encode() == one_by_one.encode()
+    assert (at_once.hdr.min_value, at_once.hdr.max_value) == (0, HIGHEST_US)
+
+
 @pytest.mark.parametrize("n", [1, 7, 300, 20_000])
 def test_histogram_queries_equal_hdrhistogram_s_own(n):
     rng = random.Random(n)

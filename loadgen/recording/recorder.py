@@ -143,13 +143,10 @@ class Recorder:
                             + (["all"] if all(checks.values()) else []))
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
             self.record(name, getattr(timing, f"{name}_us"))
-        for itl in timing.itl_us:
-            self.record("itl", itl)
-        for itl in timing.itl_token_us:
-            self.record("itl_token", itl)
-        for lag in timing.delivery_lag_us:
-            # clamps the sub-microsecond rounding below zero
-            self.record("delivery_lag", max(lag, 0))
+        self.record_all("itl", timing.itl_us)
+        self.record_all("itl_token", timing.itl_token_us)
+        # the sub-microsecond rounding below zero is 0, not a clamped value
+        self.record_all("delivery_lag", [max(lag, 0) for lag in timing.delivery_lag_us])
         if timing.tpot_us is not None:
             self.record("tpot", timing.tpot_us)
         if any(result.reasoning):
@@ -223,6 +220,11 @@ class Recorder:
         """Into the run's histogram and the current interval's."""
         self.client[metric].record(value_us)
         self.interval[metric].record(value_us)
+
+    def record_all(self, metric: str, values_us: list[float]) -> None:
+        """record() of each of a stream's values."""
+        self.client[metric].record_all(values_us)
+        self.interval[metric].record_all(values_us)
 
     def take_interval(self) -> dict[str, Histogram]:
         """The interval histograms so far; recording goes on into fresh ones."""
