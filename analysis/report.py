@@ -396,7 +396,8 @@ def _accounting(run: Run) -> str:
 
 def _generator(run: Run) -> list[str]:
     generator = run.summary.generator
-    lines = [f"late sends {generator.late_sends} (sent more than "
+    sender = f"{generator.client} sender, " if generator.client else ""
+    lines = [f"{sender}late sends {generator.late_sends} (sent more than "
              f"{generator.late_threshold_ms:.1f} ms after their scheduled time)"]
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
                        ("loop_lag", "loop lag (the generator's event loop woke late)"),

@@ -129,11 +129,10 @@ def prefix_over_time(series: ServerSeries | None,
     if queries is None or not np.nansum(queries):
         return []
     hits = series.counters["prefix_cache_hits"]
-    edges = np.linspace(series.t_s[0] - series.length_s[0], series.t_s[-1],
-                        min(OVER_TIME_ROWS, len(series)) + 1)
     rows = []
-    for start, end in zip(edges, edges[1:], strict=False):
-        inside = (series.t_s > start) & (series.t_s <= end)
+    # consecutive samples in each row, so every row holds some (a run's last sample is short)
+    for inside in np.array_split(np.arange(len(series)), min(OVER_TIME_ROWS, len(series))):
+        start, end = series.t_s[inside[0]] - series.length_s[inside[0]], series.t_s[inside[-1]]
         asked = float(np.nansum(queries[inside]))
         rows.append([f"{start:.0f}-{end:.0f}", f"{asked:.0f}",
                      fmt_percent(float(np.nansum(hits[inside])) / asked if asked else None),

@@ -17,23 +17,50 @@ from loadgen.traffic.offered import Offered
 from records.declare import flat
 from records.load_settings import LoadSettings
 
+_spare: subprocess.Popen | None = None  # a sender started ahead of its run (prewarm)
+
+
+def _spawn() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def prewarm() -> None:
+    """Starts a sender ahead of the next run, so its interpreter and imports (0.3-0.7 s) do not
+    eat into the run's -t: at Locust's init, before the timer is armed, and after a run in the
+    web UI. It waits for its job; the next AioSender takes it."""
+    global _spare
+    if _spare is None or _spare.poll() is not None:
+        _spare = _spawn()
+
+
+def discard_spare() -> None:
+    """Ends a spare no run took (it exits on the end of its input)."""
+    global _spare
+    if _spare is not None:
+        _spare.stdin.close()
+        _spare.wait()
+        _spare = None
+
 
 class AioSender:
     def __init__(self, on_result: Callable[[StreamResult], None], settings: LoadSettings,
                  workers: int, index: int, on_loop_lag: Callable[[int, int], None]):
-        """Starts the sender process now and hands it the job, so its imports and its connection
-        are done before the schedule begins. on_loop_lag: each wake of the sender's own
-        event-loop probe, (time ns, lateness us)."""
+        """Starts the sender process now (or takes the spare, see prewarm) and hands it the job,
+        so its imports and its connection are done before the schedule begins. on_loop_lag:
+        each wake of the sender's own event-loop probe, (time ns, lateness us)."""
         self.on_result = on_result
         self.on_loop_lag = on_loop_lag
         self.not_sent = 0
         self.cpu_s: float | None = None  # the sender's CPU from time zero, at its end
         self.offered = Offered()  # what the sender's requests asked for, at its end
         self.ready = Event()  # set once the sender is connected (or gone)
+        self.schedule_over = Event()  # a finite schedule (a trace) is sent
         self.ended = Event()
         self.started = False
-        self.proc = subprocess.Popen([sys.executable, "-m", "loadgen.aio_sender"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        global _spare
+        spare, _spare = _spare, None
+        self.proc = spare if spare is not None and spare.poll() is None else _spawn()
         self._send({"config": flat(settings), "workers": workers, "index": index})
         gevent.spawn(self._read)
 
@@ -51,6 +78,8 @@ class AioSender:
             data = json.loads(line)
             if data.get("ready"):
                 self.ready.set()
+            elif data.get("schedule_over"):
+                self.schedule_over.set()
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
                 self.cpu_s = data["cpu_s"]

@@ -7,7 +7,8 @@ sends the schedule and timestamps every message itself. Its parent (loadgen/aio_
 writes one JSON job line to its stdin ({"config": the settings, flat, "workers", "index"}) as
 the run is set up; once the target's client is imported and connected the sender answers
 {"ready": true}, and the parent starts the schedule with a line of its time zero
-({"start_ns"}). It reads one JSON line per finished request from its stdout, and writes
+({"start_ns"}); at the end of a finite schedule (a trace) it writes {"schedule_over": true}. It
+reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
 (loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero} and exits. Every
@@ -27,7 +28,7 @@ import time
 
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
-from loadgen.targets.target import target_of
+from loadgen.targets.target import TARGETS, target_class, target_of
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
@@ -36,11 +37,20 @@ from records.declare import build
 from records.load_settings import LoadSettings
 
 
+def preload() -> None:
+    """Every target's module and aiohttp (the openai target's asyncio client, imported lazily
+    there, 0.35 s): done while the sender waits for its job, so the job starts at once."""
+    for name in TARGETS:
+        target_class(name)
+    import aiohttp  # noqa: F401
+
+
 async def main() -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
+    preload()
     line = await reader.readline()
     if not line:  # the parent closed the pipe without a job
         return
@@ -112,6 +122,8 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
                                                    sender.request_timeout_s, count))
         tasks[task] = r
         task.add_done_callback(done)
+    if not stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops the run
+        emit({"schedule_over": True})
     await watcher
     if tasks:
         await asyncio.wait(list(tasks), timeout=sender.drain_s)

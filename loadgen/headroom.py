@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from records.load_settings import LoadSettings
+from records.load_settings import AIO_MODES, LoadSettings
 
 # messages/s one process sent on schedule and timed within a few ms (make bench-loadgen)
 HELD = {"gevent": 2_000, "aio": 5_000}
@@ -33,13 +33,14 @@ def headroom(settings: LoadSettings, workers: int = 1) -> tuple[bool, str] | Non
     asked = asked_per_process(settings, workers)
     if asked is None:
         return None
-    client = settings.sender.client
+    client = settings.client
     held = HELD[client]
     line = (f"asks up to {asked:,.0f} streamed messages/s of each generator process; one "
             f"{client} process held {held:,} on a 2-core machine (make bench-loadgen)")
     if asked <= held:
         return True, line
     more = math.ceil(asked * workers / held)
-    aio = " or --client aio" if client == "gevent" and asked <= HELD["aio"] else ""
+    aio = (" or --client aio" if client == "gevent" and settings.traffic.mode in AIO_MODES
+           and asked <= HELD["aio"] else "")
     return False, (f"{line}: its timestamps will lag behind the server's; use --processes "
                    f"{more} -u {more}{aio}, or lower the rate")

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
+from loadgen.aio_client import discard_spare, prewarm
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.headroom import headroom
@@ -81,17 +83,30 @@ class RunListener:
         events.test_stopping.add_listener(self.stop_schedule)
         events.test_stop.add_listener(self.finish)
         events.quit.add_listener(self.extend_html_report)
+        events.quit.add_listener(lambda **_: discard_spare())
         runner = environment.runner
         if isinstance(runner, MasterRunner):
             runner.register_message(MESSAGE, lambda msg, **_: self.receive_part(msg.data))
         if isinstance(runner, WorkerRunner):
             runner.register_message(STOP_MESSAGE, lambda msg, **_: gevent.spawn(self.finish))
         options = environment.parsed_options
+        # A headless run's -t is timed from its schedule's time zero, not from Locust's start:
+        # the aio sender's start-up (0.3-0.7 s) would eat into it (loadgen/run.py, begin)
+        self.run_time_s: float | None = None
+        if (options is not None and options.headless and getattr(options, "run_time", None)
+                and runner is not None and not isinstance(runner, MasterRunner | WorkerRunner)):
+            self.run_time_s, options.run_time = options.run_time, None
+            logging.getLogger("locust.main").addFilter(
+                lambda record: not record.getMessage().startswith("No run time limit set"))
         if options is not None and (environment.host or options.headless):
             try:  # bad flags end the process before any request, naming the flag
-                settings_of(environment)
+                settings = settings_of(environment)
             except SettingsError as exc:
                 sys.exit(f"loadgen/moe.py: {exc}")
+            if settings.client == "aio" and not isinstance(runner, MasterRunner):
+                prewarm()
+        if isinstance(runner, WorkerRunner):  # its master's test will most likely be open loop
+            prewarm()
 
     # --- ending a test ---
 
@@ -144,7 +159,8 @@ class RunListener:
                      describe(settings, len(ranks)))
             say_headroom(settings, len(ranks))
         else:
-            self.run = Run(settings, target, self.report, request_stop=self.end_test)
+            self.run = Run(settings, target, self.report, request_stop=self.end_test,
+                           run_time_s=self.run_time_s)
             self.run.scraping = start_server_metrics(settings, self.run.started_at)
             log.info("%s", describe(settings))
             say_headroom(settings)
@@ -211,6 +227,8 @@ class RunListener:
         if run is None:
             return
         run.drain()
+        if run.aio is not None and not self.environment.parsed_options.headless:
+            prewarm()  # for the web UI's next test
         if isinstance(self.environment.runner, WorkerRunner):
             self.environment.runner.send_message(MESSAGE, worker_message(self.rank, run))
             return
@@ -225,9 +243,14 @@ class RunListener:
 
     def ended(self, summary: Summary, path: Path) -> None:
         """A test's results are written: the console, --csv's latency file, the Last run tab."""
-        write_latency_csv(getattr(self.environment.parsed_options, "csv_prefix", None), summary)
+        csv_prefix = getattr(self.environment.parsed_options, "csv_prefix", None)
+        write_latency_csv(csv_prefix, summary)
         print_summary(summary, path)
         self.written = (summary, path)
+        if csv_prefix:
+            # Locust writes its --csv files every CSV_STATS_INTERVAL_SEC and not again as it
+            # quits: one more interval, so they hold the requests the drain just ended
+            gevent.sleep(CSV_STATS_INTERVAL_SEC)
 
     def extend_html_report(self, **_) -> None:
         """Locust writes its --html report as the process quits, just before this: the truthful
@@ -295,13 +318,13 @@ def describe(settings: LoadSettings, workers: int = 1) -> str:
     shape = (f"request classes {w.classes}" if t.mode == "mixed" and not w.dataset
              else f"dataset {w.dataset}" if w.dataset
              else f"{prompt} prompt + {w.max_tokens} output tokens")
-    where = settings.recording.run_dir
+    where = f"{settings.client} sender, results to {settings.recording.run_dir}"
     if t.mode == "closed":
         return (f"closed loop: each user sends its next request when the last ends; "
-                f"{shape}, results to {where}")
+                f"{shape}, {where}")
     unit = "sessions/s" if t.mode == "sessions" else "requests/s"
     rate = (f"{t.rate / workers:.3g} of {t.rate:.3g} {unit}" if workers > 1
             else f"{t.rate:.3g} {unit}")
     if t.mode == "sessions":
         shape = f"{t.session_turns} turns, {t.think_time_s} s think time, {shape} a turn"
-    return f"open loop: {rate} ({t.arrival}), {shape}, results to {where}"
+    return f"open loop: {rate} ({t.arrival}), {shape}, {where}"

@@ -65,12 +65,14 @@ class Run:
     def __init__(self, settings: LoadSettings, target: Target,
                  on_result: Callable[[StreamResult, StreamTiming | None], None],
                  workers: int = 1, index: int = 0, run_dir: str | None = None,
-                 request_stop: Callable[[], None] = lambda: None):
+                 request_stop: Callable[[], None] = lambda: None,
+                 run_time_s: float | None = None):
         """target: the server's protocol; workers, index: this process's place among Locust
         worker processes; run_dir: where its interval logs go (a worker's own directory;
         default the run's); request_stop: ends the Locust test (stress mode calls it when it
-        is done)."""
+        is done); run_time_s: -t, counted from the schedule's time zero (see begin)."""
         self.request_stop = request_stop
+        self.run_time_s = run_time_s
         # the server-metrics collector, set by the listener (a worker has none: its master
         # scrapes); its first scrapes come before the first send, its last after the drain
         self.scraping: ServerMetrics | None = None
@@ -104,7 +106,7 @@ class Run:
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
         self.aio = (AioSender(self._record, settings, workers, index, self.recorder.loop_lag)
-                    if self.sender.client == "aio" else None)
+                    if settings.client == "aio" else None)
         # the loop that timestamps the streams: the aio sender probes its own
         self._probe = gevent_probe(self.recorder.loop_lag) if self.aio is None else None
 
@@ -124,6 +126,14 @@ class Run:
             self._stress_watcher = gevent.spawn(self.stress.watch)
         if self.aio is not None:
             self.aio.start(self.start_ns)
+        if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
+            gevent.spawn_later(self.run_time_s, self._run_time_over)
+
+    def _run_time_over(self) -> None:
+        if not self.stopping:
+            log.info("--run-time limit reached (%g s of schedule), shutting down", self.run_time_s)
+            self.stop()
+            self.request_stop()
 
     @property
     def stopping(self) -> bool:
@@ -135,8 +145,8 @@ class Run:
         process sends them, and users only wait."""
         self.begin()
         while self.aio is not None and not self.stopping:
-            if self.settings.traffic.trace and self.aio.ended.is_set():
-                self._trace_over()  # the sender replayed the trace and drained
+            if self.aio.schedule_over.is_set():
+                self._trace_over()  # the sender replayed the trace
             gevent.sleep(0.1)
         while not self.stopping:
             arrival = next(self._schedule, None)

@@ -22,7 +22,8 @@ from records.declare import (
 
 MODES = ("fixed", "stress", "mixed", "closed", "sessions")
 ARRIVALS = ("poisson", "constant", "gamma")
-CLIENTS = ("gevent", "aio")
+CLIENTS = ("auto", "gevent", "aio")
+AIO_MODES = ("fixed", "mixed")  # the schedules the aio sender sends
 TRACE_FORMATS = ("auto", "mooncake", "burstgpt", "azure", "jsonl")
 DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 # Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
@@ -295,12 +296,14 @@ class Sender(Settings):
     host: str = setting("127.0.0.1:50051", "the server, HOST:PORT (http://HOST:PORT for openai)",
                         option=False, check=_host_port, compared=False,
                         label="Host")
-    client: str = setting("gevent", "who sends and times the requests: gevent, Locust's own "
-                          "greenlets, or aio, a plain asyncio process (grpc.aio, aiohttp) started "
-                          "beside each Locust process (open-loop modes), which keeps message "
-                          "timestamps exact to higher rates (see make bench-loadgen)",
+    client: str = setting("auto", "who sends and times the requests: aio, a plain asyncio "
+                          "process (grpc.aio, aiohttp) started beside each Locust process, which "
+                          "keeps message timestamps exact to thousands of messages/s (fixed and "
+                          "mixed modes); gevent, Locust's own greenlets; auto (the default), aio "
+                          "where it sends the mode and gevent elsewhere (docs/design.md, \"The "
+                          "default client\")",
                           choices=CLIENTS, compared=False,
-                          label="Sender (gevent or aio)", when={"mode": ("fixed", "mixed")})
+                          label="Sender (auto, gevent or aio)", when={"mode": AIO_MODES})
     request_timeout_s: float = setting(120.0, "deadline of each request", check=above(0),
                                        compared=False,
                                        label="Request deadline (s)")
@@ -367,6 +370,13 @@ class LoadSettings(Settings):
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
         require(not self.traffic.trace or mode == "fixed", "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
-        require(self.sender.client == "gevent" or mode in ("fixed", "mixed"), "client",
+        require(self.sender.client != "aio" or mode in AIO_MODES, "client",
                 "aio sends the fixed and mixed modes' schedules only: use it with --mode fixed "
-                "or mixed")
+                "or mixed, or leave --client auto")
+
+    @property
+    def client(self) -> str:
+        """The sender this run uses: --client, with auto resolved by the mode."""
+        if self.sender.client != "auto":
+            return self.sender.client
+        return "aio" if self.traffic.mode in AIO_MODES else "gevent"

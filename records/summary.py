@@ -109,6 +109,9 @@ class Generator:
     late_threshold_ms: float
     cpu_percent: float  # of one core, over the run and its drain
     warnings: list[str]
+    # who sent and timed the streams (--client, auto resolved): aio or gevent; "" in runs
+    # recorded before it was kept
+    client: str = field("", omit="")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,16 @@ def locust(port: int | str, run_dir, *flags: str,
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
+def _next_in_rank(run_dir, median: float, p50: float) -> bool:
+    """Whether two medians of a few dozen requests differ by no more than the middle ranks' values
+    do (Locust's median is a rounded value at the middle rank, HDR's the value's bucket): the
+    measured requests' E2E, from requests.jsonl, around the middle, within 1 ms."""
+    e2e = sorted(r["e2e_ms"] for r in map(json.loads, open(run_dir / "requests.jsonl"))
+                 if not r["warmup"])
+    middle = e2e[max(len(e2e) // 2 - 2, 0):len(e2e) // 2 + 2]
+    return all(middle[0] - 1 <= m <= middle[-1] + 1 for m in (median, p50))
+
+
 def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     with server_process(tmp_path) as (_, port):
@@ -70,8 +80,9 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert int(entries["generate"]["Request Count"]) == req["sent"] - req["warmup"]
     assert int(entries["generate (warm-up)"]["Request Count"]) == req["warmup"] > 0
     e2e_p50 = summary["metrics"]["e2e_ms"]["p50"]
-    assert abs(float(entries["generate"]["Median Response Time"]) - e2e_p50) <= max(
-        1.0, 0.05 * e2e_p50)
+    median = float(entries["generate"]["Median Response Time"])
+    assert abs(median - e2e_p50) <= max(1.0, 0.05 * e2e_p50) or _next_in_rank(
+        run_dir, median, e2e_p50)
     # Locust's --csv gains the HDR figures its own files lack
     latency = (tmp_path / "lc_latency.csv").read_text().splitlines()
     ttft = next(line for line in latency if line.startswith('"TTFT"')).split(",")
@@ -88,7 +99,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert set(summary["throughput"]) == {"window_s", "output_tokens_per_s", "requests_per_s",
                                           "goodput_requests_per_s"}
     assert set(summary["generator"]) == {"late_sends", "late_threshold_ms", "cpu_percent",
-                                         "warnings"}
+                                         "warnings", "client"}
+    assert summary["generator"]["client"] == "aio"  # the default's sender in an open-loop run
     assert set(summary["config"]) >= {"mode", "rate", "arrival", "prompt_tokens", "max_tokens",
                                       "warmup_s", "seed"}
     req = summary["requests"]
@@ -281,7 +293,11 @@ def test_distributed_master_merges_two_workers_exactly(tmp_path):
     assert sorted(p["worker"] for p in parts) == [0, 1]
     req = summary["requests"]
     assert req["sent"] == sum(sum(p["statuses"].values()) for p in parts) == req["ok"]
-    assert 40 <= req["sent"] <= 52  # the total rate, 8/s for ~6 s, split over the workers
+    assert req["sent"] <= 52  # the total rate, 8/s for at most 6 s, split over the workers
+    # each worker's share, 4/s constant, over its own schedule: -t is the master's, and a
+    # worker's schedule starts once its sender is ready (docs/design.md, "The default client")
+    for w in summary["workers"]:
+        assert w["window_s"] > 3 and abs(w["sent"] - 4 * w["window_s"]) <= 2
     rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert len({r["request_id"] for r in rows}) == len(rows) == req["sent"]
     merged = json.loads((run_dir / "histograms.json").read_text())

@@ -23,13 +23,19 @@ def test_the_messages_asked_are_rate_times_tokens_per_process():
 
 def test_within_what_one_process_held_the_run_says_it_holds():
     holds, line = headroom(settings(rate=10, max_tokens=32))
-    assert holds and "320 streamed messages/s" in line and f"{HELD['gevent']:,}" in line
+    assert holds and "320 streamed messages/s" in line
+    assert f"one aio process held {HELD['aio']:,}" in line
+    holds, line = headroom(settings(mode="sessions", rate=1, max_tokens=32))  # auto: gevent's
+    assert holds and f"one gevent process held {HELD['gevent']:,}" in line
 
 
 @pytest.mark.parametrize("flat, advice", [
-    ({"rate": 250, "max_tokens": 20}, "use --processes 3 -u 3 or --client aio"),  # 5,000
-    ({"rate": 400, "max_tokens": 20, "client": "aio"}, "use --processes 2 -u 2, or lower"),
-    ({"rate": 1000, "max_tokens": 20}, "use --processes 10 -u 10, or lower"),  # past aio too
+    ({"rate": 250, "max_tokens": 20, "client": "gevent"},  # 5,000
+     "use --processes 3 -u 3 or --client aio"),
+    ({"rate": 400, "max_tokens": 20}, "use --processes 2 -u 2, or lower"),  # auto: aio
+    ({"rate": 1000, "max_tokens": 20, "client": "gevent"}, "use --processes 10 -u 10, or lower"),
+    ({"mode": "sessions", "rate": 100, "session_turns": "1", "max_tokens": 30},  # gevent's
+     "use --processes 2 -u 2, or lower"),
 ])
 def test_past_it_the_run_says_how_many_processes(flat, advice):
     holds, line = headroom(settings(**flat))

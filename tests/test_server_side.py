@@ -77,7 +77,7 @@ def test_an_sglang_grpc_run_reads_the_side_port_and_a_shared_prefix_reaches_it(t
     with delay_server_process(tmp_path, "--protocol", "sglang-grpc", "--seed", "7",
                               "--metrics-port-file", str(metrics_file)) as (_, port):
         url = f"http://127.0.0.1:{metrics_file.read_text().strip()}/metrics"
-        done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "2s", "--rate", "8",
+        done = locust(port, run_dir, "--target", "sglang-grpc", "-t", "2s", "--rate", "12",
                       "--prompt-tokens", "8", "--max-tokens", "6", "--server-metrics", url,
                       "--shared-prefix-tokens", "64")
     assert done.returncode == 0, done.stdout

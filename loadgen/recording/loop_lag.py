@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import gevent
+if TYPE_CHECKING:
+    import gevent
 
 PERIOD_S = 0.005
 
@@ -23,6 +25,7 @@ def _late_us(asked_ns: int) -> int:
 
 def gevent_probe(record: Callable[[int, int], None]) -> gevent.Greenlet:
     """A greenlet recording (wake time ns, lateness us) every PERIOD_S until killed."""
+    import gevent  # here: the aio sender, which imports this module, runs without gevent
 
     def probe():
         while True:

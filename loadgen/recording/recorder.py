@@ -306,7 +306,9 @@ class Recorder:
                           requests_per_s=self.window_ok / window_s,
                           goodput_requests_per_s=self.window_good / window_s)
 
-    def generator_health(self, cpu_percent: float, closed_loop: bool = False) -> Generator:
+    def generator_health(self, cpu_percent: float, closed_loop: bool = False,
+                         client: str = "") -> Generator:
+        """client: who sent and timed the streams (aio or gevent)."""
         lag = self.client["send_lag"].stats()
         warnings = []
         if closed_loop:
@@ -323,9 +325,9 @@ class Recorder:
         if (loop.p99 or 0) > LATE_LOOP_MS:
             warnings.append(
                 f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
-                f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; use --client "
-                "aio (open-loop modes), add Locust worker processes (--processes N, with -u N), "
-                "or lower the rate")
+                f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; "
+                + ("use --client aio (fixed and mixed modes), " if client == "gevent" else "")
+                + "add Locust worker processes (--processes N, with -u N), or lower the rate")
         if self.late_sends:
             warnings.append(
                 f"{self.late_sends} of {sum(self.statuses.values())} requests were sent more than "
@@ -350,4 +352,4 @@ class Recorder:
             warnings.append(f"{clamped} latency values fell outside the histogram range "
                             "and were clamped")
         return Generator(late_sends=self.late_sends, late_threshold_ms=LATE_SEND_MS,
-                         cpu_percent=cpu_percent, warnings=warnings)
+                         cpu_percent=cpu_percent, warnings=warnings, client=client)

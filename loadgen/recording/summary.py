@@ -14,7 +14,8 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
               window_s: float, cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
     has them); warnings: the caller's, after the recorder's own."""
-    generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed")
+    generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed",
+                                     client=settings.client)
     reasoning = rec.reasoning()
     if reasoning is not None and reasoning.no_answer:
         warnings = (*warnings, f"{reasoning.no_answer} of {reasoning.requests} requests that "
