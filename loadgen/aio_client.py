@@ -25,13 +25,21 @@ def _spawn() -> subprocess.Popen:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
+def _take_spare() -> subprocess.Popen:
+    """The spare if it is still running (it is no longer the spare), else a new sender."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is not None and spare.poll() is None:
+        return spare
+    return _spawn()
+
+
 def prewarm() -> None:
     """Starts a sender ahead of the next run, so its interpreter and imports (0.3-0.7 s) do not
-    eat into the run's -t: at Locust's init, before the timer is armed, and after a run in the
-    web UI. It waits for its job; the next AioSender takes it."""
+    eat into the run's -t: at Locust's init, and after a run in the web UI. It waits for its
+    job; the next AioSender takes it."""
     global _spare
-    if _spare is None or _spare.poll() is not None:
-        _spare = _spawn()
+    _spare = _take_spare()
 
 
 def discard_spare() -> None:
@@ -58,9 +66,7 @@ class AioSender:
         self.schedule_over = Event()  # a finite schedule (a trace) is sent
         self.ended = Event()
         self.started = False
-        global _spare
-        spare, _spare = _spare, None
-        self.proc = spare if spare is not None and spare.poll() is None else _spawn()
+        self.proc = _take_spare()
         self._send({"config": flat(settings), "workers": workers, "index": index})
         gevent.spawn(self._read)
 

@@ -100,9 +100,10 @@ def locust_run(host: str, target: str, rate: float, duration_s: float, seed: int
                          f"{done.stdout[-3000:]}")
     s = json.loads((run_dir / "summary.json").read_text())
     m = s["metrics"]
-    # the arrivals due in its window (time zero to the stop; no warm-up), from the same seed
+    # the arrivals due in its window (time zero to the stop; no warm-up): its own schedule
+    config = s["config"]
     due = itertools.takewhile(lambda arrival: arrival[1] < s["window_s"],
-                              worker_arrivals(rate, "poisson", seed))
+                              worker_arrivals(config["rate"], config["arrival"], config["seed"]))
     return {"messages_per_s": s["throughput"]["output_tokens_per_s"],
             "sent_percent": 100 * s["requests"]["sent"] / max(sum(1 for _ in due), 1),
             "client": s["generator"]["client"],

@@ -127,13 +127,8 @@ class Run:
         if self.aio is not None:
             self.aio.start(self.start_ns)
         if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
-            gevent.spawn_later(self.run_time_s, self._run_time_over)
-
-    def _run_time_over(self) -> None:
-        if not self.stopping:
-            log.info("--run-time limit reached (%g s of schedule), shutting down", self.run_time_s)
-            self.stop()
-            self.request_stop()
+            gevent.spawn_later(self.run_time_s, self._end,
+                               f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
 
     @property
     def stopping(self) -> bool:
@@ -146,12 +141,12 @@ class Run:
         self.begin()
         while self.aio is not None and not self.stopping:
             if self.aio.schedule_over.is_set():
-                self._trace_over()  # the sender replayed the trace
+                self._end("the trace is replayed")  # by the sender
             gevent.sleep(0.1)
         while not self.stopping:
             arrival = next(self._schedule, None)
             if arrival is None and self.settings.traffic.trace:
-                self._trace_over()
+                self._end("the trace is replayed")
                 return
             if arrival is None:  # a finite schedule (stress) is over: wait for the stop
                 gevent.sleep(0.1)
@@ -173,10 +168,11 @@ class Run:
             else:
                 self._send(conn, self.workload.request(index), due_ns)
 
-    def _trace_over(self) -> None:
-        """The trace is replayed: the run ends (its drain follows), as -t would end it."""
+    def _end(self, why: str) -> None:
+        """The run ends (its drain follows), as Locust's -t would end it: the trace is replayed,
+        or -t's schedule is over."""
         if not self.stopping:
-            log.info("the trace is replayed: ending the run")
+            log.info("%s: ending the run", why)
             self.stop()
             self.request_stop()
 
