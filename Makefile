@@ -30,7 +30,7 @@ COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --
 COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
 	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench gpu-check gpu-proto gpu-wheels lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench peers gpu-check gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -161,6 +161,14 @@ bench-engine: install
 bench-loadgen: install
 	$(PY) -m loadgen.bench_loadgen
 
+# The load generators bench-loadgen sets beside ours at rest (loadgen/bench_peers.py), each in an
+# environment of its own under .venv-peers/ (their pins are not ours), from PyPI
+PEERS ?= aiperf==0.13.0 guidellm==0.8.1
+peers:
+	@set -e; for spec in $(PEERS); do name=$${spec%%=*}; dir=.venv-peers/$$name; \
+	  test -x $$dir/bin/$$name && continue; \
+	  $(PYTHON) -m venv $$dir; $$dir/bin/pip install --quiet "$$spec"; done
+
 bench-prefix: install
 	$(PY) -m server.tools.bench_prefix
 
@@ -200,4 +208,4 @@ docs: install
 	$(PY) -m records.readme README.md docs/targets.md
 
 clean:
-	rm -rf $(VENV) $(PROTO_OUT) proto/moe_pb2.pyi runs
+	rm -rf $(VENV) .venv-peers $(PROTO_OUT) proto/moe_pb2.pyi runs

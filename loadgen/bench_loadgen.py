@@ -12,7 +12,10 @@ known 20 ms, and its CPU; then the highest rate each run held, whether the defau
 docs/design.md ("The default client") asks of it, and the openai target's TTFT error beside the
 moe target's. Last, a row against this project's real server (`small`, batch up to 8) at about
 the demo's load: who is late, the delivery lag in three parts (the generator's own loop lag,
-the server's write delay from its GetStats, the rest). Prints tables, then one line of JSON.
+the server's write delay from its GetStats, the rest). Before it, at rest (10 requests/s,
+--rest-s each): the default on both targets, bare grpc.aio, and AIPerf and GuideLLM on the
+openai target where installed (loadgen/bench_peers.py), each row's TTFT p50/p99 error. Prints
+tables, then one line of JSON.
 Nothing here is asserted."""
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import grpc
 
+from loadgen.bench_peers import peer_runs
 from loadgen.traffic.arrivals import worker_arrivals
 from proto import moe_pb2, moe_pb2_grpc
 from records.server_stats import Histogram, bucket_stats
@@ -191,11 +195,56 @@ def default_holds(row: dict, name: str) -> list[str]:
     return misses
 
 
+REST_RATE = 10.0  # requests/s: the at-rest comparison's
+GRPC_WITHIN_MS = 1.0  # at rest, the moe target's TTFT p50 error within this of the openai one's
+
+
+def at_rest(tmp: Path, hosts: dict[str, str], moe_port: int, duration_s: float,
+            seed: int) -> dict[str, dict]:
+    """At REST_RATE requests/s: our default on both targets, bare grpc.aio, and the peers
+    (loadgen/bench_peers.py) on the openai target; each row's TTFT error, or why it is
+    skipped."""
+    rows = {name: locust_run(hosts[target], target, REST_RATE, duration_s, seed,
+                             tmp / f"rest-{name}", client) for name, target, client in DEFAULT_RUNS}
+    rows["grpc_aio"] = asyncio.run(aio_run(moe_port, REST_RATE, duration_s, seed))
+    peers = peer_runs(hosts["openai"], REST_RATE, round(REST_RATE * duration_s), TOKENS, seed,
+                      tmp)
+    for name, peer in peers.items():
+        rows[name] = peer if "skipped" in peer else {
+            "client": name, "requests": peer["requests"],
+            "ttft_error_p50_ms": peer["ttft_p50_ms"] - TTFT_MS,
+            "ttft_error_p99_ms": peer["ttft_p99_ms"] - TTFT_MS}
+    return rows
+
+
+def print_at_rest(rows: dict[str, dict], duration_s: float) -> None:
+    print(f"\nat rest ({REST_RATE:g} requests/s, poisson, {duration_s:g} s each; ours timed from "
+          "each request's scheduled time, the peers from their own sends):")
+    for name, r in rows.items():
+        if "skipped" in r:
+            print(f"  {name:>9}: skipped, {r['skipped']}")
+        else:
+            print(f"  {name:>9} {r['client']:>8}: TTFT error p50 {r['ttft_error_p50_ms']:.2f} ms, "
+                  f"p99 {r['ttft_error_p99_ms']:.2f} ms")
+    ours = rows["openai"]["ttft_error_p50_ms"]
+    peers = {name: rows[name]["ttft_error_p50_ms"] for name in ("aiperf", "guidellm")
+             if "skipped" not in rows[name]}
+    if peers:
+        best = min(peers, key=peers.get)
+        print(f"  openai TTFT p50 error {ours:.2f} ms against the closest peer's ({best}) "
+              f"{peers[best]:.2f} ms: {'no larger' if ours <= peers[best] else 'LARGER'}")
+    gap = rows["moe"]["ttft_error_p50_ms"] - ours
+    print(f"  moe minus openai TTFT p50 error: {gap:+.2f} ms (within {GRPC_WITHIN_MS:g} ms: "
+          f"{'yes' if gap <= GRPC_WITHIN_MS else 'NO'})")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m loadgen.bench_loadgen", description=__doc__)
     p.add_argument("--messages-per-s", type=float, nargs="+", default=[2000, 5000, 8000])
     p.add_argument("--duration-s", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rest-s", type=float, default=20,
+                   help=f"each at-rest run's length ({REST_RATE:g} requests/s; 0: none)")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     rows = []
@@ -209,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
                                        tmp / f"{name}-{target_rate:g}", client)
             row["grpc_aio"] = asyncio.run(aio_run(moe_port, rate, args.duration_s, args.seed))
             rows.append(row)
+        rest = at_rest(tmp, hosts, moe_port, args.rest_s, args.seed) if args.rest_s else {}
     real = real_server_run(tmp, max(args.duration_s, 20), args.seed)
     print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
           f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
@@ -243,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                - row[f"moe{suffix}"]["ttft_error_p50_ms"] for suffix in ("", "_gevent")}
         print(f"at {row['target_messages_per_s']:g} messages/s, openai TTFT p50 error minus "
               f"moe's: {gap['default']:+.2f} ms (default), {gap['_gevent']:+.2f} ms (gevent)")
+    if rest:
+        print_at_rest(rest, args.rest_s)
     print(f"\nreal server ({' '.join(REAL_SERVER)}; {' '.join(REAL_LOAD)}): mean batch "
           f"{real['mean_batch_size']:.1f}, TPOT p50 {real['tpot_p50_ms']:.1f} ms, server CPU "
           f"{real['server_cpu_percent']:.0f}%")
@@ -255,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
           f"  + the rest (network, client decoding) mean {real['rest_mean_ms']:.2f} ms")
     aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
     print(json.dumps({"rows": rows, "held_messages_per_s": held, "default_misses": misses,
-                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms, "real_server": real}))
+                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms, "at_rest": rest,
+                      "real_server": real}))
 
 
 if __name__ == "__main__":

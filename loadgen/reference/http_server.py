@@ -2,9 +2,10 @@
 and /v1/chat/completions stream the Pacer's schedule as server-sent events ("tok " a token, a
 chat stream opening with a role event, its first --reasoning-tokens tokens as
 `reasoning_content` deltas), then usage (stream_options.include_usage) and [DONE];
-/v1/models names the model "delay"; /metrics is vLLM's, from what the server did
-(loadgen/reference/exposition.py). Each chunk carries `server_elapsed_us`, as this project's
-server does, so delivery lag is measured over HTTP too.
+/v1/models names the model "delay"; /health answers 200 as vLLM's does (AIPerf and GuideLLM
+check it); /metrics is vLLM's, from what the server did (loadgen/reference/exposition.py).
+Each chunk carries `server_elapsed_us`, as this project's server does, so delivery lag is
+measured over HTTP too.
 
 Faults: `http-500` (an error reply), `not-sse` (a JSON body instead of a stream), `no-done`
 (no [DONE] at the end), `bad-json` (one event that is not JSON, then the stream goes on),
@@ -57,6 +58,9 @@ def metrics_route(protocol: str, pacer: Pacer):
 def app(pacer: Pacer) -> web.Application:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
 
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -112,7 +116,7 @@ def app(pacer: Pacer) -> web.Application:
         return response
 
     application = web.Application()
-    application.add_routes([web.get("/v1/models", models),
+    application.add_routes([web.get("/v1/models", models), web.get("/health", health),
                             web.post("/v1/completions", generate),
                             web.post("/v1/chat/completions", generate),
                             metrics_route("openai", pacer)])
