@@ -13,9 +13,10 @@ docs/design.md ("The default client") asks of it, and the openai target's TTFT e
 moe target's. Last, a row against this project's real server (`small`, batch up to 8) at about
 the demo's load: who is late, the delivery lag in three parts (the generator's own loop lag,
 the server's write delay from its GetStats, the rest). Before it, at rest (10 requests/s,
---rest-s each): the default on both targets, bare grpc.aio, and AIPerf and GuideLLM on the
-openai target where installed (loadgen/bench_peers.py), each row's TTFT p50/p99 error. Prints
-tables, then one line of JSON.
+--rest-s each, --rest-repeats interleaved rounds, medians): the default on both targets, bare
+grpc.aio, and AIPerf and GuideLLM on the openai target where installed
+(loadgen/bench_peers.py), each row's TTFT p50/p99 error. Prints tables, then one line of
+JSON.
 Nothing here is asserted."""
 
 from __future__ import annotations
@@ -200,32 +201,47 @@ GRPC_WITHIN_MS = 1.0  # at rest, the moe target's TTFT p50 error within this of 
 
 
 def at_rest(tmp: Path, hosts: dict[str, str], moe_port: int, duration_s: float,
-            seed: int) -> dict[str, dict]:
+            seed: int, repeats: int) -> dict[str, dict]:
     """At REST_RATE requests/s: our default on both targets, bare grpc.aio, and the peers
-    (loadgen/bench_peers.py) on the openai target; each row's TTFT error, or why it is
-    skipped."""
-    rows = {name: locust_run(hosts[target], target, REST_RATE, duration_s, seed,
-                             tmp / f"rest-{name}", client) for name, target, client in DEFAULT_RUNS}
-    rows["grpc_aio"] = asyncio.run(aio_run(moe_port, REST_RATE, duration_s, seed))
-    peers = peer_runs(hosts["openai"], REST_RATE, round(REST_RATE * duration_s), TOKENS, seed,
-                      tmp)
-    for name, peer in peers.items():
-        rows[name] = peer if "skipped" in peer else {
-            "client": name, "requests": peer["requests"],
-            "ttft_error_p50_ms": peer["ttft_p50_ms"] - TTFT_MS,
-            "ttft_error_p99_ms": peer["ttft_p99_ms"] - TTFT_MS}
+    (loadgen/bench_peers.py) on the openai target, in `repeats` interleaved rounds; each row's
+    median TTFT errors over its rounds, or why it is skipped."""
+    rounds: dict[str, list[dict]] = {}
+    for n in range(repeats):
+        round_dir = tmp / f"rest-{n}"
+        round_dir.mkdir()
+        for name, target, client in DEFAULT_RUNS:
+            rounds.setdefault(name, []).append(locust_run(
+                hosts[target], target, REST_RATE, duration_s, seed + n, round_dir / name, client))
+        rounds.setdefault("grpc_aio", []).append(
+            asyncio.run(aio_run(moe_port, REST_RATE, duration_s, seed + n)))
+        peers = peer_runs(hosts["openai"], REST_RATE, round(REST_RATE * duration_s), TOKENS,
+                          seed + n, round_dir)
+        for name, peer in peers.items():
+            rounds.setdefault(name, []).append(peer if "skipped" in peer else {
+                "client": name, "ttft_error_p50_ms": peer["ttft_p50_ms"] - TTFT_MS,
+                "ttft_error_p99_ms": peer["ttft_p99_ms"] - TTFT_MS})
+    rows = {}
+    for name, runs in rounds.items():
+        skipped = [r["skipped"] for r in runs if "skipped" in r]
+        rows[name] = {"skipped": skipped[0]} if skipped else {
+            "client": runs[0]["client"], "rounds": len(runs),
+            **{key: statistics.median(r[key] for r in runs)
+               for key in ("ttft_error_p50_ms", "ttft_error_p99_ms")},
+            "ttft_error_p50_ms_each": [r["ttft_error_p50_ms"] for r in runs]}
     return rows
 
 
 def print_at_rest(rows: dict[str, dict], duration_s: float) -> None:
-    print(f"\nat rest ({REST_RATE:g} requests/s, poisson, {duration_s:g} s each; ours timed from "
-          "each request's scheduled time, the peers from their own sends):")
+    print(f"\nat rest ({REST_RATE:g} requests/s, poisson, {duration_s:g} s each, medians of "
+          "interleaved rounds; ours timed from each request's scheduled time, the peers from "
+          "their own sends):")
     for name, r in rows.items():
         if "skipped" in r:
             print(f"  {name:>9}: skipped, {r['skipped']}")
         else:
-            print(f"  {name:>9} {r['client']:>8}: TTFT error p50 {r['ttft_error_p50_ms']:.2f} ms, "
-                  f"p99 {r['ttft_error_p99_ms']:.2f} ms")
+            each = " / ".join(f"{v:.2f}" for v in r["ttft_error_p50_ms_each"])
+            print(f"  {name:>9} {r['client']:>8}: TTFT error p50 {r['ttft_error_p50_ms']:.2f} ms "
+                  f"({each}), p99 {r['ttft_error_p99_ms']:.2f} ms")
     ours = rows["openai"]["ttft_error_p50_ms"]
     peers = {name: rows[name]["ttft_error_p50_ms"] for name in ("aiperf", "guidellm")
              if "skipped" not in rows[name]}
@@ -243,8 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--messages-per-s", type=float, nargs="+", default=[2000, 5000, 8000])
     p.add_argument("--duration-s", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rest-s", type=float, default=20,
+    p.add_argument("--rest-s", type=float, default=10,
                    help=f"each at-rest run's length ({REST_RATE:g} requests/s; 0: none)")
+    p.add_argument("--rest-repeats", type=int, default=3,
+                   help="interleaved at-rest rounds, their medians compared")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     rows = []
@@ -258,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
                                        tmp / f"{name}-{target_rate:g}", client)
             row["grpc_aio"] = asyncio.run(aio_run(moe_port, rate, args.duration_s, args.seed))
             rows.append(row)
-        rest = at_rest(tmp, hosts, moe_port, args.rest_s, args.seed) if args.rest_s else {}
+        rest = (at_rest(tmp, hosts, moe_port, args.rest_s, args.seed, args.rest_repeats)
+                if args.rest_s and args.rest_repeats > 0 else {})
     real = real_server_run(tmp, max(args.duration_s, 20), args.seed)
     print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
           f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
