@@ -37,7 +37,7 @@ from pathlib import Path
 
 import grpc
 
-from loadgen.bench_peers import peer_runs
+from loadgen.bench_peers import PEERS, peer_runs
 from loadgen.traffic.arrivals import worker_arrivals
 from proto import moe_pb2, moe_pb2_grpc
 from records.server_stats import Histogram, bucket_stats
@@ -243,7 +243,7 @@ def print_at_rest(rows: dict[str, dict], duration_s: float) -> None:
             print(f"  {name:>9} {r['client']:>8}: TTFT error p50 {r['ttft_error_p50_ms']:.2f} ms "
                   f"({each}), p99 {r['ttft_error_p99_ms']:.2f} ms")
     ours = rows["openai"]["ttft_error_p50_ms"]
-    peers = {name: rows[name]["ttft_error_p50_ms"] for name in ("aiperf", "guidellm")
+    peers = {name: rows[name]["ttft_error_p50_ms"] for name in PEERS
              if "skipped" not in rows[name]}
     if peers:
         best = min(peers, key=peers.get)
