@@ -1,5 +1,5 @@
-"""The open-loop sender on plain asyncio (grpc.aio, aiohttp: the target's async client), in a
-process of its own (--client aio).
+"""The open-loop sender on plain asyncio (the target's async client: grpc.aio, or for HTTP
+loadgen/targets/http1.py), in a process of its own (--client aio).
 
 Locust's process runs its clients through gevent, whose integration costs timing accuracy at
 high message rates (docs/measured.md, `make bench-loadgen`). This process has no gevent: it
@@ -41,11 +41,10 @@ SPIN_RATE = 50.0  # requests/s a sender, at most, where its sends are spun into:
 
 
 def preload() -> None:
-    """Every target's module and aiohttp (the openai target's asyncio client, imported lazily
-    there, 0.35 s): done while the sender waits for its job, so the job starts at once."""
+    """Every target's module: imported while the sender waits for its job, so the job starts
+    at once."""
     for name in TARGETS:
         target_class(name)
-    import aiohttp  # noqa: F401
 
 
 async def main() -> None:

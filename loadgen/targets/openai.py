@@ -9,12 +9,13 @@ the usage on the last, and `server_elapsed_us` where the server sends it (this p
 servers). The stream must end with `[DONE]`.
 
 Greenlets read with geventhttpclient (the HTTP client of Locust's FastHttpUser) and the aio
-sender with aiohttp; both reuse connections and read in large blocks (aiohttp's 64 KiB
-default buffer costs at long contexts, vLLM issue 39963).
+sender with loadgen/targets/http1.py; both reuse connections and read in large blocks (a
+64 KiB buffer, aiohttp's default, costs at long contexts: vLLM issue 39963).
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -23,13 +24,16 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
 from loadgen.targets.credentials import Credentials
+from loadgen.targets.http1 import READ_BLOCK, Pool
 from loadgen.targets.sse import EventStream
 from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
 
-READ_BUFFER = 4 * 1024 * 1024  # bytes read at once; events of long contexts fit whole
 MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on in-flight requests
 ERROR_BODY = 4096  # bytes of an error reply kept for its message
+MODELS_BODY = 1024 * 1024  # bytes of /v1/models read for the model's name
+CONNECT_S = 10.0  # the aio sender's wait for a new connection
+FINISH_S = 1.0  # its wait, after [DONE], for the body's end, to keep the connection
 DONE = "[DONE]"
 
 
@@ -185,7 +189,7 @@ class OpenAITarget:
         tls = ({"ssl_context_factory": lambda *_, **__: self.credentials.ssl_context()}
                if url.startswith("https://") else {})
         return HTTPClient.from_url(url, concurrency=MAX_STREAMS, connection_timeout=10,
-                                   network_timeout=24 * 3600, block_size=READ_BUFFER, **tls)
+                                   network_timeout=24 * 3600, block_size=READ_BLOCK, **tls)
 
     def stream(self, conn, spec: RequestSpec, timeout_s: float) -> Iterator[Chunk]:
         import gevent
@@ -210,53 +214,55 @@ class OpenAITarget:
     def close(self, conn) -> None:
         conn.close()
 
-    # --- the aio sender (aiohttp) ---
+    # --- the aio sender (loadgen/targets/http1.py) ---
 
-    async def aconnect(self, host: str):
-        import aiohttp
-
-        session = aiohttp.ClientSession(
-            base_url(host), read_bufsize=READ_BUFFER,
-            connector=aiohttp.TCPConnector(limit=0, ssl=self.credentials.ssl_context()
-                                           if base_url(host).startswith("https://") else True),
-            timeout=aiohttp.ClientTimeout(total=None, connect=10))
+    async def aconnect(self, host: str) -> Pool:
+        url = base_url(host)
+        pool = Pool(url, self.credentials.ssl_context() if url.startswith("https://") else None,
+                    CONNECT_S)
         if not self.model:
             try:
-                async with session.get("/v1/models", headers=self.headers,
-                                       timeout=aiohttp.ClientTimeout(total=5)) as reply:
-                    self.model = model_of(await reply.read()) if reply.status == 200 else ""
-            except (aiohttp.ClientError, TimeoutError):
+                async with asyncio.timeout(5):
+                    reply = await pool.request("GET", "/v1/models", self.headers)
+                    try:
+                        body = await reply.read(MODELS_BODY)
+                    finally:
+                        reply.release()
+                self.model = model_of(body) if reply.status == 200 else ""
+            except (OSError, http.client.HTTPException):
                 pass  # the requests will say why
-        return session
+        return pool
 
-    async def astream(self, conn, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
-        import aiohttp
+    async def astream(self, conn: Pool, spec: RequestSpec,
+                      timeout_s: float) -> AsyncIterator[Chunk]:
+        async with asyncio.timeout(timeout_s):
+            response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
+                                          self.body(spec))
+            try:
+                status = response.status
+                self.check_reply(status, response.headers.get("content-type", ""),
+                                 await response.read(ERROR_BODY) if status != 200 else b"")
+                reader = Reader(self)
+                while not reader.done and (line := await response.readline()):
+                    if (chunk := reader.line(line)) is not None:
+                        yield chunk
+                reader.finish()
+                await response.finish(FINISH_S)
+            finally:
+                response.release()
 
-        async with conn.post(self.settings.endpoint, data=self.body(spec),
-                             headers=self.headers_of(spec),
-                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            status = response.status
-            self.check_reply(status, response.headers.get("Content-Type", ""),
-                             await response.content.read(ERROR_BODY) if status != 200 else b"")
-            reader = Reader(self)
-            while not reader.done and (line := await response.content.readline()):
-                if (chunk := reader.line(line)) is not None:
-                    yield chunk
-            reader.finish()
-
-    async def aclose(self, conn) -> None:
+    async def aclose(self, conn: Pool) -> None:
         await conn.close()
 
     # --- failures and readiness ---
 
     def failure(self, exc: BaseException) -> tuple[str, str]:
-        """A refused, reset or half-read connection is UNAVAILABLE (geventhttpclient says it with
-        http.client's exceptions, aiohttp with its ClientErrors), past the deadline
-        DEADLINE_EXCEEDED; the rest as every target."""
+        """A refused, reset or half-read connection is UNAVAILABLE (geventhttpclient and
+        loadgen/targets/http1.py say it with OSErrors and http.client's exceptions), past the
+        deadline DEADLINE_EXCEEDED; the rest as every target."""
         if isinstance(exc, TimeoutError):
             return "DEADLINE_EXCEEDED", "no end within --request-timeout-s"
-        broken = (OSError, http.client.HTTPException)
-        if isinstance(exc, broken) or type(exc).__module__.startswith("aiohttp"):
+        if isinstance(exc, (OSError, http.client.HTTPException)):
             return "UNAVAILABLE", f"connection to the server failed: {type(exc).__name__}: " \
                                   f"{exc}"[:300]
         return failure_of(exc)
