@@ -151,8 +151,9 @@ class Pool:
     once."""
 
     def __init__(self, url: str, tls: ssl.SSLContext | None, connect_s: float):
+        """tls: an https:// server's context (the system's CAs when None)."""
         parts = urlsplit(url)
-        self.tls = tls if parts.scheme == "https" else None
+        self.tls = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.tls else 80)
         self.authority = parts.netloc
@@ -160,12 +161,16 @@ class Pool:
         self.idle: list[Connection] = []
         self.closed = False
 
-    async def _connection(self, reuse: bool) -> Connection:
-        while reuse and self.idle:
+    async def _connection(self) -> tuple[Connection, bool]:
+        """An idle connection still open, else a new one; and whether it was idle."""
+        while self.idle:
             conn = self.idle.pop()
             if conn.usable:
-                return conn
+                return conn, True
             conn.close()
+        return await self._open(), False
+
+    async def _open(self) -> Connection:
         try:
             async with asyncio.timeout(self.connect_s):
                 reader, writer = await asyncio.open_connection(
@@ -191,14 +196,13 @@ class Pool:
         data = (f"{method} {path} HTTP/1.1\r\nHost: {self.authority}\r\n"
                 f"User-Agent: moe-loadlab\r\nContent-Length: {len(body)}\r\n"
                 f"{head}\r\n".encode("latin-1") + body)
-        reused = bool(self.idle)
-        conn = await self._connection(reuse=True)
+        conn, reused = await self._connection()
         try:
             return await self._exchange(conn, data)
         except NotServed:
             if not reused:
                 raise
-        return await self._exchange(await self._connection(reuse=False), data)
+        return await self._exchange(await self._open(), data)
 
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
         conn.writer.write(data)
