@@ -136,14 +136,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
     if not stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops the run
         emit({"schedule_over": True})
     await watcher
-    if tasks:
-        await asyncio.wait(list(tasks), timeout=sender.drain_s)
-    for task in list(tasks):
-        task.remove_done_callback(done)
-        task.cancel()
-        r = tasks.pop(task)
-        cut_off(r, sender.drain_s)
-        emit(vars(r))
+    await drain(tasks, done, sender.drain_s, emit)
     probe.cancel()
     if lags:
         emit({"loop_lag": lags})
@@ -151,6 +144,20 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
           "cpu_s": time.process_time() - cpu_start_s})
     while transport.get_write_buffer_size():
         await asyncio.sleep(0.01)
+
+
+async def drain(tasks: dict[asyncio.Task, StreamResult], done, drain_s: float, emit) -> None:
+    """Waits up to drain_s for the requests in flight, then cuts off and reports the rest. One
+    that ended as the wait did has its callback (done) queued: it reports itself, whole."""
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=drain_s)
+    for task in [t for t in tasks if not t.done()]:
+        task.remove_done_callback(done)
+        task.cancel()
+        r = tasks.pop(task)
+        cut_off(r, drain_s)
+        emit(vars(r))
+    await asyncio.sleep(0)  # the queued callbacks run
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on 
 ERROR_BODY = 4096  # bytes of an error reply kept for its message
 MODELS_BODY = 1024 * 1024  # bytes of /v1/models read for the model's name
 CONNECT_S = 10.0  # the aio sender's wait for a new connection
-FINISH_S = 1.0  # its wait, after [DONE], for the body's end, to keep the connection
 DONE = "[DONE]"
 
 
@@ -247,7 +246,7 @@ class OpenAITarget:
                     if (chunk := reader.line(line)) is not None:
                         yield chunk
                 reader.finish()
-                await response.finish(FINISH_S)
+                response.keep()
             finally:
                 response.release()
 
@@ -260,7 +259,7 @@ class OpenAITarget:
         """A refused, reset or half-read connection is UNAVAILABLE (geventhttpclient and
         loadgen/targets/http1.py say it with OSErrors and http.client's exceptions), past the
         deadline DEADLINE_EXCEEDED; the rest as every target."""
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and exc.errno is None:  # not the kernel's own
             return "DEADLINE_EXCEEDED", "no end within --request-timeout-s"
         if isinstance(exc, (OSError, http.client.HTTPException)):
             return "UNAVAILABLE", f"connection to the server failed: {type(exc).__name__}: " \
