@@ -24,9 +24,11 @@ def test_the_messages_asked_are_rate_times_tokens_per_process():
 def test_within_what_one_process_held_the_run_says_it_holds():
     holds, line = headroom(settings(rate=10, max_tokens=32))
     assert holds and "320 streamed messages/s" in line
-    assert f"one aio process held {HELD['aio']:,}" in line
+    assert f"one aio process held {HELD['aio', 'gRPC']:,} over gRPC" in line
     holds, line = headroom(settings(mode="sessions", rate=1, max_tokens=32))  # auto: gevent's
-    assert holds and f"one gevent process held {HELD['gevent']:,}" in line
+    assert holds and f"one gevent process held {HELD['gevent', 'gRPC']:,}" in line
+    holds, line = headroom(settings(target="openai", rate=300, max_tokens=20))  # 6,000
+    assert holds and "held 8,000 over HTTP" in line
 
 
 @pytest.mark.parametrize("flat, advice", [
@@ -36,6 +38,9 @@ def test_within_what_one_process_held_the_run_says_it_holds():
     ({"rate": 1000, "max_tokens": 20, "client": "gevent"}, "use --processes 10 -u 10, or lower"),
     ({"mode": "sessions", "rate": 100, "session_turns": "1", "max_tokens": 30},  # gevent's
      "use --processes 2 -u 2, or lower"),
+    ({"target": "openai", "rate": 300, "max_tokens": 20, "client": "gevent"},  # 6,000
+     "use --processes 2 -u 2 or --client aio"),
+    ({"target": "openai", "rate": 500, "max_tokens": 20}, "use --processes 2 -u 2, or lower"),
 ])
 def test_past_it_the_run_says_how_many_processes(flat, advice):
     holds, line = headroom(settings(**flat))
