@@ -147,7 +147,13 @@ def test_a_continue_reply_is_skipped_and_read_caps_what_it_returns():
     (b"SSH-2.0-OpenSSH\r\n\r\n", http.client.HTTPException, "SSH-2.0"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nab", http.client.HTTPException,
      "no size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n",
+     http.client.HTTPException, "no size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabcd\r\n",
+     http.client.HTTPException, "longer than its size"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n", http.client.HTTPException,
+     "not one number"),
+    ("HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode(), http.client.HTTPException,
      "not one number"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab",
      http.client.HTTPException, "not one number"),
@@ -232,3 +238,62 @@ def test_a_request_a_kept_alive_connection_dropped_unanswered_goes_once_on_a_new
 
     assert asyncio.run(main()) == [b"ok", b"ok"]
     assert len(connections) == 2
+
+
+@pytest.mark.parametrize("after", [b"HTTP/1.1 2", b"HTTP/1.1 100 Continue\r\n\r\n"],
+                         ids=["part of a status line", "a 100 Continue"])
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_request_the_server_began_to_answer_is_never_sent_again(after, reset):
+    seen = []
+
+    async def answer(reader, writer):
+        seen.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(after)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        if reset:
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                       struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        pool = Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
+        reply = await pool.request("GET", "/", {})
+        await reply.read(2)
+        reply.release()
+        try:
+            await pool.request("GET", "/", {})
+        finally:
+            server.close()
+
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(main())
+    assert len(seen) == 1  # no second connection: not retried
+
+
+def test_a_connection_with_bytes_past_its_reply_is_not_reused():
+    assert body_of(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK",
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") == [b"ok", b"ok"]
+
+
+def test_closing_the_pool_closes_a_connection_still_finishing_its_reply():
+    async def main():
+        server, pool = await against(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"2\r\nab\r\n")  # its end never comes
+        reply = await pool.request("GET", "/", {})
+        await reply.read(2)
+        reply.keep()
+        reply.release()
+        conn = reply.conn
+        assert list(pool.finishing.values()) == [reply]
+        await pool.close()
+        server.close()
+        return conn.writer.is_closing(), pool.finishing
+
+    assert asyncio.run(main()) == (True, {})

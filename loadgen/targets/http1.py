@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import re
 import ssl
 from collections import deque
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ READ_BLOCK = 4 * 1024 * 1024  # bytes read at once; events of long contexts fit 
 LINE_LIMIT = 1024 * 1024  # the longest status, header or chunk-size line read
 FINISH_S = 1.0  # the wait for the rest of a kept reply's body, before its connection is reused
 CHUNKED, SIZED, TO_CLOSE = "chunked", "sized", "to-close"
+CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 OURS = ("host", "user-agent", "content-length")  # headers the client writes itself
 
 
@@ -46,14 +48,21 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
         raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
 
 
+def buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the reader holds unread (asyncio's StreamReader keeps them in _buffer)."""
+    return len(reader._buffer)
+
+
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
 
     @property
     def usable(self) -> bool:
-        """Still open both ways: a server that closed an idle connection is seen here."""
-        return not (self.writer.is_closing() or self.reader.at_eof())
+        """Still open both ways, with nothing unread: a server that closed an idle connection,
+        or sent more than its reply, is seen here."""
+        return not (self.writer.is_closing() or self.reader.at_eof()
+                    or buffered(self.reader))
 
     def close(self) -> None:
         self.writer.close()
@@ -62,7 +71,7 @@ class Connection:
 def content_length(headers: dict[str, str]) -> int:
     """The body's length; repeated values must agree (RFC 9112, 6.3)."""
     values = {v.strip() for v in headers["content-length"].split(",")}
-    if len(values) != 1 or not (value := values.pop()).isdigit():
+    if len(values) != 1 or not ((value := values.pop()).isascii() and value.isdigit()):
         raise http.client.HTTPException(
             f"a reply's Content-Length is not one number: {headers['content-length']!r}")
     return int(value)
@@ -92,19 +101,19 @@ class Response:
         try:
             if self.framing == CHUNKED:
                 line = await read_line(reader)
-                try:
-                    size = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    size = -1
-                if size < 0:
+                token = line.split(b";", 1)[0].strip()  # its extensions ignored
+                if not CHUNK_SIZE.fullmatch(token):
                     raise http.client.HTTPException(
                         f"a chunk of the reply has no size: {line[:100]!r}")
-                if size == 0:
+                if not (size := int(token, 16)):
                     while (await read_line(reader)).strip():  # the trailer, if any
                         pass
                     self.done = True
                     return b""
-                return (await reader.readexactly(size + 2))[:-2]  # read with its CRLF
+                data = await reader.readexactly(size + 2)  # with its CRLF
+                if data[-2:] != b"\r\n":
+                    raise http.client.HTTPException("a chunk of the reply is longer than its size")
+                return data[:-2]
             if self.framing == SIZED:
                 data = await reader.read(min(self.left, READ_BLOCK))
                 if not data:
@@ -172,17 +181,19 @@ class Response:
         self.conn = None
 
     async def finish(self) -> None:
-        """Reads what is left of the body, then releases it; closed if that fails or takes
-        longer than FINISH_S."""
+        """Reads what is left of the body, then releases it; closed if that fails, takes
+        longer than FINISH_S or is cancelled (the sender's end)."""
         try:
             async with asyncio.timeout(FINISH_S):
                 while await self._next():
                     pass
+        except (OSError, http.client.HTTPException):  # TimeoutError is an OSError
+            pass
+        finally:
             self.lines.clear()
             self.tail = []
-        except (OSError, http.client.HTTPException):  # TimeoutError is an OSError
-            self.kept = False
-        self.release()
+            self.kept = self.kept and self.done
+            self.release()
 
 
 class Pool:
@@ -198,7 +209,7 @@ class Pool:
         self.authority = parts.netloc.rpartition("@")[2]  # never a URL's user:password
         self.connect_s = connect_s
         self.idle: list[Connection] = []
-        self.finishing: set[asyncio.Task] = set()
+        self.finishing: dict[asyncio.Task, Response] = {}
         self.closed = False
 
     async def _connection(self) -> tuple[Connection, bool]:
@@ -230,8 +241,8 @@ class Pool:
     def finish(self, response: Response) -> None:
         """Reads the rest of a kept reply's body in a task of its own, then releases it."""
         task = asyncio.get_running_loop().create_task(response.finish())
-        self.finishing.add(task)
-        task.add_done_callback(self.finishing.discard)
+        self.finishing[task] = response
+        task.add_done_callback(self.finishing.pop)
 
     async def request(self, method: str, path: str, headers: dict[str, str],
                       body: bytes = b"") -> Response:
@@ -258,12 +269,12 @@ class Pool:
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
         try:
             conn.writer.write(data)
-            status, version = await self._status(conn)
+            status, version = await self._status(conn, first=True)
             while True:
                 fields = await self._headers(conn.reader)
                 if not 100 <= status < 200:
                     break
-                status, version = await self._status(conn)
+                status, version = await self._status(conn, first=False)
             token = fields.get("connection", "").lower()
             keep_alive = "close" not in token if version == "HTTP/1.1" else "keep-alive" in token
             return Response(self, conn, status, fields, keep_alive)
@@ -272,17 +283,20 @@ class Pool:
             raise
 
     @staticmethod
-    async def _status(conn: Connection) -> tuple[int, str]:
-        """The status line; NotServed where the connection ended before it began."""
+    async def _status(conn: Connection, first: bool) -> tuple[int, str]:
+        """A status line; NotServed where the connection ended before the reply's first byte
+        (first: the reply's first status line, not one after a 1xx)."""
         try:
             await conn.writer.drain()
             line = await conn.reader.readuntil(b"\n")
         except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise ConnectionResetError("the server closed the connection mid-reply") from None
-            raise NotServed("the server closed the connection without a reply") from None
+            if first and not exc.partial:
+                raise NotServed("the server closed the connection without a reply") from None
+            raise ConnectionResetError("the server closed the connection mid-reply") from None
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise NotServed(f"the connection was reset before a reply: {exc}") from None
+            if first and not buffered(conn.reader):
+                raise NotServed(f"the connection was reset before a reply: {exc}") from None
+            raise
         except asyncio.LimitOverrunError:
             raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
         version, _, rest = line.decode("latin-1").strip().partition(" ")
@@ -301,7 +315,15 @@ class Pool:
         return fields
 
     async def close(self) -> None:
+        """Every idle connection closed, and those still finishing a reply."""
         self.closed = True
+        finishing = dict(self.finishing)
+        for task in finishing:
+            task.cancel()
+        await asyncio.gather(*finishing, return_exceptions=True)
+        for response in finishing.values():  # one cancelled before it began
+            response.kept = False
+            response.release()
         for conn in self.idle:
             conn.close()
         self.idle.clear()
