@@ -208,75 +208,6 @@ def test_a_reply_cut_at_a_chunk_boundary_is_cut_mid_reply():
         body_of(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
 
 
-@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
-def test_a_request_a_kept_alive_connection_dropped_unanswered_goes_once_on_a_new_one(reset):
-    connections = []
-
-    async def answer(reader, writer):
-        connections.append(writer)
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await reader.readuntil(b"\r\n\r\n")  # the next request on it: dropped unanswered
-        if reset:  # an RST, not a FIN
-            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                                       struct.pack("ii", 1, 0))
-            writer.transport.abort()
-        else:
-            writer.close()
-
-    async def main():
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        pool = Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
-        bodies = []
-        for _ in range(2):
-            reply = await pool.request("GET", "/", {})
-            bodies.append(await reply.read(10))
-            reply.release()
-        await pool.close()
-        server.close()
-        return bodies
-
-    assert asyncio.run(main()) == [b"ok", b"ok"]
-    assert len(connections) == 2
-
-
-@pytest.mark.parametrize("after", [b"HTTP/1.1 2", b"HTTP/1.1 100 Continue\r\n\r\n"],
-                         ids=["part of a status line", "a 100 Continue"])
-@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
-def test_a_request_the_server_began_to_answer_is_never_sent_again(after, reset):
-    seen = []
-
-    async def answer(reader, writer):
-        seen.append(writer)
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(after)
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        if reset:
-            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                                       struct.pack("ii", 1, 0))
-            writer.transport.abort()
-        else:
-            writer.close()
-
-    async def main():
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        pool = Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
-        reply = await pool.request("GET", "/", {})
-        await reply.read(2)
-        reply.release()
-        try:
-            await pool.request("GET", "/", {})
-        finally:
-            server.close()
-
-    with pytest.raises(ConnectionResetError):
-        asyncio.run(main())
-    assert len(seen) == 1  # no second connection: not retried
-
-
 def test_a_connection_with_bytes_past_its_reply_is_not_reused():
     assert body_of(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK",
                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") == [b"ok", b"ok"]
@@ -297,3 +228,61 @@ def test_closing_the_pool_closes_a_connection_still_finishing_its_reply():
         return conn.writer.is_closing(), pool.finishing
 
     assert asyncio.run(main()) == (True, {})
+
+
+def answer_once_then(after: bytes, reset: bool, connections: list):
+    """A server's handler: the first request on a connection answered "ok"; on the next it
+    writes after (maybe nothing) and hangs up, with an RST where reset, else a FIN."""
+    async def answer(reader, writer):
+        connections.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.readuntil(b"\r\n\r\n")
+        if after:
+            writer.write(after)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        if reset:
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                       struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    return answer
+
+
+def two_requests(answer) -> list[bytes]:
+    """Two requests one after the other through one pool; their bodies."""
+    async def main():
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        pool = Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
+        bodies = []
+        try:
+            for _ in range(2):
+                reply = await pool.request("GET", "/", {})
+                bodies.append(await reply.read(10))
+                reply.release()
+        finally:
+            await pool.close()
+            server.close()
+        return bodies
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_request_a_kept_alive_connection_dropped_unanswered_goes_once_on_a_new_one(reset):
+    connections = []
+    assert two_requests(answer_once_then(b"", reset, connections)) == [b"ok", b"ok"]
+    assert len(connections) == 2
+
+
+@pytest.mark.parametrize("after", [b"HTTP/1.1 2", b"HTTP/1.1 100 Continue\r\n\r\n"],
+                         ids=["part of a status line", "a 100 Continue"])
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_request_the_server_began_to_answer_is_never_sent_again(after, reset):
+    connections = []
+    with pytest.raises(ConnectionResetError):
+        two_requests(answer_once_then(after, reset, connections))
+    assert len(connections) == 1  # no second connection: not retried
