@@ -7,12 +7,15 @@ import asyncio
 import http.client
 import socket
 import struct
+import time
 
 import pytest
 
+from loadgen.targets.client import StreamResult, astream_request
 from loadgen.targets.http1 import Pool
 from loadgen.targets.openai import OpenAITarget
 from loadgen.targets.target import RequestSpec
+from loadgen.targets.text_tokens import TextCounter
 from records.declare import build
 from records.load_settings import LoadSettings
 from tests.conftest import delay_server_process
@@ -51,7 +54,7 @@ def test_streams_of_the_reference_server_share_one_kept_alive_connection(tmp_pat
 def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp_path):
     """The stream ends at [DONE]; the end of the body behind it is read in the background, so
     the connection goes back to the pool (a new one per request cost ~0.6 ms of every TTFT at
-    rest)."""
+    rest). Each message is stamped when its bytes arrived, not after its parsing."""
     target = OpenAITarget(build(LoadSettings, {}).target)
 
     async def main():
@@ -59,8 +62,15 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
         kept = []
         for i in range(3):
             spec = RequestSpec(f"r{i}", 3, prompt_ids=(65, 65))
-            chunks = [chunk async for chunk in target.astream(pool, spec, 10)]
+            chunks, handed = [], []
+            async for chunk in target.astream(pool, spec, 10):
+                chunks.append(chunk)
+                handed.append(time.monotonic_ns())
             assert [c.text for c in chunks if c.text] == ["tok "] * 3
+            # each stamped as its bytes came, before they were parsed and handed over
+            arrived = [c.arrived_ns for c in chunks]
+            assert 0 < arrived[0] and arrived == sorted(arrived)
+            assert all(a <= h for a, h in zip(arrived, handed, strict=True))
             await asyncio.gather(*pool.finishing)  # the body's end, read behind the stream
             kept.append(list(pool.idle))
         await target.aclose(pool)
@@ -71,6 +81,31 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
         kept = asyncio.run(main())
     assert target.model == "delay"  # from /v1/models, on the same pool
     assert len(kept[0]) == 1 and kept == [kept[0]] * 3
+
+
+def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
+    class Seen(OpenAITarget):
+        async def astream(self, conn, spec, timeout_s):
+            async for chunk in super().astream(conn, spec, timeout_s):
+                self.chunks.append(chunk)
+                yield chunk
+
+    target = Seen(build(LoadSettings, {}).target)
+    target.chunks = []
+
+    async def main():
+        pool = await target.aconnect(f"127.0.0.1:{port}")
+        spec = RequestSpec("r0", 3, prompt_ids=(65, 65))
+        result = StreamResult.of(spec, time.monotonic_ns())
+        await astream_request(target, pool, spec, result, 10, TextCounter(""))
+        await target.aclose(pool)
+        return result
+
+    with delay_server_process(tmp_path, "--protocol", "openai", "--ttft-ms", "1",
+                              "--itl-ms", "1") as (_, port):
+        result = asyncio.run(main())
+    assert result.ok, result.details
+    assert result.recv_ns == [c.arrived_ns for c in target.chunks if c.text]
 
 
 async def against(*replies: bytes, chunks: bool = False):

@@ -130,7 +130,7 @@ async def astream_request(target: Target, conn, spec: RequestSpec, result: Strea
     stream = target.astream(conn, spec, timeout_s)
     try:
         async for chunk in stream:
-            result.received(chunk, time.monotonic_ns())
+            result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
             if result.cancels(spec):
                 break
     except Exception as exc:  # as stream_request

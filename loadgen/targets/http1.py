@@ -23,6 +23,7 @@ import asyncio
 import http.client
 import re
 import ssl
+import time
 from collections import deque
 from urllib.parse import urlsplit
 
@@ -89,8 +90,10 @@ class Response:
                         else SIZED if "content-length" in headers else TO_CLOSE)
         self.left = content_length(headers) if self.framing == SIZED else 0
         self.done = self.framing == SIZED and self.left == 0
-        self.lines: deque[bytes] = deque()  # whole lines read, not yet taken
+        self.lines: deque[tuple[bytes, int]] = deque()  # whole lines not yet taken, and
+        # when the bytes that ended each arrived
         self.tail: list[bytes] = []  # the pieces of a line not yet ended
+        self.line_ns = 0  # when the line readline returned last arrived
         self.kept = False
 
     async def _next(self) -> bytes:
@@ -127,29 +130,31 @@ class Response:
         except asyncio.IncompleteReadError:
             raise ConnectionResetError("the server closed the connection mid-reply") from None
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, arrived_ns: int) -> None:
         """data split into lines: each byte is looked at once, however much is buffered."""
         *ended, rest = data.split(b"\n")
         if ended:
             self.tail.append(ended[0])
-            self.lines.append(b"".join(self.tail) + b"\n")
-            self.lines.extend(line + b"\n" for line in ended[1:])
+            self.lines.append((b"".join(self.tail) + b"\n", arrived_ns))
+            self.lines.extend((line + b"\n", arrived_ns) for line in ended[1:])
             self.tail = []
         if rest:
             self.tail.append(rest)
 
     async def readline(self) -> bytes:
-        """The body's next line with its b"\\n" (the last one maybe without), b"" at its end."""
+        """The body's next line with its b"\\n" (the last one maybe without), b"" at its end;
+        line_ns says when it arrived, stamped as its bytes came, before anything parses them."""
         while not self.lines:
             if not (data := await self._next()):
                 line, self.tail = b"".join(self.tail), []
                 return line
-            self._feed(data)
-        return self.lines.popleft()
+            self._feed(data, time.monotonic_ns())
+        line, self.line_ns = self.lines.popleft()
+        return line
 
     async def read(self, limit: int) -> bytes:
         """Up to limit bytes of the body (fewer at its end)."""
-        pieces = [*self.lines, *self.tail]
+        pieces = [*(line for line, _ in self.lines), *self.tail]
         self.lines.clear()
         self.tail = []
         size = sum(map(len, pieces))
@@ -157,7 +162,7 @@ class Response:
             pieces.append(data)
             size += len(data)
         data = b"".join(pieces)
-        self._feed(data[limit:])
+        self._feed(data[limit:], time.monotonic_ns())
         return data[:limit]
 
     def keep(self) -> None:

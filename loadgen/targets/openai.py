@@ -61,12 +61,13 @@ class Reader:
         self.events = EventStream()
         self.done = False
 
-    def line(self, line: bytes) -> Chunk | None:
+    def line(self, line: bytes, arrived_ns: int = 0) -> Chunk | None:
+        """arrived_ns: when the line reached the client (0: unknown)."""
         data = self.events.line(line)
-        return None if data is None else self.data(data)
+        return None if data is None else self.data(data, arrived_ns)
 
-    def data(self, data: str) -> Chunk | None:
-        chunk = self.target.chunk_of(data)
+    def data(self, data: str, arrived_ns: int = 0) -> Chunk | None:
+        chunk = self.target.chunk_of(data, arrived_ns)
         self.done = chunk is None
         return chunk
 
@@ -124,8 +125,9 @@ class OpenAITarget:
         """The request's headers: a session's turn says its session, for affinity."""
         return {**self.headers, "X-Session-ID": spec.session} if spec.session else self.headers
 
-    def chunk_of(self, data: str) -> Chunk | None:
-        """One event's data as a Chunk; None for [DONE]."""
+    def chunk_of(self, data: str, arrived_ns: int = 0) -> Chunk | None:
+        """One event's data as a Chunk; None for [DONE]. arrived_ns: when its last line
+        reached the client (0: unknown)."""
         if data == DONE:
             return None
         try:
@@ -146,7 +148,8 @@ class OpenAITarget:
                   if isinstance(usage.get(k), int)}
         elapsed = event.get("server_elapsed_us", 0)
         if not choices:
-            return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0)
+            return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,
+                         arrived_ns=arrived_ns)
         choice = choices[0]
         if not isinstance(choice, dict):
             raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
@@ -168,7 +171,7 @@ class OpenAITarget:
                      said=answer if tokens else "",
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
-                     reasoning=thinks and not answer)
+                     reasoning=thinks and not answer, arrived_ns=arrived_ns)
 
     def check_reply(self, status: int, content_type: str, body: bytes) -> None:
         """Raises unless the reply is the start of an event stream; body: an error's first
@@ -243,7 +246,7 @@ class OpenAITarget:
                                  await response.read(ERROR_BODY) if status != 200 else b"")
                 reader = Reader(self)
                 while not reader.done and (line := await response.readline()):
-                    if (chunk := reader.line(line)) is not None:
+                    if (chunk := reader.line(line, response.line_ns)) is not None:
                         yield chunk
                 reader.finish()
                 response.keep()

@@ -76,6 +76,9 @@ class Chunk:
     said: str = ""
     # the server's own account, on the last message; keys as RequestRow's server_* fields
     usage: dict[str, int] = field(default_factory=dict)
+    # when its bytes reached the client, where its reader stamps them before parsing (the aio
+    # sender's HTTP/1.1 client); 0: it is stamped as it is handed over
+    arrived_ns: int = 0
 
 
 class TargetError(Exception):
