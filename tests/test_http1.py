@@ -108,6 +108,12 @@ def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
     assert result.recv_ns == [c.arrived_ns for c in target.chunks if c.text]
 
 
+async def pool_on(answer):
+    """A loopback server of the handler answer, and a pool to it."""
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
+
+
 async def against(*replies: bytes, chunks: bool = False):
     """A server answering each connection's first request with the next reply (written a byte
     at a time when chunks, to split every read), then closing it; yields its URL's pool."""
@@ -121,9 +127,7 @@ async def against(*replies: bytes, chunks: bool = False):
             await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, Pool(f"http://127.0.0.1:{port}", None, 5)
+    return await pool_on(answer)
 
 
 def body_of(*replies: bytes, chunks: bool = False) -> list[bytes]:
@@ -228,11 +232,10 @@ def test_a_stream_whole_at_done_is_whole_whatever_follows_and_its_connection_is_
 
 def test_a_dead_host_is_refused():
     async def main():
-        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, pool = await pool_on(lambda r, w: None)
         server.close()
         await server.wait_closed()
-        await Pool(f"http://127.0.0.1:{port}", None, 5).request("GET", "/", {})
+        await pool.request("GET", "/", {})
 
     with pytest.raises(ConnectionRefusedError):
         asyncio.run(main())
@@ -290,8 +293,7 @@ def answer_once_then(after: bytes, reset: bool, connections: list):
 def two_requests(answer) -> list[bytes]:
     """Two requests one after the other through one pool; their bodies."""
     async def main():
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        pool = Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", None, 5)
+        server, pool = await pool_on(answer)
         bodies = []
         try:
             for _ in range(2):

@@ -39,19 +39,27 @@ class NotServed(ConnectionResetError):
     """The connection closed (or was reset) before any byte of a reply."""
 
 
-async def read_line(reader: asyncio.StreamReader) -> bytes:
-    """A header, chunk-size or trailer line, with its end."""
-    try:
-        return await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError:
-        raise ConnectionResetError("the server closed the connection mid-reply") from None
-    except asyncio.LimitOverrunError:
-        raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
-
-
 def buffered(reader: asyncio.StreamReader) -> int:
     """Bytes the reader holds unread (asyncio's StreamReader keeps them in _buffer)."""
     return len(reader._buffer)
+
+
+async def read_line(reader: asyncio.StreamReader, first: bool = False) -> bytes:
+    """A status, header, chunk-size or trailer line, with its end; NotServed where the
+    connection ended before the reply's first byte (first: its first status line, not one
+    after a 1xx)."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:
+        if first and not exc.partial:
+            raise NotServed("the server closed the connection without a reply") from None
+        raise ConnectionResetError("the server closed the connection mid-reply") from None
+    except ConnectionResetError as exc:
+        if first and not buffered(reader):
+            raise NotServed(f"the connection was reset before a reply: {exc}") from None
+        raise
+    except asyncio.LimitOverrunError:
+        raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
 
 
 class Connection:
@@ -274,12 +282,16 @@ class Pool:
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
         try:
             conn.writer.write(data)
-            status, version = await self._status(conn, first=True)
+            try:
+                await conn.writer.drain()
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                raise NotServed(f"the connection was reset before a reply: {exc}") from None
+            status, version = await self._status(conn.reader, first=True)
             while True:
                 fields = await self._headers(conn.reader)
                 if not 100 <= status < 200:
                     break
-                status, version = await self._status(conn, first=False)
+                status, version = await self._status(conn.reader, first=False)
             token = fields.get("connection", "").lower()
             keep_alive = "close" not in token if version == "HTTP/1.1" else "keep-alive" in token
             return Response(self, conn, status, fields, keep_alive)
@@ -288,22 +300,8 @@ class Pool:
             raise
 
     @staticmethod
-    async def _status(conn: Connection, first: bool) -> tuple[int, str]:
-        """A status line; NotServed where the connection ended before the reply's first byte
-        (first: the reply's first status line, not one after a 1xx)."""
-        try:
-            await conn.writer.drain()
-            line = await conn.reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            if first and not exc.partial:
-                raise NotServed("the server closed the connection without a reply") from None
-            raise ConnectionResetError("the server closed the connection mid-reply") from None
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            if first and not buffered(conn.reader):
-                raise NotServed(f"the connection was reset before a reply: {exc}") from None
-            raise
-        except asyncio.LimitOverrunError:
-            raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
+    async def _status(reader: asyncio.StreamReader, first: bool) -> tuple[int, str]:
+        line = await read_line(reader, first)
         version, _, rest = line.decode("latin-1").strip().partition(" ")
         code = rest[:3]
         if not version.startswith("HTTP/1.") or not code.isdigit():
