@@ -6,7 +6,8 @@ Throughput: the wait queue grows while the device is under-utilised (the schedul
 KV pool holds requests back), or the requests in the server grow while it is busy
 (compute-saturated, the knee; in a stress run, the step it stopped on saturation; both in
 saturation.py); one layer's expert load is far above its mean, or copying expert weights in
-takes a large share of step time (experts.py); the exchanges between expert-parallel ranks wait
+takes a large share of step time (experts.py); the GPU waits for the host most of a step
+(host_bound.py); the exchanges between expert-parallel ranks wait
 long or fill the link (expert_parallel.py). Latency: windows whose TTFT or TPOT p99 jumps, lined
 up with a hot expert, a cache-miss burst, queue growth or the load generator's own lateness
 (spikes.py); and the generator's lateness, or its closed loop, over the whole run, and the
@@ -29,6 +30,7 @@ from analysis.rules.experts import data_movement, expert_imbalance
 from analysis.rules.failures import failures
 from analysis.rules.faults import faults
 from analysis.rules.finding import Finding
+from analysis.rules.host_bound import host_bound
 from analysis.rules.saturation import queue_rules
 from analysis.rules.scraped import scraped_rules
 from analysis.rules.spikes import Signals, latency_spikes, signals_of
@@ -44,7 +46,7 @@ def diagnose(run: Run) -> list[Finding]:
 def rules(signals: Signals) -> list[Finding]:
     """Every rule on a run's signals (analysis/rules/spikes.py signals_of)."""
     return [failures(signals.run), faults(signals.run), *queue_rules(signals),
-            expert_imbalance(signals), data_movement(signals),
+            expert_imbalance(signals), data_movement(signals), host_bound(signals),
             communication(signals.run.summary.server), latency_spikes(signals),
             generator_limited(signals), server_write_delay(signals), *scraped_rules(signals)]
 

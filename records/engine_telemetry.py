@@ -133,6 +133,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("prefix_cache_evictions", COUNTER, "blocks", "Prefix-cache blocks forgotten: their "
            "slot taken by a new sequence, or past --prefix-cache-tokens",
            family="moe_prefix_cache_evictions", sparse=True),
+    Metric("gpu_busy_ms", COUNTER, "ms", "GPU work in the steps timed for it (on CUDA: graph "
+           "replays, and eager steps sampled with their kernels queued ahead)",
+           family="moe_gpu_busy_seconds", sparse=True),
+    Metric("gpu_timed_ms", COUNTER, "ms", "The time those steps took (a replayed step's wall "
+           "time, a sampled step's longer of GPU work and host launching): gpu_busy_ms / "
+           "gpu_timed_ms is the share of a step the GPU was busy, the rest it waited for the host",
+           family="moe_gpu_timed_seconds", sparse=True),
+    Metric("gpu_timed_steps", COUNTER, "steps", "Steps timed for GPU busy",
+           family="moe_gpu_timed_steps", sparse=True),
     # --- the engine now ---
     Metric("uptime_s", GAUGE, "s", "since the server started"),
     Metric("window_s", GAUGE, "s", "since the server started or the last ResetStats"),

@@ -175,6 +175,18 @@ class Model(Settings):
                                 "or bfloat16; float32 on a cpu (bfloat16 is 10-70x slower "
                                 "without AVX-512 and, with AVX512-BF16, no faster at decode "
                                 "sizes: make bench-engine)", choices=Names("dtypes"))
+    cuda_graphs: bool = setting(True, "on CUDA, run each step of only decoding sequences as a "
+                                "CUDA graph captured at start-up per batch-size bucket (the batch "
+                                "padded up to its bucket; docs/design.md, \"Decode graphs\"), "
+                                "where the MoE kernel, router and attention allow it (the log "
+                                "says why not); --no-cuda-graphs launches every kernel from "
+                                "Python")
+    gpu_sample_steps: int = setting(64, "on CUDA, time every N-th step's stages as GPU work, its "
+                                    "kernels queued behind a sleep so no stage holds the host's "
+                                    "launch gaps (docs/metrics.md, \"Stage times and GPU busy\"); "
+                                    "such a step runs eagerly and takes about twice its time; "
+                                    "0 = never (no stage times on CUDA)",
+                                    check=at_least(0, note=" (0 = never)"))
     seed: int = setting(0, "seed of the random weights (nothing is downloaded); with --model, of "
                         "what the checkpoint does not hold (a noisy router's noise weights)")
     n_experts: int = setting(0, "experts per MoE layer instead of the preset's (its expert size "

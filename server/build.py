@@ -41,7 +41,9 @@ def local_engine(settings: ServerSettings, kv_slots: int, spread: ExpertSpread |
     (the ranks warm up together)."""
     model = settings.model
     common = (kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
-    options = {"spread": spread, "warm_up": spread is None}
+    options = {"spread": spread, "warm_up": spread is None,
+               "graphs": "auto" if model.cuda_graphs else "off",
+               "sample_steps": model.gpu_sample_steps}
     if model.checkpoint:
         return LocalEngine.from_checkpoint(open_checkpoint(model.checkpoint, model.context_len),
                                            *common, **options)

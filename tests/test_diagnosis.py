@@ -606,7 +606,7 @@ def test_missing_files_leave_rules_unjudged_naming_what_is_missing(tmp_path):
     unjudged = {f.rule: f.verdict for f in findings if not f.judged}
     assert set(unjudged) == {"throughput_underutilised", "compute_saturated", "data_movement",
                              "latency_spikes", "faults", "communication",
-                             "server_write_delay"} | SCRAPED_RULES
+                             "server_write_delay", "host_bound"} | SCRAPED_RULES
     assert "ran as one rank" in unjudged["communication"]
     assert "no server metrics were scraped" in unjudged["kv_pressure"]
     assert "server_stats.jsonl has no GetStats sample" in unjudged["faults"]
@@ -618,7 +618,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     findings = diagnose(build_run(tmp_path, server=growing_queue(400.0),
                                   expert_end=[32, 28, 30, 30]))
     text = render_text(findings).splitlines()
-    assert text[0] == "diagnosis: 2 of 15 rules fired"  # the run's 2 refused requests fire one
+    assert text[0] == "diagnosis: 2 of 16 rules fired"  # the run's 2 refused requests fire one
     assert text[1] == ("FIRED Server unreachable / errors: 2 requests failed "
                        "(RESOURCE_EXHAUSTED); the server stayed reachable")
     fired = text.index(next(line for line in text if line.startswith("FIRED Throughput")))
@@ -635,7 +635,7 @@ def test_text_and_markdown_put_fired_rules_first(tmp_path):
     assert unjudged[-6].startswith("not judged Server write delay: ")
 
     markdown = render_markdown(findings)
-    assert markdown.startswith("## Diagnosis\n\n2 of 15 rules fired")
+    assert markdown.startswith("## Diagnosis\n\n2 of 16 rules fired")
     order = [markdown.index(s) for s in ("### Throughput limited while under-utilised",
                                          "### Did not fire", "### Could not be judged")]
     assert order == sorted(order)
@@ -649,9 +649,9 @@ def test_command_writes_diagnosis_md_and_a_json_last_line(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     figures = json.loads(lines[-1])
     assert figures["fired"] == ["failures", "compute_saturated", "expert_imbalance"]
-    # one rank; a server from before write delays
+    # one rank; a server from before write delays; a CPU server (no GPU busy)
     assert set(figures["not_judged"]) == {"latency_spikes", "communication",
-                                          "server_write_delay"} | SCRAPED_RULES
+                                          "server_write_delay", "host_bound"} | SCRAPED_RULES
     assert lines[-2] == f"diagnosis: {run.path / 'diagnosis.md'}"
     assert (run.path / "diagnosis.md").read_text().startswith("## Diagnosis")
 

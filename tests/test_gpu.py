@@ -36,16 +36,18 @@ def test_a_seed_builds_the_same_weights_on_the_gpu():
 def test_a_server_on_a_gpu_streams_and_reports_its_memory(index):
     if index >= torch.cuda.device_count():
         pytest.skip(f"needs {index + 1} GPUs")
-    with running_server(device=f"cuda:{index}") as served:
+    with running_server(device=f"cuda:{index}", gpu_sample_steps=2) as served:
         msgs = list(served.stub.Generate(moe_pb2.GenerateRequest(prompt="hello", max_tokens=8,
                                                                  ignore_eos=True)))
         assert sum(len(m.token_ids) for m in msgs) == 8
         stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
     assert stats.gpu_memory_reserved_bytes >= stats.gpu_memory_bytes > 0
     assert stats.gpu_utilization_percent == -1 or 0 <= stats.gpu_utilization_percent <= 100
-    # timed by CUDA events on that GPU's stream: they exist, and fit inside the steps' wall time
+    # sampled steps' stages, GPU work timed by events on that GPU's stream, fit inside the steps'
+    # wall time; graph steps' GPU busy inside theirs
     stage_ms = sum(s.ms.sum for s in stats.stages)
     assert 0 < stage_ms <= 1.05 * stats.step_ms.sum
+    assert 0 < stats.gpu_busy_ms <= stats.gpu_timed_ms and stats.gpu_timed_steps > 0
 
 
 def test_experts_kept_in_host_memory_are_pinned_at_their_own_size():
@@ -68,4 +70,28 @@ def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
         SeqInput(0, [5], 7, temperature=0.8),  # decode
         SeqInput(1, [6] * 4, 3),  # resumed: masked attention
         SeqInput(2, [1] * 4, 0)]))  # new
-    assert waits <= result.host_transfers
+    assert len(waits) <= result.host_transfers, waits
+
+
+def greedy_decode(engine: LocalEngine, steps: int) -> list[list[int]]:
+    prompts = [[1 + i] * (5 + 3 * i) for i in range(5)]
+    first = engine.step([SeqInput(i, p, 0) for i, p in enumerate(prompts)])
+    tokens = [[t] for t in first.next_ids]
+    for _ in range(steps):
+        seqs = [SeqInput(i, [t[-1]], len(p) + len(t) - 1)
+                for i, (p, t) in enumerate(zip(prompts, tokens, strict=True))]
+        for t, n in zip(tokens, engine.step(seqs).next_ids, strict=True):
+            t.append(n)
+    return tokens
+
+
+def test_decode_graphs_give_the_eager_tokens_and_wait_once():
+    graphed = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0)
+    if graphed.graphs is None:
+        pytest.skip("decode graphs cannot run here (the log says why)")
+    eager = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0, graphs="off")
+    assert greedy_decode(graphed, 24) == greedy_decode(eager, 24)
+    seqs = [SeqInput(i, [3], 40) for i in range(5)]  # 5 rows: bucket 8
+    torch.cuda.synchronize()
+    result, waits = cuda_waits(lambda: graphed.step(seqs))
+    assert result.host_transfers == 1 and len(waits) <= 1, waits

@@ -122,12 +122,14 @@ class Phases:
 
 def plot_stages(server: ServerSeries, path: Path) -> None:
     """Mean time per step of each stage, interval by interval, stacked: the top edge is the step
-    time."""
+    time where every step is timed (a CPU); on CUDA the stages are the sampled steps' GPU work,
+    under the step's wall time by what the GPU waited for the host."""
     fig = Figure(figsize=(11, 5), layout="constrained")
     ax = fig.subplots()
     steps = np.where(server.steps > 0, server.steps, np.nan)
+    timed = np.where(server.stage_steps > 0, server.stage_steps, np.nan)
     names = list(server.stage_ms)
-    ax.stackplot(server.t_s, *[server.stage_ms[name] / steps for name in names], labels=names,
+    ax.stackplot(server.t_s, *[server.stage_ms[name] / timed for name in names], labels=names,
                  alpha=0.85)
     ax.plot(server.t_s, server.step_ms / steps, "k--", lw=1, label="step (measured)")
     _titles(ax, "Engine step time by stage", "ms per step")

@@ -43,7 +43,8 @@ class ServerSeries:
     ep_bytes: np.ndarray
     ep_measured_ms: np.ndarray
     ep_exposed_ms: np.ndarray
-    stage_ms: dict[str, np.ndarray]  # stage -> time summed over the interval's steps
+    stage_steps: np.ndarray  # steps whose stages were timed (sampled ones only, on CUDA)
+    stage_ms: dict[str, np.ndarray]  # stage -> time summed over those steps
 
     def __len__(self) -> int:
         return len(self.t_s)
@@ -98,6 +99,9 @@ def _interval(prev: ServerStats, cur: ServerStats, length_s: float) -> dict:
         "step_ms": step_ms,
         **_exchanges(cur, prev),
         "stage_ms": {s.stage: _hist_sum(s.ms) - _hist_sum(prev.stage(s.stage)) for s in cur.stages},
+        # steps whose stages were timed (every step on a CPU, sampled ones on CUDA)
+        "stage_steps": max((_hist_count(s.ms) - _hist_count(prev.stage(s.stage))
+                            for s in cur.stages), default=0.0),
     }
 
 
@@ -119,6 +123,10 @@ def _exchanges(cur: ServerStats, prev: ServerStats) -> dict[str, float]:
 
 def _hist_sum(h: Histogram | None) -> float:
     return h.sum if h is not None else 0.0
+
+
+def _hist_count(h: Histogram | None) -> float:
+    return h.count if h is not None else 0.0
 
 
 def _cpu_seconds(stats: ServerStats) -> float:

@@ -176,8 +176,9 @@ def _cache(snap: ServerStats, base: ServerStats) -> dict | None:
 def _stages(snap: ServerStats, base: ServerStats) -> dict[str, float] | None:
     if not snap.stages:
         return None
-    steps = (snap.step_ms or Histogram()).count - (base.step_ms or Histogram()).count
-    if steps <= 0:
-        return None
-    return {s.stage: ((s.ms or Histogram()).sum - (base.stage(s.stage) or Histogram()).sum) / steps
-            for s in snap.stages}
+    out = {}
+    for s in snap.stages:  # per timed step: on CUDA only sampled steps are (docs/metrics.md)
+        now, then = s.ms or Histogram(), base.stage(s.stage) or Histogram()
+        if now.count > then.count:
+            out[s.stage] = (now.sum - then.sum) / (now.count - then.count)
+    return out or None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -65,9 +66,10 @@ def lists_to_device(lists: list[list[int]], device: torch.device) -> list[Tensor
     return list(to_device(host, device).split([len(xs) for xs in lists]))
 
 
-def cuda_waits(fn: Callable[[], T]) -> tuple[T, int]:
-    """fn()'s result and how many times it waited for the GPU, as CUDA's sync debug mode
-    reports them (gpu-check and tests/test_gpu.py hold a step to its counted reads by it)."""
+def cuda_waits(fn: Callable[[], T]) -> tuple[T, list[str]]:
+    """fn()'s result and where it waited for the GPU ("file:line" of the Python line that
+    called the waiting operation, once per wait), as CUDA's sync debug mode reports them
+    (gpu-check and tests/test_gpu.py hold a step to its counted reads by it)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -75,4 +77,5 @@ def cuda_waits(fn: Callable[[], T]) -> tuple[T, int]:
             result = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return result, sum("synchroniz" in str(w.message) for w in caught)
+    return result, [f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                    if "synchroniz" in str(w.message)]

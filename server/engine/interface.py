@@ -49,7 +49,9 @@ class StepResult:
     dropped: Tensor | None  # [L, E] pairs over capacity; None when dropless
     active: list[int]  # per layer: experts that computed
     seq_experts: Tensor  # [B, L, E] bool: the experts each sequence's tokens were routed to
-    stage_ms: dict[str, float]
+    # per stage (GPU work on CUDA), or None where this step's stages were not timed (on CUDA
+    # only sampled steps are: server/engine/stages.py)
+    stage_ms: dict[str, float] | None
     tokens: int  # tokens in the forward pass
     kv_useful: int  # decode attention: cached positions needed
     kv_computed: int  # decode attention: positions computed (padding included)
@@ -61,6 +63,11 @@ class StepResult:
     routed_by_rank: Tensor | None = None
     moved: int = 0
     host_transfers: int = 0  # device -> host reads the step made (server/engine/host_transfer.py)
+    # on CUDA, where measured: the GPU's work in the step against the time the step took (its
+    # wall time when replayed as a graph; when sampled eagerly, the longer of the GPU's work and
+    # the host's launching); 0 where not measured
+    gpu_busy_ms: float = 0.0
+    gpu_timed_ms: float = 0.0
 
 
 @runtime_checkable

@@ -8,22 +8,36 @@ routing counts, drops, active experts, stage times.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 
 from records.server_settings import MoE
 from server.engine.checkpoint import Checkpoint
+from server.engine.decode_attention import (
+    DecodeAttention,
+    FlashDecode,
+    GatheredDecode,
+    flash_decode_unsupported,
+)
+from server.engine.decode_graphs import DecodeGraphs, fixed_shape_problem
 from server.engine.expert_cache import LayerCache
-from server.engine.host_transfer import lists_to_device, to_device
+from server.engine.host_transfer import HostTransfers, lists_to_device, to_device
 from server.engine.interface import SeqInput, StepResult
+from server.engine.kernels import grouped_mm_unsupported
 from server.engine.model import PRESETS, KVCache, ModelArgs, StepLayout, Transformer
 from server.engine.moe import StepContext, random_expert
 from server.engine.routing import Skew
 from server.engine.slots import SlotPool
-from server.engine.stages import StageTimer
+from server.engine.stages import StageTimer, StepTimes
 from server.engine.tokenizer import ByteTokenizer
 from server.parallel.exchange import ExpertSpread
 from server.parallel.placement import Placement
+
+log = logging.getLogger(__name__)
+
+GRAPH_MODES = ("auto", "off", "eager")
 
 
 def indexed(device: torch.device) -> torch.device:
@@ -47,11 +61,17 @@ class LocalEngine:
 
     def __init__(self, args: ModelArgs, kv_slots: int, device: str, dtype: torch.dtype,
                  seed: int, moe: MoE = MoE(), spread: ExpertSpread | None = None,
-                 warm_up: bool = True, checkpoint: Checkpoint | None = None):
+                 warm_up: bool = True, checkpoint: Checkpoint | None = None,
+                 graphs: str = "auto", sample_steps: int = 0):
         """A model of args's shapes with random weights from seed and the byte-level tokenizer,
         or, with checkpoint, that checkpoint's weights and tokenizer (from_preset and
         from_checkpoint say which). spread: this process is one of the ranks the experts are
-        spread over, holding its share (the ranks warm up together, so warm_up is False then)."""
+        spread over, holding its share (the ranks warm up together, so warm_up is False then).
+        graphs: decode steps as CUDA graphs where they can be (auto), never (off), or the
+        graphs' fixed-shape steps run eagerly, on any device (eager: tests). sample_steps: on
+        CUDA, every n-th step's stages are timed as GPU work (server/engine/stages.py; 0: none)."""
+        if graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
         self.args = args
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
@@ -71,14 +91,49 @@ class LocalEngine:
         self.skew = Skew.parse(moe.routing_skew)
         self.slot_bias = torch.zeros(kv_slots, args.n_layers, args.n_experts, device=self.device) \
             if self.skew.kind == "affinity" else None
-        self.kv = KVCache(args, kv_slots, self.device, dtype)
+        self.decode_attend, fixed_attend, problem = self._decode_paths(args, moe, graphs)
+        self.kv = KVCache(args, kv_slots, self.device, dtype, scratch=problem is None)
+        if self.slot_bias is not None and problem is None:  # a row for the scratch slot
+            self.slot_bias = torch.zeros(kv_slots + 1, *self.slot_bias.shape[1:],
+                                         device=self.device)
         self.kv_slots = kv_slots
         self.slots = SlotPool(range(kv_slots))
         # slot -> its sequence's sampler, made anew when a sequence starts in the slot
         self._generators: dict[int, torch.Generator] = {}
-        self.timer = StageTimer(self.device)
+        self.timer = StageTimer(self.device, sample_steps)
+        self.graphs: DecodeGraphs | None = None
         if warm_up:
             self._warm_up()
+        if problem is None:
+            self.graphs = DecodeGraphs(self.model, self.kv, kv_slots, fixed_attend, self.device,
+                                       "graphs" if graphs == "auto" else "eager")
+            self.graphs.prepare(self.slot_bias)
+            log.info("decode steps %s for batches of %s", "as CUDA graphs" if graphs == "auto"
+                     else "in fixed shapes, eagerly", self.graphs.sizes)
+
+    def _decode_paths(self, args: ModelArgs, moe: MoE, graphs: str
+                      ) -> tuple[DecodeAttention | None, DecodeAttention, str | None]:
+        """Decode attention for eager steps (None: masked SDPA), the fixed-shape steps' own,
+        and why decode steps take no fixed shapes here (None: they do), logged."""
+        why_flash = flash_decode_unsupported(args.head_dim, args.n_heads, args.n_kv_heads,
+                                             self.device, self.dtype, args.sliding_window)
+        if self.device.type == "cuda":
+            log.info("decode attention %s", "FlashAttention over each sequence's own positions"
+                     if why_flash is None else f"masked SDPA ({why_flash})")
+        eager_attend = FlashDecode if why_flash is None else None
+        if graphs == "off":
+            return eager_attend, GatheredDecode, "--no-cuda-graphs"
+        capture = graphs == "auto"
+        problem = (f"CUDA graphs need a CUDA device; this is {self.device.type}"
+                   if capture and self.device.type != "cuda" else fixed_shape_problem(
+                       grouped=grouped_mm_unsupported((args.expert_dim, args.dim), self.device,
+                                                      self.dtype),
+                       cached=moe.expert_cache > 0, capacity=moe.capacity_factor is not None,
+                       spread=self.spread is not None, router=moe.router,
+                       attention=why_flash if capture else None))
+        if problem and self.device.type == "cuda":
+            log.warning("decode steps run eagerly, not as CUDA graphs: %s", problem)
+        return eager_attend, FlashDecode if capture else GatheredDecode, problem
 
     @classmethod
     def from_preset(cls, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
@@ -126,13 +181,43 @@ class LocalEngine:
                 for cache in (self.kv.k, self.kv.v):
                     cache[:, s.slot, :, :s.start_pos] = cache[:, s.prefix_from, :, :s.start_pos]
 
+    @torch.no_grad()
     def step(self, seqs: list[SeqInput]) -> StepResult:
         """Runs one forward pass over all seqs and samples the next token of each."""
         self.timer.begin()
         self.copy_prefixes(seqs)
+        fixed = self.graphs is not None and self.graphs.bucket(len(seqs)) is not None and all(
+            len(s.token_ids) == 1 and not s.begins for s in seqs)
+        # a step sampled for its stage times on CUDA runs eagerly, each stage queued ahead
+        # (server/engine/stages.py); its GPU busy time is not a graph step's, so it is left out
+        sampled_instead = fixed and self.timer.cuda and self.timer.sampling
+        fixed = fixed and not sampled_instead
+        logits, parts, numbers, host = (self._fixed_forward if fixed else self._forward)(seqs)
+        next_ids = logits.argmax(dim=-1)
+        for i, s in enumerate(seqs):
+            if s.temperature > 0:
+                # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
+                probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
+                next_ids[i] = sample(probs, self.generator(s))
+        # the step's hand-off, in one transfer: every queued kernel and event has completed
+        ids, routed, seq_experts, dropped, active = self._fetch(host, next_ids, *parts)
+        times = self.timer.end("decode")
+        for cache in self.caches:
+            cache.settle()
+        if sampled_instead:
+            times = StepTimes(times.stage_ms)
+        return StepResult(next_ids=ids.tolist(), routed=routed, dropped=dropped, active=active,
+                          seq_experts=seq_experts, stage_ms=times.stage_ms,
+                          gpu_busy_ms=times.gpu_busy_ms, gpu_timed_ms=times.gpu_timed_ms,
+                          host_transfers=host.count, **numbers)
+
+    def _forward(self, seqs: list[SeqInput]) -> tuple[Tensor, tuple, dict, HostTransfers]:
+        """The step in eager mode, any mix of prefill and decode: logits [B, V], the routing
+        statistics (server/engine/moe.py StepContext), the step's numbers for its result and
+        its host transfers so far."""
         (tokens,) = lists_to_device([[t for s in seqs for t in s.token_ids]], self.device)
         layout = StepLayout.build([(s.slot, s.start_pos, len(s.token_ids)) for s in seqs],
-                                  self.device, self.kv_slots)
+                                  self.device, self.kv_slots, self.decode_attend, self.args)
         token_bias = None
         if self.slot_bias is not None:
             for s in seqs:
@@ -143,31 +228,39 @@ class LocalEngine:
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
         ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)
         logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
-        next_ids = logits.argmax(dim=-1)
-        for i, s in enumerate(seqs):
-            if s.temperature > 0:
-                # Shifted so a tiny temperature gives a one-hot, not inf/inf = NaN.
-                probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
-                next_ids[i] = sample(probs, self.generator(s))
-        # the step's hand-off, in one transfer: every queued kernel and event has completed
-        on_device = [i for i, a in enumerate(ctx.active) if isinstance(a, Tensor)]
-        parts = [next_ids, torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
-                 *([torch.stack(ctx.dropped)] if ctx.dropped else []),
-                 *([torch.stack([ctx.active[i] for i in on_device])] if on_device else [])]
-        ids, routed, seq_experts, *rest = ctx.host.fetch(parts)
-        dropped = rest.pop(0) if ctx.dropped else None
-        active = list(ctx.active)
+        numbers = {"tokens": len(tokens), "kv_useful": layout.kv_useful,
+                   "kv_computed": layout.kv_computed, "prefill_tokens": layout.prefill_tokens,
+                   "prefill_padded": layout.prefill_padded, "comm": ctx.comm}
+        parts = (torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
+                 torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active)
+        return logits, parts, numbers, ctx.host
+
+    def _fixed_forward(self, seqs: list[SeqInput]) -> tuple[Tensor, tuple, dict, HostTransfers]:
+        """_forward's answer for a step of decoding sequences only, through the graphs'
+        fixed-shape step (server/engine/decode_graphs.py)."""
+        logits, routed, seq_experts, active = self.graphs.run(
+            [s.token_ids[0] for s in seqs], [s.start_pos for s in seqs], [s.slot for s in seqs],
+            self.timer)
+        useful = sum(s.start_pos + 1 for s in seqs)
+        numbers = {"tokens": len(seqs), "kv_useful": useful,
+                   "kv_computed": useful + self.graphs.bucket(len(seqs)) - len(seqs),
+                   "prefill_tokens": 0, "prefill_padded": 0}
+        return logits, (routed, seq_experts, None, list(active)), numbers, HostTransfers()
+
+    @staticmethod
+    def _fetch(host: HostTransfers, next_ids: Tensor, routed: Tensor, seq_experts: Tensor,
+               dropped: Tensor | None, active: list[int | Tensor]) -> tuple:
+        """The sampled tokens and the step's statistics on the host, in one transfer: ids [B],
+        routed [L, E], seq_experts [B, L, E] and dropped [L, E] as tensors, active as ints."""
+        on_device = [i for i, a in enumerate(active) if isinstance(a, Tensor)]
+        parts = [next_ids, routed, seq_experts, *([dropped] if dropped is not None else []),
+                 *([torch.stack([active[i] for i in on_device])] if on_device else [])]
+        ids, routed, seq_experts, *rest = host.fetch(parts)
+        dropped = rest.pop(0) if dropped is not None else None
+        active = list(active)
         for i, n in zip(on_device, rest[0].tolist() if on_device else [], strict=True):
             active[i] = n
-        self.timer.mark("decode")
-        for cache in self.caches:
-            cache.settle()
-        return StepResult(next_ids=ids.tolist(), routed=routed, dropped=dropped, active=active,
-                          seq_experts=seq_experts, stage_ms=self.timer.end(), tokens=len(tokens),
-                          kv_useful=layout.kv_useful, kv_computed=layout.kv_computed,
-                          prefill_tokens=layout.prefill_tokens,
-                          prefill_padded=layout.prefill_padded, comm=ctx.comm,
-                          host_transfers=ctx.host.count)
+        return ids, routed, seq_experts, dropped, active
 
     @torch.no_grad()
     def place(self, placement: Placement) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 
 from records.declare import flat
 from records.server_settings import MoE
+from server.engine.decode_attention import DecodeAttention
 from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import lists_to_device
 from server.engine.kernels import KERNELS, project, resolve_kernel
@@ -152,12 +154,18 @@ class StepLayout:
     kv_computed: int  # decode attention: positions computed (every row padded to the longest)
     prefill_tokens: int  # prefill chunks: tokens
     prefill_padded: int  # new prompts' chunks: padding added to reach the longest one
+    # decode attention over each sequence's own positions (server/engine/decode_attention.py),
+    # planned for the decode slots and lengths; None: masked SDPA over gathered or pooled rows
+    attend: PlannedAttention | None = None
 
     @classmethod
     def build(cls, seqs: list[tuple[int, int, int]], device: torch.device,
-              pool: int = 0) -> StepLayout:
+              pool: int = 0, attend: DecodeAttention | None = None,
+              args: ModelArgs | None = None) -> StepLayout:
         """seqs: (slot, start position, number of new tokens) per sequence, in step order;
-        pool: the KV pool's slots (0: decode always gathers its slots)."""
+        pool: the KV pool's slots (0: decode always gathers its slots); attend: decode
+        attention that reads each sequence's own positions (the pool is then never attended),
+        planned for the model of args."""
         positions, token_slots, groups, last_index = [], [], [], []
         decode_index, decode_slots, decode_lens = [], [], []
         fresh, resumed = [], []  # (first index in N, length, slot, start)
@@ -178,7 +186,7 @@ class StepLayout:
         prefill_index = [[first + min(t, n - 1) for t in range(width)] for first, n, _, _ in fresh]
         valid = [(p * width + t, first + t) for p, (first, n, _, _) in enumerate(fresh)
                  for t in range(n)]
-        pooled = pool if decode_slots and 2 * len(decode_slots) >= pool else 0
+        pooled = pool if decode_slots and 2 * len(decode_slots) >= pool and not attend else 0
         row_lens = decode_lens
         if pooled:
             row_lens = [1] * pooled
@@ -191,19 +199,42 @@ class StepLayout:
              [v[0] for v in valid], [v[1] for v in valid]], device)
         longest = max(decode_lens, default=0)
         useful = sum(n for _, n, _, _ in fresh)
+        planned = attend.plan(decode_slots, row_lens_t, args.n_kv_heads, args.max_seq_len,
+                              args.sliding_window) if attend and decode_slots.numel() else None
         return cls(positions, token_slots, groups, last_index, decode_index, decode_slots,
                    pooled, row_lens_t, longest, prefill_flat.reshape(len(fresh), width),
                    prefill_slots, prefill_from, prefill_to, resumed, sum(decode_lens),
-                   longest * len(row_lens), useful + sum(n for _, n, _, _ in resumed),
-                   len(fresh) * width - useful)
+                   sum(decode_lens) if attend else longest * len(row_lens),
+                   useful + sum(n for _, n, _, _ in resumed), len(fresh) * width - useful, planned)
+
+
+# one step's decode attention, planned (server/engine/decode_attention.py):
+# (q [B, H, K], k and v cache [slots, G, S, K]) -> [B, H, K]
+PlannedAttention = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class DecodeLayout:
+    """A decode step of a fixed number of rows, one token each (a CUDA graph's batch bucket,
+    server/engine/decode_graphs.py): every tensor's shape is the rows', whatever the sequences'
+    lengths, so one captured graph serves every step of that many rows. Rows past the real
+    sequences are padding: token 0 at position 0 of the pool's scratch slot, `valid` False."""
+
+    positions: Tensor  # [N]
+    token_slots: Tensor  # [N]
+    last_index: Tensor  # [N] every row: each is its own sequence's last token
+    attend: PlannedAttention  # planned for the rows' slots and lengths
 
 
 class KVCache(nn.Module):
-    """The preallocated pool: `slots` sequences of up to max_seq_len positions per layer."""
+    """The preallocated pool: `slots` sequences of up to max_seq_len positions per layer, and
+    with `scratch` one slot more (index `slots`) that no sequence holds: fixed-shape decode
+    steps write their padding rows there."""
 
-    def __init__(self, args: ModelArgs, slots: int, device, dtype):
+    def __init__(self, args: ModelArgs, slots: int, device, dtype, scratch: bool = False):
         super().__init__()
-        shape = (args.n_layers, slots, args.n_kv_heads, args.max_seq_len, args.head_dim)
+        self.scratch_slot = slots if scratch else None
+        shape = (args.n_layers, slots + scratch, args.n_kv_heads, args.max_seq_len, args.head_dim)
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
@@ -221,17 +252,21 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(args: ModelArgs, device) -> tuple[Tensor, Tensor]:
+    """[S, K] each, for `apply_rope`: (cos, cos) and (-sin, sin) over the two halves of a head."""
     half = args.head_dim // 2
     freqs = 1.0 / args.rope_base ** (torch.arange(half, device=device, dtype=torch.float32) / half)
     angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), freqs)
-    return angles.cos(), angles.sin()  # [S, K/2] each
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [N, heads, K]; cos/sin: [N, K/2], rotating the two halves of each head
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    """x [N, heads, K] rotated by its positions' cos, sin [N, 1, K] (`rope_tables`' rows): the
+    halves (x1, x2) become (x1 c - x2 s, x2 c + x1 s), as x * cos + (x2, x1) * sin, which is
+    the same float arithmetic in three kernels and a copy where the halves took seven."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat([x2, x1], dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -263,7 +298,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v.view(n, a.n_kv_heads, a.head_dim)
 
-    def forward(self, x: Tensor, layout: StepLayout, cos: Tensor, sin: Tensor,
+    def forward(self, x: Tensor, layout: StepLayout | DecodeLayout, cos: Tensor, sin: Tensor,
                 k_cache: Tensor, v_cache: Tensor) -> Tensor:
         a = self.args
         n = x.shape[0]
@@ -271,13 +306,18 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache[layout.token_slots, :, layout.positions] = k
         v_cache[layout.token_slots, :, layout.positions] = v
+        if isinstance(layout, DecodeLayout):
+            return project(self.wo, layout.attend(q, k_cache, v_cache).reshape(n, a.q_dim))
 
         out = torch.empty_like(q)
-        if layout.decode_index.numel():
+        if layout.attend is not None:
+            out[layout.decode_index] = layout.attend(q[layout.decode_index], k_cache, v_cache)
+        elif layout.decode_index.numel():
             s = layout.decode_max_len
             qd = q[layout.decode_index].unsqueeze(2)  # [Bd, H, 1, K]
             if layout.decode_pool:
-                keys, values = k_cache[:, :, :s], v_cache[:, :, :s]  # [R, G, S, K], in place
+                pool = layout.decode_pool  # the pool's slots, not its scratch slot
+                keys, values = k_cache[:pool, :, :s], v_cache[:pool, :, :s]  # [R, G, S, K]
                 qd = qd.new_zeros(layout.decode_pool, *qd.shape[1:]).index_copy_(
                     0, layout.decode_slots, qd)
             else:
@@ -452,11 +492,11 @@ class Transformer(nn.Module):
             list(pool.map(draw, todo))
 
     @torch.no_grad()
-    def forward(self, tokens: Tensor, layout: StepLayout, cache: KVCache,
+    def forward(self, tokens: Tensor, layout: StepLayout | DecodeLayout, cache: KVCache,
                 step: StepContext) -> Tensor:
         """Logits of each sequence's last token [B, V]; routing counts go into step."""
-        cos = self.rope_cos[layout.positions]
-        sin = self.rope_sin[layout.positions]
+        cos = self.rope_cos[layout.positions][:, None]  # [N, 1, K]
+        sin = self.rope_sin[layout.positions][:, None]
         x = self.tok_embeddings(tokens)  # [N, D]
         step.timer.mark("preprocess")
         for i, layer in enumerate(self.layers):

@@ -23,11 +23,12 @@ from server.engine.kernels import Kernel, gated, grouped_mm_experts, project, sw
 from server.engine.stages import StageTimer
 
 
-def tally(ids: Tensor, n: int) -> Tensor:
-    """How often each of 0..n-1 occurs in ids (int64 [n]): bincount's answer, without the host
-    reads bincount makes on CUDA (the ids' least and greatest values)."""
-    return torch.zeros(n, dtype=torch.long, device=ids.device).index_add_(0, ids,
-                                                                       torch.ones_like(ids))
+def tally(ids: Tensor, n: int, weights: Tensor | None = None) -> Tensor:
+    """How often each of 0..n-1 occurs in ids (int64 [n]), each occurrence counted its weight
+    (int64, default 1): bincount's answer, without the host reads bincount makes on CUDA (the
+    ids' least and greatest values)."""
+    return torch.zeros(n, dtype=torch.long, device=ids.device).index_add_(
+        0, ids, torch.ones_like(ids) if weights is None else weights)
 
 
 def expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -53,6 +54,20 @@ class StepContext:
     active: list[int | Tensor] = field(default_factory=list)
     comm: list = field(default_factory=list)  # per layer: its exchange (server/parallel/)
     host: HostTransfers = field(default_factory=HostTransfers)  # the step's device -> host reads
+    # a fixed-shape decode step (server/engine/decode_graphs.py): which rows are real sequences
+    # [N] bool, and which (token, expert) pairs [N x k] int64 1/0; None: every row is
+    valid: Tensor | None = None
+    valid_pairs: Tensor | None = None
+    kernel: Kernel | None = None  # the expert kernel for this step, over each layer's own
+    _pairs: tuple[Tensor, Tensor] | None = None
+
+    def pairs(self, k: int) -> tuple[Tensor, Tensor]:
+        """Each (token, expert) pair's sequence [N x k] and a one per pair (int64) to count it,
+        made once a step for every layer (k is the same in each)."""
+        if self._pairs is None:
+            groups = self.groups.repeat_interleave(k)
+            self._pairs = (groups, torch.ones_like(groups))
+        return self._pairs
 
 
 def random_expert(seed: int, layer: int, expert: int, dim: int,
@@ -148,10 +163,12 @@ class MoELayer(nn.Module):
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)
+        if step.valid is not None:  # padding rows take row 0's experts: they read no others
+            experts = torch.where(step.valid[:, None], experts, experts[:1])
         flat = experts.flatten()  # [N*k]
-        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.bool, device=x.device)
-        step.seq_experts.append(used.index_put_((step.groups.repeat_interleave(self.top_k), flat),
-                                                torch.ones_like(flat, dtype=torch.bool)))
+        pair_groups, ones = step.pairs(self.top_k)
+        used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.long, device=x.device)
+        step.seq_experts.append(used.index_put_((pair_groups, flat), ones).bool())
         if self.exchange is None:
             out = self.here(x, weights, flat, step)
         else:
@@ -166,7 +183,8 @@ class MoELayer(nn.Module):
         """Every expert in this process: sort the pairs by expert, drop what is over capacity,
         compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
-        counts = tally(flat, self.n_experts)  # [E]
+        counts = tally(flat, self.n_experts, step.pairs(self.top_k)[1])  # [E]
+        kernel = step.kernel or self.kernel
         keep = None
         if self.capacity_factor is not None:
             cap = expert_capacity(x.shape[0], self.top_k, self.n_experts, self.capacity_factor)
@@ -177,10 +195,13 @@ class MoELayer(nn.Module):
             step.dropped.append(counts - kept)
         else:
             kept = counts
-        step.routed.append(counts)
-        if keep is None and self.cache is None and self.kernel is grouped_mm_experts:
+        # what the sequences routed, padding rows left out (they computed only row 0's experts)
+        routed = counts if step.valid_pairs is None else tally(flat, self.n_experts,
+                                                               step.valid_pairs)
+        step.routed.append(routed)
+        if keep is None and self.cache is None and kernel is grouped_mm_experts:
             kept_counts = kept  # on the device: the grouped kernel's offsets come from it
-            step.active.append((kept > 0).sum())
+            step.active.append((routed > 0).sum())
         else:
             kept_counts = step.host.to_list(kept)  # the layer's one host sync
             step.active.append(sum(1 for n in kept_counts if n))
@@ -189,7 +210,7 @@ class MoELayer(nn.Module):
         step.timer.mark("routing")
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
-        ys = self.compute(self.dispatch(x, token_of), kept_counts)
+        ys = self.compute(self.dispatch(x, token_of), kept_counts, kernel)
         step.timer.mark("expert_compute")
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)
@@ -203,9 +224,9 @@ class MoELayer(nn.Module):
             bias = layer_bias if bias is None else bias + layer_bias
         return self.router(x, bias, step.groups)
 
-    def compute(self, xs: Tensor, counts: list[int]) -> Tensor:
+    def compute(self, xs: Tensor, counts: list[int] | Tensor, kernel: Kernel) -> Tensor:
         if self.cache is None:
-            return self.kernel(xs, counts, range(self.n_experts), *self.experts.weights)
+            return kernel(xs, counts, range(self.n_experts), *self.experts.weights)
         # Through the cache, expert by expert, resident ones first: visiting the same experts in
         # id order every step is a scan that makes LRU evict exactly the expert needed next.
         starts = [0]
@@ -216,7 +237,7 @@ class MoELayer(nn.Module):
         for e in sorted((e for e, n in enumerate(counts) if n), key=lambda e: e not in resident):
             a, b = starts[e], starts[e + 1]
             (slot,) = self.cache.ensure([e])
-            ys[a:b] = self.kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident)
+            ys[a:b] = kernel(xs[a:b], [counts[e]], [slot], *self.cache.resident)
         return ys
 
     @staticmethod

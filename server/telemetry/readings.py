@@ -61,7 +61,7 @@ def readings(t: Telemetry, cache: list[CacheCounters], now: Now) -> dict[str, ob
         "running": now.running, "waiting": now.waiting, "kv_slots_in_use": now.kv_slots_in_use,
         "kv_slots_total": now.kv_slots_total, "prefix_cache_blocks": now.prefix_cache_blocks,
         "mean_batch_size": hists["batch_size"].mean, "step_time_mean_ms": hists["step_ms"].mean,
-        "expert_bandwidth_gb_s": (counts["expert_bytes_read"] / compute_ms / 1e6 if compute_ms
+        "expert_bandwidth_gb_s": (t.timed_expert_bytes / compute_ms / 1e6 if compute_ms
                                   else 0.0),
         "process_cpu_percent": t.cpu_percent, "process_rss_bytes": process_rss_bytes(),
         "gpu_utilization_percent": (gpu.utilization_percent if gpu.utilization_percent >= 0

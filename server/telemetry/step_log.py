@@ -16,7 +16,10 @@ class StepLog:
     def write(self, step: int, result, batch: int, admitted: int) -> None:
         record = {"t_unix_s": time.time(), "t_monotonic_s": time.monotonic(), "step": step,
                   "batch": batch, "admitted": admitted, "tokens": result.tokens,
-                  "stage_ms": {k: round(v, 4) for k, v in result.stage_ms.items()},
+                  "stage_ms": result.stage_ms and {k: round(v, 4)
+                                                   for k, v in result.stage_ms.items()},
+                  "gpu_busy_ms": round(result.gpu_busy_ms, 4),
+                  "gpu_timed_ms": round(result.gpu_timed_ms, 4),
                   "active_experts": result.active, "expert_tokens": result.routed.tolist()}
         if result.dropped is not None:
             record["dropped"] = int(result.dropped.sum())

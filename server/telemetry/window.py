@@ -58,6 +58,9 @@ class Telemetry:
     exchange: ExchangeTotals | None = None  # with 2 ranks or more
     window_start_ns: int = field(default_factory=time.monotonic_ns)
     cpu_start_s: float = 0.0
+    # expert weight bytes of the steps whose stages were timed: over expert_compute_ms, the
+    # experts' bandwidth (on CUDA only sampled steps are timed)
+    timed_expert_bytes: int = 0
 
     def __post_init__(self):
         self.histograms = self.histograms or {
@@ -85,9 +88,15 @@ class Telemetry:
         hists["batch_size"].record(batch)
         hists["tokens_per_step"].record(result.tokens)
         hists["step_ms"].record(step_ms)
-        for stage, ms in result.stage_ms.items():
-            self.stage_ms[stage].record(ms)
-        counts["expert_compute_ms"] += result.stage_ms.get("expert_compute", 0.0)
+        if result.stage_ms is not None:  # on CUDA, a sampled step (server/engine/stages.py)
+            for stage, ms in result.stage_ms.items():
+                self.stage_ms[stage].record(ms)
+            counts["expert_compute_ms"] += result.stage_ms.get("expert_compute", 0.0)
+            self.timed_expert_bytes += sum(result.active) * expert_bytes
+        if result.gpu_timed_ms:
+            counts["gpu_busy_ms"] += result.gpu_busy_ms
+            counts["gpu_timed_ms"] += result.gpu_timed_ms
+            counts["gpu_timed_steps"] += 1
         counts["kv_positions_useful"] += result.kv_useful
         counts["kv_positions_computed"] += result.kv_computed
         counts["prefill_tokens"] += result.prefill_tokens
@@ -112,6 +121,7 @@ class Telemetry:
         reports (a ResetStats ends a window, never a Prometheus counter)."""
         total = copy.deepcopy(other)
         total.counts = {k: v + other.counts[k] for k, v in self.counts.items()}
+        total.timed_expert_bytes = self.timed_expert_bytes + other.timed_expert_bytes
         for hists in ("histograms", "stage_ms", "request_ms"):
             setattr(total, hists, {k: h.plus(getattr(other, hists)[k])
                                    for k, h in getattr(self, hists).items()})

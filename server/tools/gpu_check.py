@@ -65,19 +65,28 @@ def decode_seqs(engine: LocalEngine, batch: int, prompt: int) -> list[SeqInput]:
 
 
 def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
+    """Per kernel, eager (graphs off), and with decode graphs: the reads a decode step counts,
+    its budget, and on CUDA the waits sync debug mode saw, with where each happened."""
     out = {}
-    for kernel in ("sorted", "batched", "grouped_mm"):
-        engine = LocalEngine.from_preset("small", 8, str(device), dtype, 0, MoE(moe_kernel=kernel))
-        if engine.kernel_name != kernel:
+    for kernel in ("sorted", "batched", "grouped_mm", "graphs"):
+        engine = LocalEngine.from_preset(
+            "small", 8, str(device), dtype, 0,
+            MoE(moe_kernel="auto" if kernel == "graphs" else kernel),
+            graphs="auto" if kernel == "graphs" else "off")
+        if kernel == "graphs" and engine.graphs is None:
+            out[kernel] = {"skipped": "no decode graphs here (the log says why)"}
+            continue
+        if kernel != "graphs" and engine.kernel_name != kernel:
             out[kernel] = {"skipped": f"{kernel} fell back to {engine.kernel_name}"}
             continue
         seqs = decode_seqs(engine, 8, 16)
         sync(device)
-        result, syncs = cuda_waits(partial(engine.step, seqs)) if device.type == "cuda" \
+        result, waits = cuda_waits(partial(engine.step, seqs)) if device.type == "cuda" \
             else (engine.step(seqs), None)
         out[kernel] = {"counted": result.host_transfers,
-                       "budget": 1 + (kernel != "grouped_mm") * PRESETS["small"].n_layers,
-                       "cuda_syncs": syncs}
+                       "budget": 1 + (kernel in ("sorted", "batched")) * PRESETS["small"].n_layers,
+                       "cuda_syncs": None if waits is None else len(waits),
+                       "waited_at": waits}
     return out
 
 
