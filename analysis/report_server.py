@@ -65,6 +65,10 @@ def server_markdown(server: ServerView | None, server_time: dict[str, Stats],
         rows.append(["all stages", fmt_ms(total),
                      f"(step time mean {fmt_ms(server.step_time_mean_ms)} ms)"])
         parts += ["### Step time by stage", markdown_table(["stage", "ms per step", "share"], rows)]
+        if (server.device or "").startswith("cuda"):
+            parts.append("On CUDA the stages are the GPU's own work in the steps sampled every "
+                         "--gpu-sample-steps, their kernels queued ahead of it "
+                         "(docs/metrics.md, \"Stage times and GPU busy\").")
         if has_stage_series:
             parts.append(f"![stage time per step over time]({STAGES_PNG})")
     if server.expert_tokens is not None:
@@ -87,7 +91,19 @@ def _fields(server: ServerView) -> list[tuple[str, str]]:
             ("tokens generated", fmt_plain(server.tokens_generated)),
             ("requests finished", fmt_plain(server.requests_finished)),
             ("mean batch size", fmt_num(server.mean_batch_size, ".2f")),
-            ("step time mean", f"{fmt_ms(server.step_time_mean_ms)} ms")]
+            ("step time mean", f"{fmt_ms(server.step_time_mean_ms)} ms"), *_gpu_busy(server)]
+
+
+def _gpu_busy(server: ServerView) -> list[tuple[str, str]]:
+    """On CUDA: the share of a step the GPU was busy, the rest it waited for the host
+    (docs/metrics.md, "Stage times and GPU busy"); nothing where no step was timed."""
+    counts = server.counters
+    steps, timed = counts.get("gpu_timed_steps", 0), counts.get("gpu_timed_ms", 0.0)
+    if not steps or not timed:
+        return []
+    busy = counts["gpu_busy_ms"] / timed
+    return [("GPU busy / waiting for the host", f"{fmt_percent(busy)} / {fmt_percent(1 - busy)} "
+             f"of a step ({int(steps)} steps timed)")]
 
 
 def _moe_fields(server: ServerView) -> list[tuple[str, str]]:

@@ -259,9 +259,11 @@ class MoE(Settings):
                                             "residual) and counted; dropless when omitted",
                                             check=lambda v: None if v is None or v > 0 else
                                             f"must be above 0 (omit it for dropless), got {v}")
-    moe_kernel: str = setting("auto", "auto (on CUDA grouped_mm in bfloat16 where its probe "
-                              "passes, else batched; sorted on the CPU and with the expert cache; "
-                              "the log names the kernel and why), sorted (tokens sorted by "
+    moe_kernel: str = setting("auto", "auto (on CUDA sorted, batched and grouped_mm, where its "
+                              "probe passes in bfloat16, timed at start-up on the model's own "
+                              "experts at decode and prefill sizes, each call then taking the "
+                              "fastest for its size; sorted on the CPU and with the expert cache; "
+                              "the log names the kernels and why), sorted (tokens sorted by "
                               "expert, one matmul chain per expert slice, one host sync per "
                               "layer), batched (every expert in one padded batched matmul chain, "
                               "a fixed number of GPU launches per layer, where no expert has over "

@@ -19,7 +19,7 @@ from server.engine.local import LocalEngine
 from server.engine.model import PRESETS, causal_attention
 from server.engine.stages import NullTimer
 from tests.checkpoints import ARCHITECTURES, write_checkpoint
-from tests.dispatch import Dispatched
+from tests.dispatch import DeviceWaits, Dispatched
 
 TINY = PRESETS["tiny"]
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11] * 20]
@@ -109,13 +109,15 @@ def test_every_dispatched_shape_is_fixed_by_the_bucket_alone():
 
 
 @pytest.mark.parametrize("graphs", ["eager", "off"])
-def test_a_decode_step_reads_the_host_once_and_nothing_waits_for_the_device(graphs):
+def test_a_decode_step_reads_the_host_once_and_nothing_waits_for_the_device(graphs,
+                                                                             monkeypatch):
     e = engine(graphs, moe=MoE(moe_kernel="grouped_mm"), slots=8)
     seqs = decode_step(e, 5)
-    with Dispatched() as seen:
+    seqs[1].temperature = 0.7
+    with DeviceWaits(monkeypatch) as waits:
         result = e.step(seqs)
     assert result.host_transfers == 1
-    assert seen.syncs == {}
+    assert waits.seen == []
 
 
 # aten operations one layer of the fixed-shape decode step dispatches on the CPU (views included),

@@ -1,11 +1,14 @@
 """The host-bound rule (analysis/rules/host_bound.py) on run directories built here: a GPU busy
 under half of its timed steps fires it with the figures worked out by hand, one busy most of
-them does not, and a CPU server, or one too few steps timed, leaves it unjudged saying why."""
+them does not, and a CPU server, or one too few steps timed, leaves it unjudged saying why; the
+report's server line gives the busy share where steps were timed."""
 
 import json
 
 from analysis.diagnosis import diagnose
 from analysis.readers.rundir import load_run
+from analysis.readers.server_stats import server_view
+from analysis.report_server import server_text
 from tests.test_analysis import snapshot, write_run
 
 
@@ -45,3 +48,13 @@ def test_without_timed_steps_the_rule_says_why(tmp_path):
     write_run(tmp_path / "cpu")  # the CPU server's snapshots carry no GPU counters
     cpu = next(f for f in diagnose(load_run(tmp_path / "cpu")) if f.rule == "host_bound")
     assert not cpu.judged and "on cpu" in cpu.verdict
+
+
+def test_the_report_says_how_much_of_a_step_the_gpu_was_busy(tmp_path):
+    gpu_run(tmp_path, 500.0, 2000.0, 20)
+    view = server_view(load_run(tmp_path / "run").summary.server)
+    (line,) = [f for f in server_text(view) if f.startswith("server (")]
+    assert "GPU busy / waiting for the host 25.0% / 75.0% of a step (20 steps timed)" in line
+    write_run(tmp_path / "cpu")
+    cpu = server_view(load_run(tmp_path / "cpu").summary.server)
+    assert "GPU busy" not in server_text(cpu)[0]

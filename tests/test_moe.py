@@ -4,20 +4,17 @@ balance, custom routers), routing skew, expert capacity and drops, the expert-we
 (same output, real counters, eviction policies) and stage timing."""
 
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from records.declare import flat
 from records.server_settings import MoE
 from server.engine import kernels
 from server.engine.expert_cache import LayerCache
-from server.engine.host_transfer import HostTransfers
 from server.engine.interface import SeqInput
 from server.engine.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
 from server.engine.local import LocalEngine
@@ -34,6 +31,7 @@ from server.engine.routing import (
     router_options,
 )
 from server.engine.stages import STAGES, StageTimer
+from tests.dispatch import DeviceWaits
 
 TINY = PRESETS["tiny"]
 E, K = TINY.n_experts, TINY.top_k
@@ -355,52 +353,6 @@ def test_auto_is_sorted_off_cuda_and_the_probe_compares_with_sorted(monkeypatch,
     assert resolve_kernel("grouped_mm", shape, cpu, torch.float32, cached=False) == "sorted"
 
 
-class DeviceWaits(TorchDispatchMode):
-    """What a step does that would wait for the device on CUDA, outside the counted reads of
-    server/engine/host_transfer.py: operators that read it from the host (bincount its ids' bounds,
-    multinomial its input's checks, .item() and `if tensor`, a boolean mask's size, unique,
-    equal) or size their output by a read (repeat_interleave without output_size); and reads
-    by hand (.tolist(), .item(), .cpu(), .numpy()) of any tensor the helper did not hand over."""
-
-    WAITING = {"aten.bincount.default", "aten.multinomial.default", "aten.nonzero.default",
-               "aten._local_scalar_dense.default", "aten.masked_select.default",
-               "aten.equal.default", "aten.allclose.default"}
-    READS = ("tolist", "item", "cpu", "numpy")
-
-    def __init__(self, monkeypatch):
-        super().__init__()
-        self.seen = []
-        handed = []  # the host's tensors: what the helper fetched (kept, so ids stay unique)
-        fetch = HostTransfers.fetch
-
-        def fetching(transfers, parts):
-            out = fetch(transfers, parts)
-            handed.extend(out)
-            return out
-
-        monkeypatch.setattr(HostTransfers, "fetch", fetching)
-        for name in self.READS:
-            monkeypatch.setattr(Tensor, name, self._watched(name, getattr(Tensor, name), handed))
-
-    def _watched(self, name, read, handed):
-        def watched(t, *args, **kwargs):
-            caller = sys._getframe(1).f_code.co_filename
-            if not caller.endswith("host_transfer.py") and all(t is not h for h in handed):
-                self.seen.append(f"{name} in {Path(caller).name}:{sys._getframe(1).f_lineno}")
-            return read(t, *args, **kwargs)
-        return watched
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name, kwargs = str(func), kwargs or {}
-        bool_index = name.startswith("aten.index") and any(
-            isinstance(t, Tensor) and t.dtype == torch.bool
-            for a in args if isinstance(a, list | tuple) for t in a)
-        if name in self.WAITING or "unique" in name or bool_index or (
-                name == "aten.repeat_interleave.Tensor" and kwargs.get("output_size") is None):
-            self.seen.append(name)
-        return func(*args, **kwargs)
-
-
 @pytest.mark.parametrize("moe", [
     MoE(), MoE(moe_kernel="batched"), MoE(moe_kernel="grouped_mm"),
     MoE(moe_kernel="grouped_mm", capacity_factor=1.0), MoE(routing_skew="affinity:0.1"),
@@ -450,3 +402,23 @@ def test_a_step_reads_the_device_within_its_budget(kernel, capacity_factor, per_
                                SeqInput(2, [1] * 4, 0)])
     assert decode.next_ids == expected.next_ids and decode.active == expected.active
     assert torch.equal(decode.routed, expected.routed)
+
+
+def test_kernels_timed_at_start_up_pick_the_fastest_per_size():
+    """The per-token reference is far slower than sorted once a call has many pairs: the table
+    built from real timings takes sorted there, and each call goes to its size's row."""
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(8, 2 * 32, 64, generator=gen) / 8
+    w2 = torch.randn(8, 64, 32, generator=gen) / 6
+    table, times = kernels.time_kernels(["reference", "sorted"], w13, w2, top_k=2,
+                                        tokens=(16, 64), repeats=3)
+    assert set(times) == {16, 64} and set(times[64]) == {"reference", "sorted"}
+    assert times[64]["reference"] > times[64]["sorted"]
+    assert table.pick(128) is kernels.sorted_experts and table.rows[-1][1] == "sorted"
+    mixed = kernels.KernelTable(((64, "reference"), (2**62, "sorted")))
+    assert mixed.pick(64) is kernels.per_token_experts and mixed.pick(65) is kernels.sorted_experts
+    xs = torch.randn(6, 64, generator=gen)
+    torch.testing.assert_close(mixed(xs, [2, 0, 4, 0, 0, 0, 0, 0], range(8), w13, w2),
+                               kernels.sorted_experts(xs, [2, 0, 4, 0, 0, 0, 0, 0], range(8),
+                                                      w13, w2))
+    assert str(mixed) == "reference up to 64 pairs, sorted above"

@@ -5,12 +5,21 @@ index: the weight row of each group, w13 [S, 2I, D] (gate then up projection, fu
 transformers keeps them, so one matmul computes both), w2 [S, D, I]) and returns ys [M, D] in
 the same order. A group is one expert; S is the number of experts, or of resident slots when
 the expert cache is on.
+
+Which is fastest depends on the shapes and the GPU (on an H200 sorted beat grouped_mm on
+Mixtral's layer at 32 tokens, and lost to it by 9x on Qwen-MoE's), so `auto` on CUDA times them
+at start-up and keeps a `KernelTable`: the fastest per call size.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import statistics
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +144,86 @@ def per_token_experts(xs: Tensor, counts: Sequence[int], index: Sequence[int], w
 
 KERNELS = {"sorted": sorted_experts, "batched": batched_experts,
            "grouped_mm": grouped_mm_experts, "reference": per_token_experts}
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """The kernel by the size of a layer's call: rows (most (token, expert) pairs, kernel name)
+    ascending, a call over the last bound taking the last row's kernel. It is a Kernel itself,
+    each call going to its size's row."""
+
+    rows: tuple[tuple[int, str], ...]
+
+    def pick(self, pairs: int) -> Kernel:
+        return KERNELS[next((name for most, name in self.rows if pairs <= most),
+                            self.rows[-1][1])]
+
+    def __call__(self, xs: Tensor, counts, index, w13: Tensor, w2: Tensor) -> Tensor:
+        return self.pick(xs.shape[0])(xs, counts, index, w13, w2)
+
+    def __str__(self) -> str:
+        bounds = [f"{name} up to {most} pairs" for most, name in self.rows[:-1]]
+        return ", ".join([*bounds, f"{self.rows[-1][1]} above" if bounds else self.rows[-1][1]])
+
+
+def for_rows(kernel: Kernel, pairs: int) -> Kernel:
+    """The kernel that runs a call of this many (token, expert) pairs."""
+    return kernel.pick(pairs) if isinstance(kernel, KernelTable) else kernel
+
+
+# Step sizes (tokens) the start-up timing measures: decode batches, then prefill chunks
+TIMED_TOKENS = (1, 8, 32, 64, 256, 2048)
+TIMED_REPEATS = 5
+
+
+def time_kernels(candidates: Sequence[str], w13: Tensor, w2: Tensor, top_k: int,
+                 tokens: Sequence[int] = TIMED_TOKENS, repeats: int = TIMED_REPEATS
+                 ) -> tuple[KernelTable, dict[int, dict[str, float]]]:
+    """The fastest candidate at each step size, timed on these weights (a layer's own) with
+    uniformly routed random tokens, median of repeats after one warm-up call; between two sizes
+    the bound is their geometric mean. Returns the table and the times (ms by kernel, by
+    tokens)."""
+    e, d = w13.shape[0], w13.shape[2]
+    gen = torch.Generator().manual_seed(0)
+    times: dict[int, dict[str, float]] = {}
+    for n in tokens:
+        experts = torch.rand(n, e, generator=gen).argsort(dim=1)[:, :top_k].flatten()
+        counts = torch.bincount(experts, minlength=e).tolist()
+        xs = torch.randn(n * top_k, d, generator=gen).to(w13.device, w13.dtype)
+        on_device = to_device(torch.tensor(counts, dtype=torch.int32), w13.device)
+        times[n] = {name: _median_ms(partial(KERNELS[name], xs, on_device if name == "grouped_mm"
+                                             else counts, range(e), w13, w2), w13.device, repeats)
+                    for name in candidates}
+    best = [(n, min(row, key=row.get)) for n, row in times.items()]
+    rows = []
+    for (n, name), (after, _) in zip(best, [*best[1:], (None, None)], strict=True):
+        most = math.isqrt(n * after) * top_k if after else 2 ** 62
+        if rows and rows[-1][1] == name:
+            rows[-1] = (most, name)
+        else:
+            rows.append((most, name))
+    return KernelTable(tuple(rows)), times
+
+
+def _median_ms(fn: Callable[[], Tensor], device: torch.device, repeats: int) -> float:
+    fn()
+    spans = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter_ns()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        spans.append((time.perf_counter_ns() - start) / 1e6)
+    return statistics.median(spans)
+
+
+def log_timings(table: KernelTable, times: dict[int, dict[str, float]]) -> None:
+    names = list(next(iter(times.values())))
+    log.info("MoE kernel auto, timed at start-up on layer 0's experts (ms per call):\n%s\n-> %s",
+             "\n".join(f"  {n:>5} tokens: " + "  ".join(f"{k} {row[k]:.3f}" for k in names)
+                       for n, row in times.items()), table)
 
 
 # Compute capabilities where PyTorch's _grouped_mm is one fused kernel (in bfloat16); elsewhere

@@ -85,6 +85,9 @@ class LocalEngine:
         self.model.init_random(seed, checkpoint.load_into(self.model) if checkpoint
                                else frozenset())
         self.model.eval()
+        if (moe.moe_kernel == "auto" and self.device.type == "cuda" and not moe.expert_cache
+                and spread is None):
+            self.model.time_kernels()
         self.kernel_name = self.model.kernel_name
         self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers
                                          if b.moe.cache is not None]

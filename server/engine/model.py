@@ -30,7 +30,7 @@ from records.server_settings import MoE
 from server.engine.decode_attention import DecodeAttention
 from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import lists_to_device
-from server.engine.kernels import KERNELS, project, resolve_kernel
+from server.engine.kernels import KERNELS, log_timings, project, resolve_kernel, time_kernels
 from server.engine.moe import Experts, MoELayer, SharedExpert, StepContext, random_expert
 from server.engine.routing import Skew, router_class, router_options
 from server.engine.tokenizer import VOCAB_SIZE
@@ -448,6 +448,21 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args, device)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def time_kernels(self) -> None:
+        """--moe-kernel auto on CUDA: the candidate kernels timed once on layer 0's experts at
+        decode and prefill sizes, each layer then running the fastest for its call's size
+        (server/engine/kernels.py KernelTable; the table is logged). A CPU and the expert cache
+        keep their one kernel (`resolve_kernel` says why)."""
+        experts = self.layers[0].moe.experts
+        candidates = ["sorted", "batched"] + ["grouped_mm"] * (self.kernel_name == "grouped_mm")
+        table, times = time_kernels(candidates, experts.w13, experts.w2, self.args.top_k)
+        log_timings(table, times)
+        for block in self.layers:
+            block.moe.kernel = table
+        names = {name for _, name in table.rows}
+        self.kernel_name = names.pop() if len(names) == 1 else "auto"
 
     @torch.no_grad()
     def init_random(self, seed: int, keep: frozenset[str] = frozenset()) -> None:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import HostTransfers
-from server.engine.kernels import Kernel, gated, grouped_mm_experts, project, swiglu
+from server.engine.kernels import Kernel, for_rows, gated, grouped_mm_experts, project, swiglu
 from server.engine.stages import StageTimer
 
 
@@ -184,7 +184,7 @@ class MoELayer(nn.Module):
         compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity
         counts = tally(flat, self.n_experts, step.pairs(self.top_k)[1])  # [E]
-        kernel = step.kernel or self.kernel
+        kernel = step.kernel or for_rows(self.kernel, flat.numel())
         keep = None
         if self.capacity_factor is not None:
             cap = expert_capacity(x.shape[0], self.top_k, self.n_experts, self.capacity_factor)
