@@ -30,7 +30,7 @@ COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --
 COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
 	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench peers gpu-check gpu-proto gpu-wheels lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -175,29 +175,39 @@ bench-prefix: install
 bench: bench-engine bench-loadgen bench-prefix
 
 # The GPU path in one short run (server/tools/gpu_check.py). Here: the project's environment, where the
-# parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python
-# (torch, numpy, safetensors, tokenizers, aiohttp, prometheus-client, psutil and pytest beside
-# it; the gRPC packages from make gpu-wheels): make gpu-check GPU_PY=python3
+# parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python; what
+# it lacks comes from .whl/ (make gpu-wheels, carried there), installed once into GPU_SITE, which
+# goes first on its PYTHONPATH: make gpu-check GPU_PY=python3
 GPU_PY ?=
+GPU_SITE ?= .gpu-site
+GPU_ENV = PYTHONPATH=$(abspath $(GPU_SITE)):$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 gpu-check: $(if $(GPU_PY),gpu-proto,install)
-	$(if $(GPU_PY),$(GPU_PY) -m server.tools.gpu_check --device cuda,$(PY) -m server.tools.gpu_check)
+	$(if $(GPU_PY),$(GPU_ENV) $(GPU_PY) -m server.tools.gpu_check --device cuda,$(PY) -m server.tools.gpu_check)
 
-# the stubs made anew with that Python's grpc_tools (under a second), matching its grpcio
+# The GPU run prepared for a machine whose time is counted (server/tools/gpu_bench.py): gpu-check's
+# parts, a decode sweep against the bandwidth bound, a profile, the batching policies end to end;
+# at most 8 minutes on one H200, its files in GPU_BENCH_OUT. Here it runs on the CPU with small
+# presets. GPU_BENCH: more flags (--skip e2e, --presets ..., --batches ...)
+GPU_BENCH_OUT ?= runs/gpu-bench
+GPU_BENCH ?=
+gpu-bench: $(if $(GPU_PY),gpu-proto,install)
+	$(if $(GPU_PY),$(GPU_ENV) $(GPU_PY),$(PY)) -m server.tools.gpu_bench --out $(GPU_BENCH_OUT) $(GPU_BENCH)
+
+# .whl/'s wheels into GPU_SITE on the GPU machine, once; then the stubs made anew with its
+# grpc_tools (under a second), matching its grpcio
 gpu-proto:
-	$(or $(GPU_PY),$(PY)) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+	test -d $(GPU_SITE) || ! test -d .whl || $(GPU_PY) -m pip install --quiet --no-index \
+	  --no-deps --target $(GPU_SITE) .whl/*.whl
+	$(GPU_ENV) $(or $(GPU_PY),$(PY)) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
 	  --grpc_python_out=. proto/moe.proto
 
-# For a GPU machine without a network: this environment's gRPC and protobuf as wheels for its
-# Python (GPU_PYVER, x86-64 Linux) in .whl/, to install there with
-# pip install --no-index --no-deps --target DIR .whl/*.whl, DIR on PYTHONPATH
+# For a GPU machine without a network: every package it lacks for gpu-check and gpu-bench (gRPC,
+# Locust and its closure, hdrhistogram, aiohttp, the engines' stubs), at this environment's versions,
+# as wheels for its Python (GPU_PYVER, x86-64 Linux) in .whl/ (server/tools/gpu_wheels.py)
 GPU_PYVER ?= 3.12
-GPU_WHEELS := grpcio|grpcio-health-checking|grpcio-reflection|grpcio-tools|protobuf
 gpu-wheels: install
 	rm -rf .whl
-	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYVER) \
-	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	  --platform manylinux2014_x86_64 -d .whl \
-	  $$($(PY) -m pip freeze | grep -iE '^($(GPU_WHEELS))==')
+	$(PY) -m server.tools.gpu_wheels --python-version $(GPU_PYVER) --dest .whl
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -208,4 +218,4 @@ docs: install
 	$(PY) -m records.readme README.md docs/targets.md
 
 clean:
-	rm -rf $(VENV) .venv-peers $(PROTO_OUT) proto/moe_pb2.pyi runs
+	rm -rf $(VENV) .venv-peers $(PROTO_OUT) proto/moe_pb2.pyi runs $(GPU_SITE)
