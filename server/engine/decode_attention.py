@@ -93,33 +93,41 @@ class GatheredDecode:
 
 DecodeAttention = type[FlashDecode] | type[GatheredDecode]
 
-PROBE_LENS = (5, 1, 37)  # cached positions of the probe's sequences (one with its new token only)
+PROBE_POOL = 8  # slots of the probe's cache; its batches take them in a shuffled order
+PROBE_BATCHES = (1, 8)  # one sequence (where the kernel splits the keys), and a full pool
+PROBE_MOST_POSITIONS = 8192  # the probe's context: the model's, up to this
 
 
 def flash_decode_unsupported(head_dim: int, heads: int, kv_heads: int, device: torch.device,
-                             dtype: torch.dtype, window: int = 0) -> str | None:
-    """Why flash_decode should not run on this device, dtype and head shape, or None: one real
-    call on random keys in a small pool, synchronized, compared with gathered_decode's."""
+                             dtype: torch.dtype, positions: int, window: int = 0) -> str | None:
+    """Why FlashDecode should not run on this device, dtype, head shape and context, or None:
+    real calls on random keys in a small pool of the model's context (up to
+    PROBE_MOST_POSITIONS), one sequence and a full pool of mixed lengths, synchronized, each
+    compared with GatheredDecode's."""
     if device.type != "cuda":
         return f"it is a CUDA kernel; this is {device.type}"
     if dtype not in FLASH_DTYPES:
         return f"FlashAttention takes float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     gen = torch.Generator().manual_seed(0)
-    pool, positions = 4, 64
-    shape = (pool, kv_heads, positions, head_dim)
+    positions = min(positions, PROBE_MOST_POSITIONS)
+    shape = (PROBE_POOL, kv_heads, positions, head_dim)
     k_cache = torch.randn(shape, generator=gen).to(device, dtype)
     v_cache = torch.randn(shape, generator=gen).to(device, dtype)
-    q = torch.randn(len(PROBE_LENS), heads, head_dim, generator=gen).to(device, dtype)
-    slots = torch.tensor([2, 0, 3], device=device)
-    lens = torch.tensor(PROBE_LENS, dtype=torch.int32, device=device)
-    try:
-        got = FlashDecode.plan(slots, lens, kv_heads, positions, window)(q, k_cache, v_cache)
-        torch.cuda.synchronize(device)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    want = GatheredDecode.plan(slots, lens, kv_heads, positions, window)(
-        q.float(), k_cache.float(), v_cache.float())
-    worst = (got.float() - want).abs().max().item()
-    if not worst <= 2e-2:
-        return f"its output differs from masked SDPA's by up to {worst:.3g}"
+    for batch in PROBE_BATCHES:
+        q = torch.randn(batch, heads, head_dim, generator=gen).to(device, dtype)
+        slots = torch.randperm(PROBE_POOL, generator=gen)[:batch].to(device)
+        lens = torch.randint(1, positions + 1, (batch,), generator=gen)
+        lens[0] = positions  # the longest a sequence can be
+        lens = lens.to(device, torch.int32)
+        try:
+            got = FlashDecode.plan(slots, lens, kv_heads, positions, window)(q, k_cache, v_cache)
+            torch.cuda.synchronize(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        want = GatheredDecode.plan(slots, lens, kv_heads, positions, window)(
+            q.float(), k_cache.float(), v_cache.float())
+        worst = (got.float() - want).abs().max().item()
+        if not worst <= 2e-2:
+            return (f"its output differs from masked SDPA's by up to {worst:.3g} "
+                    f"({batch} sequences of up to {positions} positions)")
     return None

@@ -132,7 +132,8 @@ class DecodeGraphs:
 
     def load(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> int:
         """The step's inputs into the buffer the graphs read, padded up to their bucket, in one
-        copy that does not wait; returns the bucket."""
+        copy that does not wait (of the whole buffer: a part of it is not contiguous, and torch
+        would stage it through pageable memory); returns the bucket."""
         n = len(tokens)
         size = self.bucket(n)
         for row, values in ((TOKEN, tokens), (POSITION, positions), (SLOT, slots)):
@@ -140,7 +141,7 @@ class DecodeGraphs:
         self.host[LENGTH, :n] = self.host[POSITION, :n] + 1
         self.host[VALID, :n] = 1
         self._pad(n)
-        self.inputs[:, :size].copy_(self.host[:, :size], non_blocking=True)
+        self.inputs.copy_(self.host, non_blocking=True)
         return size
 
     def _pad(self, n: int) -> None:

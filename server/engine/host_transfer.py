@@ -27,14 +27,21 @@ from torch import Tensor
 T = TypeVar("T")
 
 
+def _now(read: Callable[[], T]) -> T:
+    return read()
+
+
 @dataclass
 class HostTransfers:
     count: int = 0
+    # runs each read inside a step's stage: the stage timer's `read` (server/engine/stages.py),
+    # which splits a sampled stage around the wait
+    around: Callable[[Callable[[], T]], T] = _now
 
     def to_list(self, t: Tensor) -> list:
         """A device tensor's values on the host, as Python numbers: one transfer."""
         self.count += 1
-        return t.tolist()
+        return self.around(lambda: t.tolist())
 
     def fetch(self, parts: list[Tensor]) -> list[Tensor]:
         """Several integer or boolean device tensors on the host in one transfer (flattened

@@ -119,7 +119,8 @@ class LocalEngine:
         """Decode attention for eager steps (None: masked SDPA), the fixed-shape steps' own,
         and why decode steps take no fixed shapes here (None: they do), logged."""
         why_flash = flash_decode_unsupported(args.head_dim, args.n_heads, args.n_kv_heads,
-                                             self.device, self.dtype, args.sliding_window)
+                                             self.device, self.dtype, args.max_seq_len,
+                                             args.sliding_window)
         if self.device.type == "cuda":
             log.info("decode attention %s", "FlashAttention over each sequence's own positions"
                      if why_flash is None else f"masked SDPA ({why_flash})")
@@ -229,7 +230,8 @@ class LocalEngine:
                                                   s.routing_key, self.seed)
                     self.slot_bias[s.slot] = to_device(bias, self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
-        ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias)
+        ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias,
+                          host=HostTransfers(around=self.timer.read))
         logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
         numbers = {"tokens": len(tokens), "kv_useful": layout.kv_useful,
                    "kv_computed": layout.kv_computed, "prefill_tokens": layout.prefill_tokens,

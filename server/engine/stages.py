@@ -12,8 +12,11 @@ the GPU reaches the stage every kernel of it is queued and the stage's events ho
 time. A stage whose sleep ran out before its last launch is late: that sample is dropped and the
 sleeps double. From a sampled step come its stage times (GPU work), its GPU busy time (their
 sum) and the host's own time to launch it; the step would have taken the longer of the two, of
-which the GPU was busy the first. A step replayed as a CUDA graph (one launch) is timed whole
-instead: the replay's events are GPU work, against the step's wall time.
+which the GPU was busy the first. A host read inside a stage (the sorted kernel's expert counts)
+drains the GPU: `read` splits the stage around it, the part before judged on its own, the wait
+left out of the host's time, and a fresh sleep queued for the part after. A step replayed as a
+CUDA graph (one launch) is timed whole instead: the replay's events are GPU work, against the
+step's wall time.
 
 Times are read once the step has ended with its one host sync (the sampled tokens' hand-off),
 when every event has completed.
@@ -21,15 +24,23 @@ when every event has completed.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAGES = ("preprocess", "attention", "routing", "dispatch", "expert_compute", "combine", "decode")
 SLEEP_MIN_MS = 0.2  # the shortest sleep queued before a sampled stage
 SLEEP_MARGIN = 1.5  # a stage's sleep over the longest host time seen for one stage
 SLEEP_MAX_MS = 100.0
+LATE_IN_A_ROW = 3  # samples late one after another before sampling stops (a read the timer
+#                    does not see, such as the balanced router's, makes every one late)
 
 
 class Clock:
@@ -94,11 +105,17 @@ class Sleeper:
 
 @dataclass
 class Mark:
-    stage: str | None  # the stage that ended here (None: the step's beginning)
-    host_ns: int
+    # the stage that ended here; None: the step's beginning, or a host read splitting the stage
+    # the next mark names
+    stage: str | None
+    host_ns: int  # when the host got here
     end: torch.cuda.Event | None = None  # sampled on CUDA: where the stage's work ended
     late: bool = False  # ... and whether its sleep ran out before its last launch
     start: torch.cuda.Event | None = None  # ... where the next stage's work starts
+    resume_ns: int = 0  # when the host went on (after a read's wait; else host_ns)
+
+    def __post_init__(self):
+        self.resume_ns = self.resume_ns or self.host_ns
 
 
 class StageTimer:
@@ -114,6 +131,7 @@ class StageTimer:
         self._marks: list[Mark] = []
         self._sleeper: Sleeper | None = None
         self._sleep_ms = SLEEP_MIN_MS
+        self._late = 0  # samples late in a row
         self._replay: tuple | None = None
         self._begin_ns = 0
 
@@ -143,6 +161,19 @@ class StageTimer:
             mark.start = None if last else self._ahead()
         self._marks.append(mark)
 
+    def read(self, fn: Callable[[], T]) -> T:
+        """fn(), a read of the device inside a stage: on a sampled CUDA step the stage is split
+        around it (its wait is neither GPU work nor the host's launching)."""
+        if not (self.sampling and self.cuda):
+            return fn()
+        split = Mark(None, time.perf_counter_ns(), end=self.clock.now(),
+                     late=self._marks[-1].start.query())
+        self._marks.append(split)
+        out = fn()
+        split.resume_ns = time.perf_counter_ns()
+        split.start = self._ahead()
+        return out
+
     def replay(self, graph: torch.cuda.CUDAGraph) -> None:
         """Replays a captured graph, timed whole (on CUDA, outside a sampled step)."""
         start = self.clock.now() if self.cuda and not self.sampling else None
@@ -166,6 +197,9 @@ class StageTimer:
             for begin, mark in intervals:
                 out[mark.stage] += (mark.host_ns - begin.host_ns) / 1e6
             return StepTimes(out)
+        named = None
+        for mark in reversed(self._marks[1:]):  # a read's split belongs to the stage after it
+            named = mark.stage = mark.stage or named
         return self._sampled(intervals, out)
 
     def _ahead(self) -> torch.cuda.Event | None:
@@ -181,10 +215,16 @@ class StageTimer:
         holds the step's host read, so its host time is mostly the wait: it is neither judged
         late nor counted as the host's."""
         intervals[-1][1].end.synchronize()
-        host_ms = [(mark.host_ns - begin.host_ns) / 1e6 for begin, mark in intervals[:-1]]
+        host_ms = [(mark.host_ns - begin.resume_ns) / 1e6 for begin, mark in intervals[:-1]]
         late = any(mark.late for _, mark in intervals[:-1])
         self._sleep_ms = min(SLEEP_MAX_MS, (2 if late else 1) * max(
             SLEEP_MIN_MS, SLEEP_MARGIN * max(host_ms, default=0.0), self._sleep_ms * late))
+        self._late = self._late + 1 if late else 0
+        if self._late >= LATE_IN_A_ROW:
+            log.warning("stage times: %d sampled steps in a row were late (a stage reads the "
+                        "device where the timer cannot see it); no more steps are sampled",
+                        self._late)
+            self.sample_every = 0
         if late:
             return StepTimes(None)
         for begin, mark in intervals:
