@@ -53,12 +53,17 @@ def discard_spare() -> None:
 
 class AioSender:
     def __init__(self, on_result: Callable[[StreamResult], None], settings: LoadSettings,
-                 workers: int, index: int, on_loop_lag: Callable[[int, int], None]):
+                 workers: int, index: int, on_loop_lag: Callable[[int, int], None],
+                 on_died: Callable[[str], None] = lambda why: None):
         """Starts the sender process now (or takes the spare, see prewarm) and hands it the job,
         so its imports and its connection are done before the schedule begins. on_loop_lag:
-        each wake of the sender's own event-loop probe, (time ns, lateness us)."""
+        each wake of the sender's own event-loop probe, (time ns, lateness us); on_died: the
+        sender ended without reporting its end (why, in a line)."""
         self.on_result = on_result
         self.on_loop_lag = on_loop_lag
+        self.on_died = on_died
+        self.died: str | None = None
+        self.results = 0  # requests the sender reported
         self.not_sent = 0
         self.cpu_s: float | None = None  # the sender's CPU from time zero, at its end
         self.offered = Offered()  # what the sender's requests asked for, at its end
@@ -71,8 +76,12 @@ class AioSender:
         gevent.spawn(self._read)
 
     def _send(self, message: dict) -> None:
-        self.proc.stdin.write((json.dumps(message) + "\n").encode())
-        self.proc.stdin.flush()
+        """A line to the sender; a sender already gone is noticed by _read, not here."""
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:  # BrokenPipeError: it exited (its own error is on stderr)
+            pass
 
     def start(self, start_ns: int) -> None:
         """The schedule's time zero."""
@@ -80,6 +89,7 @@ class AioSender:
         self._send({"start_ns": start_ns})
 
     def _read(self) -> None:
+        ended = False
         for line in self.proc.stdout:
             data = json.loads(line)
             if data.get("ready"):
@@ -90,14 +100,22 @@ class AioSender:
                 self.not_sent = data["not_sent"]
                 self.cpu_s = data["cpu_s"]
                 self.offered = Offered.of_state(data["offered"])
+                ended = True
                 break
             elif "loop_lag" in data:
                 for t_ns, late_us in data["loop_lag"]:
                     self.on_loop_lag(t_ns, late_us)
             else:
+                self.results += 1
                 self.on_result(StreamResult(**data))
+        if not ended:  # its output closed without its end: it died
+            code = self.proc.wait()
+            self.died = (f"the aio sender (pid {self.proc.pid}) exited with code {code} "
+                         "before the run ended (its error, if it printed one, is above)")
         self.ready.set()
         self.ended.set()
+        if self.died:
+            self.on_died(self.died)
 
     def stop(self) -> None:
         if self.started and self.proc.poll() is None:

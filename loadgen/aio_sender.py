@@ -28,7 +28,7 @@ import time
 
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
-from loadgen.targets.target import TARGETS, target_class, target_of
+from loadgen.targets.target import target_of
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
@@ -40,19 +40,11 @@ SPIN_S = 0.0015
 SPIN_RATE = 50.0  # requests/s a sender, at most, where its sends are spun into: 7.5% of a core
 
 
-def preload() -> None:
-    """Every target's module: imported while the sender waits for its job, so the job starts
-    at once."""
-    for name in TARGETS:
-        target_class(name)
-
-
 async def main() -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
-    preload()
     line = await reader.readline()
     if not line:  # the parent closed the pipe without a job
         return

@@ -227,6 +227,8 @@ class RunListener:
         if run is None:
             return
         run.drain()
+        if run.failure:  # a part of the run died: the process says so in its exit status
+            self.environment.process_exit_code = 1
         if run.aio is not None and not self.environment.parsed_options.headless:
             prewarm()  # for the web UI's next test
         if isinstance(self.environment.runner, WorkerRunner):

@@ -105,7 +105,10 @@ class Run:
             self._schedule = self.stress.arrivals(settings.traffic.seed)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
-        self.aio = (AioSender(self._record, settings, workers, index, self.recorder.loop_lag)
+        self._place = (workers, index)
+        self.failure: str | None = None  # why the run failed, where a part of it died
+        self.aio = (AioSender(self._record, settings, workers, index, self.recorder.loop_lag,
+                              self._sender_died)
                     if settings.client == "aio" else None)
         # the loop that timestamps the streams: the aio sender probes its own
         self._probe = gevent_probe(self.recorder.loop_lag) if self.aio is None else None
@@ -122,13 +125,15 @@ class Run:
         if self.scraping is not None and self.scraping.urls:  # its counters before any request
             self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns = time.monotonic_ns()
-        if self.stress is not None:
-            self._stress_watcher = gevent.spawn(self.stress.watch)
-        if self.aio is not None:
-            self.aio.start(self.start_ns)
         if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
             gevent.spawn_later(self.run_time_s, self._end,
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
+        if self.stress is not None:
+            self._stress_watcher = gevent.spawn(self.stress.watch)
+        if self.aio is not None:
+            if self.aio.died:  # before its first send: the schedule never starts
+                self.recorder.stop_ns = self.start_ns
+            self.aio.start(self.start_ns)
 
     @property
     def stopping(self) -> bool:
@@ -167,6 +172,19 @@ class Run:
                 self._session_group.spawn(self._session, conn, index, due_ns)
             else:
                 self._send(conn, self.workload.request(index), due_ns)
+
+    def _sender_died(self, why: str) -> None:
+        """The aio sender died: the run fails and ends now. What it had not reported of the
+        schedule due so far counts as not sent."""
+        log.error("%s: ending the run", why)
+        self.failure = why
+        if self._begun:
+            due_s = ((self.stop_ns or time.monotonic_ns()) - self.start_ns) / 1e9
+            schedule = schedule_of(self.settings.traffic, *self._place)
+            due = sum(1 for _ in itertools.takewhile(lambda a: a[1] <= due_s, schedule))
+            self.recorder.not_sent += max(0, due - self.aio.results)
+        self.stop()
+        self.request_stop()
 
     def _end(self, why: str) -> None:
         """The run ends (its drain follows), as Locust's -t would end it: the trace is replayed,
@@ -341,7 +359,9 @@ class Run:
         traffic = self.settings.traffic
         trace = (read_trace_file(traffic.trace, traffic.trace_format).notes if traffic.trace
                  else ())
-        return ((self.count.how,) if self.target.streams_text else ()) + trace
+        failed = (f"the run failed: {self.failure}; the schedule's requests it had not reported "
+                  "are counted as not sent",) if self.failure else ()
+        return failed + ((self.count.how,) if self.target.streams_text else ()) + trace
 
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import grpc
 
 from loadgen.targets.grpc_stream import GrpcTarget
-from loadgen.targets.target import Chunk, RequestSpec, TargetError
+from loadgen.targets.target import Chunk, MissingPackage, RequestSpec, TargetError
 
 
 def _stubs(name: str):
@@ -26,8 +26,8 @@ def _stubs(name: str):
         return (importlib.import_module(f"smg_grpc_proto.generated.{name}_pb2"),
                 importlib.import_module(f"smg_grpc_proto.generated.{name}_pb2_grpc"))
     except ImportError as exc:
-        raise SystemExit(f"the engine gRPC targets need the smg-grpc-proto package: "
-                         f"pip install -e '.[targets]' ({exc})") from None
+        raise MissingPackage("the engine gRPC targets need the smg-grpc-proto package: "
+                             f"pip install -e '.[targets]' ({exc})") from None
 
 
 class EngineTarget(GrpcTarget):

@@ -123,7 +123,13 @@ class Target(Protocol):
         """The server's telemetry (GetStats), or None when the protocol has none."""
 
 
+class MissingPackage(ImportError):
+    """A target's optional package is not installed; the message says how to install it."""
+
+
 def target_class(name: str) -> type[Target]:
+    """The target's class, its module imported now: only the target a run asks for is (an
+    optional package of another target may be missing: MissingPackage, from the one asked)."""
     module, _, cls = TARGETS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -136,7 +142,10 @@ def target_of(settings: TargetSettings) -> Target:
 def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
     """(flag, what is wrong) where the settings do not suit the target, None when they do."""
     name = settings.target.target
-    cls = target_class(name)
+    try:
+        cls = target_class(name)
+    except MissingPackage as exc:
+        return "target", str(exc)
     if problem := host_problem(name, settings.sender.host):
         return "host", problem
     for leaf in leaves(TargetSettings):

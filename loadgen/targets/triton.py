@@ -20,15 +20,15 @@ import struct
 import grpc
 
 from loadgen.targets.grpc_stream import GrpcTarget
-from loadgen.targets.target import Chunk, RequestSpec, TargetError
+from loadgen.targets.target import Chunk, MissingPackage, RequestSpec, TargetError
 from records.load_settings import TargetSettings
 
 try:
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 except ImportError as exc:
-    raise SystemExit(f"the triton target needs the tritonclient package: "
-                     f"pip install -e '.[targets]' ({exc})") from None
+    raise MissingPackage("the triton target needs the tritonclient package: "
+                         f"pip install -e '.[targets]' ({exc})") from None
 
 FINAL = "triton_final_response"
 
