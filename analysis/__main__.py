@@ -1,18 +1,18 @@
 """Command line: `python -m analysis COMMAND ...`; each command lives in its own module, which
 adds its parser with `add_command(subparsers)` and runs from `main(args)`."""
 
-import argparse
 import os
 import sys
 
 from analysis import capacity, compare, diagnosis, report, soak, sweep
 from analysis.readers.files import RunDirError
+from records.cli import Parser
 
 COMMANDS = (report, compare, soak, capacity, diagnosis, sweep)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    parser = Parser(prog="python -m analysis", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_command(commands)

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from loadgen.settings import REGISTRIES
+from records.cli import Parser
 from records.declare import add_arguments
 from records.load_settings import LoadSettings
 
@@ -18,7 +19,7 @@ EPILOG = ("Locust's own options (-u, -t, --headless, --web-port, --csv, --proces
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadgen", usage=USAGE, epilog=EPILOG,
+    p = Parser(prog="python -m loadgen", usage=USAGE, epilog=EPILOG,
                                 description="The load generator for MoE inference servers: "
                                             "open-loop streaming requests timed over the wire.")
     add_arguments(p, LoadSettings, REGISTRIES)

@@ -21,7 +21,6 @@ Nothing here is asserted."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -40,6 +39,7 @@ import grpc
 from loadgen.bench_peers import PEERS, peer_runs
 from loadgen.traffic.arrivals import worker_arrivals
 from proto import moe_pb2, moe_pb2_grpc
+from records.cli import Parser
 from records.server_stats import Histogram, bucket_stats
 
 TOKENS = 20  # messages per stream
@@ -255,7 +255,7 @@ def print_at_rest(rows: dict[str, dict], duration_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadgen.bench_loadgen", description=__doc__)
+    p = Parser(prog="python -m loadgen.bench_loadgen", description=__doc__)
     p.add_argument("--messages-per-s", type=float, nargs="+", default=[2000, 5000, 8000])
     p.add_argument("--duration-s", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)

@@ -28,6 +28,7 @@ import os
 import signal
 
 from loadgen.reference.pacer import PROTOCOLS, Pacer
+from records.cli import Parser
 
 SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
 
@@ -60,7 +61,7 @@ async def serve(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port-file", required=True)
     p.add_argument("--port", type=int, default=0, help="0: any free port")

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
@@ -36,6 +37,7 @@ from loadgen.web.html_report import add_to_report
 from loadgen.web.latency_table import write_latency_csv
 from loadgen.web.tab import add_tab
 from loadgen.web.timeline import Timeline
+from records.cli import USAGE_ERROR
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -102,7 +104,12 @@ class RunListener:
             try:  # bad flags end the process before any request, naming the flag
                 settings = settings_of(environment)
             except SettingsError as exc:
-                sys.exit(f"loadgen/moe.py: {exc}")
+                refuse_at_start(str(exc))
+            if options.headless and not isinstance(runner, WorkerRunner):
+                # a target that cannot be reached ends the process here, its line the last
+                # printed, before Locust starts its users
+                if problem := target_of(settings.target).probe(settings.sender.host):
+                    refuse_at_start(f"--host: {problem}; not starting")
             if settings.client == "aio" and not isinstance(runner, MasterRunner):
                 prewarm()
         if isinstance(runner, WorkerRunner):  # its master's test will most likely be open loop
@@ -287,6 +294,12 @@ class RunListener:
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
                                      server)
         self.ended(summary, path)
+
+
+def refuse_at_start(message: str) -> NoReturn:
+    """Bad settings or a target that cannot be reached, before the run: one line, exit 2."""
+    sys.stderr.write(f"loadgen/moe.py: {message}\n")
+    sys.exit(USAGE_ERROR)
 
 
 def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:

@@ -3,13 +3,13 @@ OpenAI-compatible HTTP API) until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
 import signal
 import sys
 
+from records.cli import Parser
 from records.declare import SettingsError, add_arguments, from_options
 from records.server_settings import ServerSettings
 from server.app import start
@@ -24,7 +24,7 @@ def parse_args(argv: list[str] | None = None) -> ServerSettings:
     """The settings from the command line, checked before anything is built; a bad value exits 2
     naming its flag. A rank other than 0 of an expert-parallel engine (started by --ep or
     torchrun) logs as that rank and does not check the ports, which only rank 0 opens."""
-    p = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    p = Parser(prog="python -m server", description=__doc__)
     add_arguments(p, ServerSettings, REGISTRIES)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     options = p.parse_args(argv)

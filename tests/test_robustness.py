@@ -128,8 +128,11 @@ def test_the_pre_flight_stops_at_a_dead_server_in_one_line(tmp_path, client):
     started = time.monotonic()
     done = locust(port, tmp_path / "run", "-t", "20s", "--rate", "10", "--client", client)
     assert done.returncode == 2 and time.monotonic() - started < 15  # no run, no drain
-    errors = [line for line in done.stdout.splitlines() if "ERROR/loadgen" in line]
-    assert len(errors) == 1, done.stdout
+    lines = done.stdout.strip().splitlines()
+    errors = [line for line in lines if "not answering" in line]
+    assert len(errors) == 1 and errors[0] == lines[-1], done.stdout  # the last thing printed
+    assert errors[0].startswith("loadgen/moe.py: --host: ")
+    assert "Ramping" not in done.stdout
     assert f"moe server at 127.0.0.1:{port} is not answering: UNAVAILABLE" in errors[0]
     assert f"start one with: python -m server --port {port}" in errors[0]
     assert errors[0].endswith("; not starting")

@@ -33,7 +33,18 @@ def test_bad_flag_exits_2_naming_it(flags, named, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_args(flags)
     assert exit_.value.code == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err
+    # one line: the error and where to look, never the usage block
+    assert err.count("\n") == 1 and err.rstrip().endswith("(see python -m server --help)")
+
+
+def test_an_unknown_flag_is_one_line_too(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--polcy", "fcfs"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "unrecognized arguments: --polcy fcfs" in err
 
 
 @pytest.mark.slow

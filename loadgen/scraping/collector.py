@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from loadgen.scraping.http_source import scrape_url
 from loadgen.scraping.nvml import Nvml
+from records.cli import Parser
 from records.engine_maps import live_gauges
 from records.jsonform import dumps, to_json
 from records.server_metrics import NVML, Scrape
@@ -84,7 +85,7 @@ class Collector:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="server_metrics.jsonl to write")
     p.add_argument("--started-unix-s", type=float, required=True, help="the run's time zero")

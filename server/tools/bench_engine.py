@@ -22,7 +22,6 @@ A experts a step activates, m tokens per activated expert, B requests in a decod
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from records.cli import Parser
 from server.engine.expert_cache import LayerCache
 from server.engine.interface import SeqInput
 from server.engine.kernels import KERNELS, grouped_mm_unsupported, swiglu
@@ -385,7 +385,7 @@ def report(machine: dict, layer: list[dict], roof: list[dict], decode: dict, bf1
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m server.tools.bench_engine",
+    p = Parser(prog="python -m server.tools.bench_engine",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="small", choices=list(PRESETS))
     p.add_argument("--repeats", type=int, default=60,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from records.cli import Parser
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine
 from server.scheduling.batching_loop import BatchingLoop
@@ -124,7 +125,7 @@ def ttft_over_the_wire(preset: str, prefix: int, rate: float, duration_s: int) -
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small")
     p.add_argument("--prefix-tokens", type=int, default=192)

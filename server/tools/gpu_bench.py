@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from records.cli import Parser
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine, indexed
 from server.engine.model import PRESETS
@@ -340,7 +341,7 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m server.tools.gpu_bench",
+    p = Parser(prog="python -m server.tools.gpu_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="runs/gpu-bench", help="folder for the files it writes")

@@ -21,7 +21,6 @@ Prints a table, then one line of JSON. Exits 1 when a part that ran failed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from records.cli import Parser
 from records.server_settings import MoE
 from server.engine.host_transfer import cuda_waits
 from server.engine.interface import SeqInput
@@ -229,7 +229,7 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m server.tools.gpu_check",
+    p = Parser(prog="python -m server.tools.gpu_check",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="where to run (default: cuda where there is one, else cpu)")

@@ -11,7 +11,6 @@ downloaded as a binary wheel for that Python. Prints the names, then where they 
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
+
+from records.cli import Parser
 
 ROOTS = ("locust", "hdrhistogram", "grpcio", "grpcio-tools", "grpcio-health-checking",
          "grpcio-reflection", "protobuf", "aiohttp", "smg-grpc-proto", "tritonclient")
@@ -59,7 +60,7 @@ def closure(roots: tuple[str, ...], python: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m server.tools.gpu_wheels",
+    p = Parser(prog="python -m server.tools.gpu_wheels",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--python-version", default="3.12", help="the GPU machine's Python, X.Y")
     p.add_argument("--dest", default=".whl", help="where the wheels go")
