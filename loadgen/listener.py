@@ -79,6 +79,8 @@ class RunListener:
         self.rank = 0  # a worker's place among the workers
         self.server_start: ServerStats | None = None
         self.request_type = ""  # Locust's statistics name requests by the target's protocol
+        self._ending = False  # the test's end is asked for (once: a second quit would cut the
+        #                       first one's drain and write short)
         add_tab(environment, lambda: self.recorder, lambda: self.timeline, lambda: self.written)
         events = environment.events
         events.test_start.add_listener(self.start)
@@ -118,7 +120,11 @@ class RunListener:
     # --- ending a test ---
 
     def end_test(self) -> None:
-        """Ends the test as -t would: headless the process quits, in the web UI the test stops."""
+        """Ends the test as -t would: headless the process quits, in the web UI the test stops.
+        Once a test: -t and a stress run's last step can both end it at the same moment."""
+        if self._ending:
+            return
+        self._ending = True
         runner = self.environment.runner
         gevent.spawn(runner.quit if self.environment.parsed_options.headless else runner.stop)
 
@@ -134,6 +140,7 @@ class RunListener:
     # --- the test ---
 
     def start(self, **_) -> None:
+        self._ending = False
         environment = self.environment
         try:
             settings = settings_of(environment)

@@ -1,7 +1,8 @@
-"""The client fails loudly (issue 41): without the optional [targets] packages the default run
+"""The client fails loudly: without the optional [targets] packages the default run
 against our server sends its schedule and ends at -t, and a target that needs one is refused
 before the run in one line; an aio sender killed mid-run ends the run within seconds, non-zero,
-saying the sender died, with the schedule it had not reported counted as not sent."""
+saying the sender died, with the schedule it had not reported counted as not sent; a test ended
+by two things at once writes its results."""
 
 import json
 import os
@@ -84,3 +85,16 @@ def test_a_sender_killed_mid_run_ends_the_run_loudly(tmp_path):
     requests = summary["requests"]
     assert requests["ok"] > 0 and requests["not_sent"] >= 0
     assert summary["duration_s"] < 15
+
+
+def test_a_run_ended_by_two_things_at_once_still_writes_its_summary(tmp_path):
+    """-t and a stress run's last step end the test at the same moment: one quit, whose drain
+    and writing finish (a second one cut them short: exit 0 and no summary.json)."""
+    with server_process(tmp_path) as (_, port):
+        run = locust(f"127.0.0.1:{port}", tmp_path / "run", None, "--mode", "stress",
+                     "--rate-start", "4", "--rate-mult", "1.5", "--step-s", "2", "--max-steps",
+                     "2", "-t", "4s", "--prompt-tokens", "8", "--max-tokens", "4")
+        out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0, out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stress"]["steps"] and summary["requests"]["ok"] > 0
