@@ -21,7 +21,7 @@ from server.engine.interface import Engine
 from server.frontends.admission import Admission, RequestLimits
 from server.frontends.grpc_service import SERVICE_NAME, MoEService, create_server, server_options
 from server.frontends.http_api import start_http
-from server.frontends.prometheus import serve_metrics
+from server.frontends.prometheus import metrics_registry, serve_metrics
 from server.frontends.security import guard_of
 from server.scheduling.engine_thread import EngineThread
 from server.scheduling.heap import HeapTrimmer
@@ -109,16 +109,16 @@ async def start(settings: ServerSettings) -> App:
     engine_thread.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task,
                                                                  app.not_serving())
     metrics_host = settings.security.metrics_host or serving.host
+    registry = metrics_registry(engine_thread, settings)
     try:
         if serving.metrics_port is not None:
-            app.metrics_server, app.metrics_port = serve_metrics(engine_thread, settings,
-                                                                 metrics_host,
+            app.metrics_server, app.metrics_port = serve_metrics(registry, metrics_host,
                                                                  serving.metrics_port)
         if serving.http_port is not None:
             app.http, app.http_port = await start_http(admission, name, serving.host,
                                                        serving.http_port, serving.grace_s,
                                                        settings.limits.max_message_bytes, guard,
-                                                       serving.reasoning_tokens)
+                                                       serving.reasoning_tokens, registry)
     except OSError as exc:  # taken since server/settings.py checked the ports
         await app.drain(0)
         flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (`--http-port`) on a real loopback port: the same tokens as
 the gRPC service, streamed as server-sent events or whole, OpenAI-shaped errors for every bad
 input (400, 404, 405, 429, 503) with the server serving on, a client that leaves freeing its
-slot, and a drain that lets open streams finish."""
+slot, and a drain that lets open streams finish; /metrics beside the API, the usage holding the
+server's own times."""
 
 import http.client
 import json
@@ -55,7 +56,12 @@ def test_a_whole_completion_has_exactly_max_tokens_and_the_grpc_services_tokens(
     status, kind, text = call(served.app.http_port, "POST", "/v1/completions", body)
     assert status == 200 and kind.startswith("application/json")
     reply = json.loads(text)
-    assert reply["usage"] == {"prompt_tokens": 15, "completion_tokens": 7, "total_tokens": 22}
+    usage = reply["usage"]
+    assert {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        "prompt_tokens": 15, "completion_tokens": 7, "total_tokens": 22}
+    # the server's own times, as its gRPC Usage has them
+    assert usage["prefill_us"] > 0 and usage["decode_us"] > 0 and usage["queue_us"] >= 0
+    assert usage["ttft_us"] >= usage["prefill_us"]
     assert reply["choices"][0]["finish_reason"] == "length"
     over_grpc = [t for m in served.stub.Generate(moe_pb2.GenerateRequest(
         prompt="hello, experts", max_tokens=7, ignore_eos=True)) for t in m.token_ids]
@@ -184,3 +190,17 @@ def test_a_reasoning_batch_whose_character_is_held_back_is_still_reasoning():
     delta = answer.choice(held, first=True, streamed=True, thinking=thinking)["delta"]
     assert thinking and delta == {"role": "assistant", "reasoning_content": ""}
     assert answer.thinking(Batch([169], "é")) and not answer.thinking(Batch([65], "A"))
+
+
+def test_metrics_beside_the_api_are_the_metrics_ports():
+    with running_server(http_port=0, metrics_port=0) as s:
+        list(s.stub.Generate(moe_pb2.GenerateRequest(prompt="hi", max_tokens=3, ignore_eos=True)))
+        beside = call(s.app.http_port, "GET", "/metrics")
+        own = call(s.app.metrics_port, "GET", "/metrics")
+    assert beside[0] == 200 and beside[1].startswith("text/plain")
+
+    def families(text: str) -> set[str]:
+        return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+    assert families(beside[2]) == families(own[2])
+    assert {"moe_steps_total", "moe_gpu_busy_seconds_total"} <= families(beside[2])

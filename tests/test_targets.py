@@ -135,6 +135,10 @@ def test_the_openai_target_runs_against_this_projects_server(tmp_path, client):
     assert all(r["server_prompt_tokens"] == 16 for r in rows)  # sent as ids: exact
     assert summary["metrics"]["delivery_lag_ms"]["count"] > 0
     assert summary["config"]["target"] == "openai"
+    # two-sided as over gRPC: the server's own times in the usage, its /metrics scraped
+    assert summary["server_time_ms"]["queue"]["count"] == summary["requests"]["ok"]
+    assert summary["server_time_ms"]["prefill"]["count"] == summary["requests"]["ok"]
+    assert (run_dir / "server_metrics.jsonl").read_text().count('"moe_steps"') >= 2
 
 
 @pytest.mark.parametrize(("target", "values", "says"), [

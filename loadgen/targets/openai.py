@@ -53,6 +53,11 @@ def error_message(status: int, body: bytes) -> TargetError:
     return TargetError(f"HTTP_{status}", " ".join(str(message).split())[:300])
 
 
+# what a usage object's integers the run keeps: the token counts, and this project's server's own
+# times (queue, prefill, decode, TTFT, as its gRPC Usage has them), which other servers do not send
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "queue_us", "prefill_us", "decode_us",
+              "ttft_us")
+
 class Reader:
     """An event stream's messages, one line at a time; `done` once [DONE] came."""
 
@@ -144,8 +149,7 @@ class OpenAITarget:
         usage = event.get("usage") or {}
         if not isinstance(choices, list) or not isinstance(usage, dict):
             raise TargetError("BAD_STREAM", f"an event without a choices list: {data[:200]!r}")
-        counts = {k: usage[k] for k in ("prompt_tokens", "completion_tokens")
-                  if isinstance(usage.get(k), int)}
+        counts = {k: usage[k] for k in USAGE_KEYS if isinstance(usage.get(k), int)}
         elapsed = event.get("server_elapsed_us", 0)
         if not choices:
             return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,

@@ -9,11 +9,14 @@ gRPC calls INVALID_ARGUMENT, 429 for RESOURCE_EXHAUSTED, 503 while draining or a
 failed, 404 for an unknown model or path. A failure mid-stream is an `error` event and the
 stream ends without `[DONE]`. vLLM's extensions a benchmark needs are accepted: `ignore_eos`,
 `min_tokens`, `priority`, `return_token_ids`. Each chunk also carries `server_elapsed_us`,
-the server's time from receiving the request to sending the chunk (docs/targets.md).
+the server's time from receiving the request to sending the chunk, and the usage the server's
+own times as the gRPC Usage has them (`queue_us`, `prefill_us`, `decode_us`, `ttft_us`;
+docs/targets.md). /metrics serves the same families as --metrics-port.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from server.errors import InvalidRequestError, ServerError, ShutdownError
 from server.frontends.admission import Admission, Ask, Batch
@@ -141,8 +145,10 @@ def call_of(body: Any, chat: bool, model: str) -> Call:
 
 class OpenAIApi:
     def __init__(self, admission: Admission, model: str, tokens: Tokens | None = None,
-                 reasoning_tokens: int = 0):
-        """reasoning_tokens: chat answers stream their first this many as reasoning."""
+                 reasoning_tokens: int = 0, metrics: CollectorRegistry | None = None):
+        """reasoning_tokens: chat answers stream their first this many as reasoning; metrics:
+        the families /metrics serves (server/frontends/prometheus.py)."""
+        self.metrics = metrics
         self.admission = admission
         self.model = model
         self.tokens = tokens
@@ -155,7 +161,16 @@ class OpenAIApi:
         app.add_routes([web.get("/health", self.health), web.get("/v1/models", self.models),
                         web.post("/v1/completions", self.completions),
                         web.post("/v1/chat/completions", self.chat_completions)])
+        if self.metrics is not None:
+            app.add_routes([web.get("/metrics", self.metrics_text)])
         return app
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        """The Prometheus exposition, built off the event loop (it reads the engine thread's
+        telemetry under its lock)."""
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest,
+                                                                self.metrics)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @web.middleware
     async def not_found(self, request: web.Request, handler):
@@ -164,7 +179,8 @@ class OpenAIApi:
             return await handler(request)
         except web.HTTPNotFound:
             return error_response(404, "not_found", f"no route {request.path}; this server has "
-                                  "/v1/completions, /v1/chat/completions, /v1/models, /health")
+                                  "/v1/completions, /v1/chat/completions, /v1/models, /health, "
+                                  "/metrics")
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(exc.allowed_methods))
             return error_response(405, "invalid_request_error",
@@ -242,6 +258,7 @@ class Answer:
         self.id = f"{prefix}-{call.ask.request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if call.chat else "text_completion"
+        self.first_ns = 0  # when the first token went out (streamed) or came (whole)
 
     def thinking(self, batch: Batch) -> bool:
         """Whether the batch is reasoning; counts its tokens as sent."""
@@ -279,6 +296,7 @@ class Answer:
     async def emit(self, response: web.StreamResponse, event: dict) -> None:
         """A token chunk stamped with the server's time now, and written."""
         stamped_ns = time.monotonic_ns()
+        self.first_ns = self.first_ns or stamped_ns
         await send(response, event | {"server_elapsed_us": (stamped_ns - self.received_ns) // 1000})
         self.written((time.monotonic_ns() - stamped_ns) / 1e6)
 
@@ -304,7 +322,7 @@ class Answer:
                 first = False
                 if batch.usage is not None and self.call.include_usage:
                     await send(response, self.envelope(True) | {"choices": [],
-                                                                "usage": usage_of(batch)})
+                                                                "usage": self.usage(batch)})
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:  # the client left; closing the stream cancels the request
@@ -316,6 +334,7 @@ class Answer:
         async for batch in batches:
             if batch.error is not None:
                 return response_of(batch.error)
+            self.first_ns = self.first_ns or time.monotonic_ns()
             ids += batch.ids
             (thought if self.thinking(batch) else text).append(batch.text)
             last = batch
@@ -323,13 +342,16 @@ class Answer:
         return web.json_response(self.envelope(False) | {
             "choices": [self.choice(whole, first=True, streamed=False,
                                     reasoning="".join(thought))],
-            "usage": usage_of(whole)})
+            "usage": self.usage(whole)})
 
-
-def usage_of(batch: Batch) -> dict:
-    u = batch.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+    def usage(self, batch: Batch) -> dict:
+        """OpenAI's usage, and the server's own times (microseconds): received -> admitted,
+        the prefill's engine time, first -> last token, received -> first token out."""
+        u = batch.usage
+        return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                "total_tokens": u.prompt_tokens + u.completion_tokens, "queue_us": u.queue_us,
+                "prefill_us": u.prefill_us, "decode_us": u.decode_us,
+                "ttft_us": (self.first_ns - self.received_ns) // 1000}
 
 
 async def send(response: web.StreamResponse, event: dict) -> None:
@@ -338,12 +360,13 @@ async def send(response: web.StreamResponse, event: dict) -> None:
 
 async def start_http(admission: Admission, model: str, host: str, port: int,
                      grace_s: float, max_body_bytes: int, guard: Guard = OPEN,
-                     reasoning_tokens: int = 0) -> tuple[web.AppRunner, int]:
+                     reasoning_tokens: int = 0, metrics: CollectorRegistry | None = None
+                     ) -> tuple[web.AppRunner, int]:
     """The API listening on host:port (0 = any free port), over TLS and checking tokens where
-    the guard says; returns its runner and bound port. Cleaning the runner up gives open
-    streams grace_s to finish."""
+    the guard says, with metrics' families at /metrics; returns its runner and bound port.
+    Cleaning the runner up gives open streams grace_s to finish."""
     # handler_cancellation: a client that leaves cancels its request at once, as over gRPC
-    api = OpenAIApi(admission, model, guard.tokens, reasoning_tokens)
+    api = OpenAIApi(admission, model, guard.tokens, reasoning_tokens, metrics)
     runner = web.AppRunner(api.app(max_body_bytes),
                            shutdown_timeout=grace_s, access_log=None, handler_cancellation=True)
     await runner.setup()

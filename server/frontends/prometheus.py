@@ -84,10 +84,16 @@ class EngineCollector:
                 yield family
 
 
-def serve_metrics(engine_thread: EngineThread, settings: ServerSettings, host: str, port: int):
-    """Starts the /metrics HTTP server; returns it (call .shutdown() to stop) and its port."""
+def metrics_registry(engine_thread: EngineThread, settings: ServerSettings) -> CollectorRegistry:
+    """The families /metrics serves: the engine's, and the process's CPU seconds and resident
+    memory. Served on --metrics-port and beside the HTTP API (server/frontends/http_api.py)."""
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine_thread, settings))
-    ProcessCollector(registry=registry)  # process CPU seconds and resident memory
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int):
+    """Starts the /metrics HTTP server; returns it (call .shutdown() to stop) and its port."""
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port
