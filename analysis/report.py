@@ -277,12 +277,17 @@ def headline(report: Report) -> dict:
             "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
 
 
+UNSET = ("", None, ())  # an optional setting's value where it is not given
+
+
 def applying(config: LoadSettings) -> dict:
     """The run's settings that apply to its mode, arrivals and target (each setting's `when` in
-    records/load_settings.py), by name."""
+    records/load_settings.py), by name; an optional one left unset (empty by default: no TLS
+    file, no token, no dataset) is not listed."""
     values = flat(config)
     return {leaf.name: values[leaf.name] for leaf in leaves(LoadSettings)
-            if applies(leaf, config)}
+            if applies(leaf, config)
+            and not (values[leaf.name] in UNSET and leaf.default in UNSET)}
 
 
 def answer(report: Report) -> str:
@@ -297,12 +302,16 @@ def answer(report: Report) -> str:
         knee = summary.stress.knee_rps
         offered = (f"A stress run from {traffic.rate:g} requests/s: "
                    + ("no step held" if knee is None else f"the knee is {knee:g} requests/s"))
+    elif traffic.trace:
+        offered = f"Replayed the trace {Path(traffic.trace).name}" + _trace_load(summary)
     else:
         unit = "sessions/s" if traffic.mode == "sessions" else "requests/s"
         offered = f"Offered {traffic.rate:g} {unit} ({traffic.mode}, {traffic.arrival})"
     parts = [f"{offered} to the {config.target.target} server at {config.sender.host}, "
              f"measured over {summary.window_s:.0f} s: achieved {t.requests_per_s:.2f} "
              f"requests/s and {t.output_tokens_per_s:.1f} output tokens/s."]
+    if draw := _poisson_draw(summary):
+        parts.append(draw)
     latency = [f"{name} p50 {fmt_ms(stats.p50)} ms, p99 {fmt_ms(stats.p99)} ms"
                for name, stats in (("TTFT", report.latency.get("ttft")),
                                    ("TPOT", report.latency.get("tpot")))
@@ -316,6 +325,38 @@ def answer(report: Report) -> str:
     fired = [f.title for f in report.findings if f.fired]
     parts.append("Diagnosis: " + ("; ".join(fired) if fired else "no rule fired") + ".")
     return " ".join(parts)
+
+
+def _trace_load(summary) -> str:
+    """The load a replayed trace offered: its requests over the run (and its speed-up)."""
+    traffic = summary.config.traffic
+    if summary.workload is None or summary.duration_s <= 0:
+        return ""
+    n = summary.workload.requests
+    faster = f", {traffic.trace_speedup:g}x its speed" if traffic.trace_speedup != 1 else ""
+    return (f" ({n} requests over {summary.duration_s:.0f} s, "
+            f"{n / summary.duration_s:.2f} requests/s offered{faster})")
+
+
+POISSON_NOTED = 0.05  # a draw this far (as a share) from the rate's expectation is explained
+
+
+def _poisson_draw(summary) -> str:
+    """Where Poisson arrivals scheduled notably more or fewer requests in the window than the
+    rate makes them on average: the draw and its usual range, so an achieved rate below the
+    offered one is not read as the server falling short."""
+    traffic, r = summary.config.traffic, summary.requests
+    if (traffic.arrival != "poisson" or traffic.trace or traffic.mode != "fixed"
+            or summary.window_s <= 0):
+        return ""
+    expected = traffic.rate * summary.window_s
+    scheduled = r.sent + r.not_sent
+    if expected <= 0 or abs(scheduled - expected) <= POISSON_NOTED * expected:
+        return ""
+    spread = 1.96 * expected ** 0.5
+    return (f"The Poisson arrivals scheduled {scheduled} requests in the window, where the rate "
+            f"makes {expected:.0f} on average (95% of draws {max(0, expected - spread):.0f}-"
+            f"{expected + spread:.0f}): the achieved rate follows the draw, not the rate.")
 
 
 def _window(run: Run) -> str:
@@ -409,7 +450,8 @@ def _generator(run: Run) -> list[str]:
     if workers := run.summary.workers:
         lines.append(f"{len(workers)} workers (interval logs in worker-<i>/): " + "; ".join(
             f"worker {w.worker} sent {w.sent}, CPU {w.cpu_percent:.0f}%" for w in workers))
-    return lines + [f"warning: {warning}" for warning in generator.warnings]
+    return (lines + [f"note: {note}" for note in generator.notes]
+            + [f"warning: {warning}" for warning in generator.warnings])
 
 
 def _by_count(counts: dict) -> list[tuple[str, int]]:

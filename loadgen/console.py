@@ -47,6 +47,8 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
           f"not sent {r.not_sent}; warm-up {r.warmup}")
     if summary.stress is not None:
         print_stress(summary)
+    for note in summary.generator.notes:
+        print(f"note: {note}")
     for warning in summary.generator.warnings:
         print(f"WARNING: {warning}")
     headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99,

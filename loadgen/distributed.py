@@ -23,7 +23,8 @@ PART_GRACE_S = 15.0  # beyond --drain-s, how long the master waits for a worker'
 def worker_message(index: int, run) -> dict:
     return {"worker": index, "export": run.recorder.export(), "started_at": run.started_at,
             "duration_s": run.duration_s, "window_s": run.recorder.window_s,
-            "cpu_percent": run.cpu_percent, "notes": list(run.notes)}
+            "cpu_percent": run.cpu_percent, "warnings": list(run.warnings),
+            "notes": list(run.notes)}
 
 
 def merged_window_s(parts: list[dict], warmup_s: float) -> float:
@@ -45,11 +46,13 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
     window_s = merged_window_s(parts, settings.recording.warmup_s)
     missing = [f"only {len(parts)} of {expected} workers reported results: the run is incomplete"] \
         if len(parts) < expected else []
-    notes = dict.fromkeys(note for p in parts for note in p["notes"])  # once each, in order
+    # once each, in order
+    warnings = dict.fromkeys(w for p in parts for w in p.get("warnings", ()))
+    notes = dict.fromkeys(note for p in parts for note in p["notes"])
     started_at = min(p["started_at"] for p in parts)
     duration_s = max(p["started_at"] + p["duration_s"] for p in parts) - started_at
     summary = summarize(settings, merged, started_at, max(duration_s, window_s), window_s,
-                        max(p["cpu_percent"] for p in parts), (*missing, *notes))
+                        max(p["cpu_percent"] for p in parts), (*missing, *warnings), tuple(notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
     return dataclasses.replace(summary, server=server, workers=workers), merged

@@ -354,18 +354,23 @@ class Run:
         return 100 * used_s / ((time.monotonic_ns() - self.start_ns) / 1e9)
 
     @property
+    def warnings(self) -> tuple[str, ...]:
+        """What makes the run's figures suspect, beyond the recorder's own: a part that died."""
+        return (f"the run failed: {self.failure}; the schedule's requests it had not reported "
+                "are counted as not sent",) if self.failure else ()
+
+    @property
     def notes(self) -> tuple[str, ...]:
-        """What the run's figures rest on that a reader must know (the summary's warnings)."""
+        """What the run's figures rest on that a reader must know: how tokens were counted,
+        what the trace held."""
         traffic = self.settings.traffic
         trace = (read_trace_file(traffic.trace, traffic.trace_format).notes if traffic.trace
                  else ())
-        failed = (f"the run failed: {self.failure}; the schedule's requests it had not reported "
-                  "are counted as not sent",) if self.failure else ()
-        return failed + ((self.count.how,) if self.target.streams_text else ()) + trace
+        return ((self.count.how,) if self.target.streams_text else ()) + trace
 
     def summary(self) -> Summary:
         summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
-                            self.recorder.window_s, self.cpu_percent, self.notes)
+                            self.recorder.window_s, self.cpu_percent, self.warnings, self.notes)
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())
         return (summary if self.stress is None

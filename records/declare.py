@@ -51,9 +51,24 @@ class Spec:
     compared: bool  # runs whose values differ measure different things (the comparison warns)
     secret: bool  # an API key or the like: masked wherever the settings are written down
     label: str  # a few plain words for a form; "" = the flag
-    # The setting applies only where each named setting holds one of its values (the form
-    # hides it otherwise, reports leave it out); () = always.
-    when: tuple[tuple[str, tuple], ...]
+    # The setting applies only where each named setting holds one of its values (or, GIVEN,
+    # any value but its empty one); the form hides it otherwise, reports leave it out; () =
+    # always.
+    when: tuple[tuple[str, tuple | Given], ...]
+
+
+class Given:
+    """`when`'s condition that a setting is given: any value but an empty one (a trace's
+    options apply only with a trace)."""
+
+    def __contains__(self, value) -> bool:
+        return bool(value)
+
+    def __repr__(self) -> str:
+        return "GIVEN"
+
+
+GIVEN = Given()
 
 
 def setting(default, help: str, *, flag: str = "", option: bool = True,
@@ -62,8 +77,9 @@ def setting(default, help: str, *, flag: str = "", option: bool = True,
             when: Mapping[str, Any] | None = None):
     """A settings field: `default` as the dataclass default, the rest as its metadata. A setting
     of type tuple[str, ...] is a repeatable flag (`--header A --header B`). when: other
-    settings by name -> the value, or a tuple of the values, under which this one applies."""
-    conditions = tuple((name, allowed if isinstance(allowed, tuple) else (allowed,))
+    settings by name -> the value, or a tuple of the values, under which this one applies (or
+    GIVEN: any value but an empty one)."""
+    conditions = tuple((name, allowed if isinstance(allowed, tuple | Given) else (allowed,))
                        for name, allowed in (when or {}).items())
     spec = Spec(help, flag, option, choices, check, compared, secret, label, conditions)
     return dataclasses.field(default=default, metadata={"spec": spec})

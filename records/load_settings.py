@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from records.declare import (
+    GIVEN,
     Names,
     Settings,
     above,
@@ -35,6 +36,7 @@ STRESS = {"mode": "stress"}
 SESSIONS = {"mode": "sessions"}
 OPENAI = {"target": "openai"}
 TRITON = {"target": "triton"}
+TRACED = {"trace": GIVEN}  # a trace's options: only with --trace
 
 
 def _host_port(value: str) -> str | None:
@@ -180,18 +182,19 @@ class Traffic(Settings):
                          "CSV, or our JSONL: docs/workloads.md), instead of --rate and "
                          "--arrival; the run ends when the trace does", label="Trace to replay")
     trace_format: str = setting("auto", "--trace's format; auto: told from its first line",
-                                choices=TRACE_FORMATS, label="Trace format")
+                                choices=TRACE_FORMATS, label="Trace format", when=TRACED)
     trace_block_tokens: int = setting(512, "Mooncake traces: tokens a hash id stands for (the "
                                       "trace's block size)", check=at_least(1),
-                                      label="Trace block tokens")
+                                      label="Trace block tokens", when=TRACED)
     trace_speedup: float = setting(1.0, "trace send times divided by this", check=above(0),
-                                   label="Trace speed-up")
+                                   label="Trace speed-up", when=TRACED)
     trace_start_s: float = setting(0.0, "replay the trace from this time on", check=at_least(0),
-                                   label="Trace start (s)")
+                                   label="Trace start (s)", when=TRACED)
     trace_window_s: float = setting(0.0, "replay this many seconds of the trace (0: to its "
-                                    "end)", check=at_least(0), label="Trace window (s; 0: all)")
+                                    "end)", check=at_least(0), label="Trace window (s; 0: all)",
+                                    when=TRACED)
     trace_loop: bool = setting(False, "replay the trace (or its slice) again and again, for "
-                               "soaks longer than it", label="Loop the trace")
+                               "soaks longer than it", label="Loop the trace", when=TRACED)
     session_turns: str = setting("4", "sessions: turns of each session, N or MIN-MAX (uniform, "
                                  "drawn per session); with --dataset a conversation's own "
                                  "turns, at most this many", choices=Names("turns"),

@@ -108,10 +108,13 @@ class Generator:
     late_sends: int  # sent more than late_threshold_ms after their scheduled time
     late_threshold_ms: float
     cpu_percent: float  # of one core, over the run and its drain
-    warnings: list[str]
+    warnings: list[str]  # what may make the figures wrong, and what to do
     # who sent and timed the streams (--client, auto resolved): aio or gevent; "" in runs
     # recorded before it was kept
     client: str = field("", omit="")
+    # what the figures rest on, for a reader to know (how tokens were counted, what a trace
+    # held); runs from before it kept these among the warnings
+    notes: list[str] = field(default_factory=list, omit=[])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,9 +11,11 @@ from records.summary import Summary
 
 
 def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float,
-              window_s: float, cpu_percent: float, warnings: tuple[str, ...] = ()) -> Summary:
+              window_s: float, cpu_percent: float, warnings: tuple[str, ...] = (),
+              notes: tuple[str, ...] = ()) -> Summary:
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
-    has them); warnings: the caller's, after the recorder's own."""
+    has them); warnings: the caller's, after the recorder's own; notes: what the figures rest
+    on (information, not a warning)."""
     generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed",
                                      client=settings.client)
     reasoning = rec.reasoning()
@@ -33,7 +35,8 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
         throughput=rec.throughput(window_s),
         slo=rec.slo_shares(),
         requests=rec.accounting(),
-        generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings]),
+        generator=dataclasses.replace(generator, warnings=[*generator.warnings, *warnings],
+                                      notes=list(notes)),
         classes=rec.class_figures(),
         reasoning=reasoning,
         sessions=rec.sessions(),

@@ -11,7 +11,7 @@ before Locust's own script, applies what `form_spec` says.
 from __future__ import annotations
 
 from loadgen.settings import REGISTRIES
-from records.declare import group_title, help_text, leaves
+from records.declare import GIVEN, group_title, help_text, leaves
 from records.load_settings import (
     LoadSettings,
     Recording,
@@ -27,6 +27,7 @@ FIRST = ("mode", "rate", "prompt_tokens", "prompt_tokens_max", "max_tokens", "ru
 FIRST_TITLE = "The test"
 GROUPS = (Traffic, Workload, Stress, Slo, TargetSettings, Sender, Recording)  # then, in this order
 TITLE = "moe-loadlab settings"  # the form section Locust calls "Custom parameters"
+GIVEN_JS = "given"  # `when`'s GIVEN in the page: the field applies where that one is not empty
 
 
 def form_spec() -> dict:
@@ -42,6 +43,7 @@ def form_spec() -> dict:
         fields[leaf.dest] = {
             "label": leaf.label, "help": help_text(leaf, REGISTRIES),
             "group": FIRST_TITLE if leaf.name in FIRST else group_title(leaf.group),
-            "when": {dest[name]: list(allowed) for name, allowed in leaf.spec.when}}
+            "when": {dest[name]: GIVEN_JS if allowed is GIVEN else list(allowed)
+                     for name, allowed in leaf.spec.when}}
     return {"title": TITLE, "order": list(fields), "fields": fields}
 

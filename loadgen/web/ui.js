@@ -96,7 +96,8 @@
       const field = form.fields[box.dataset.moe];
       const applies = Object.entries(field.when).every(([name, allowed]) => {
         const value = valueIn(root, name);
-        return value === undefined || allowed.includes(value);
+        if (value === undefined) return true;
+        return allowed === "given" ? value !== "" && value !== "false" : allowed.includes(value);
       });
       box.style.display = applies ? "" : "none";
       if (applies) shownGroups.add(field.group);
