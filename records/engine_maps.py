@@ -26,6 +26,7 @@ LAB = EngineMap(
      "tpot": (Source("moe_request_seconds", (("phase", "tpot"),)),),
      "queue_time": (Source("moe_request_seconds", (("phase", "queue"),)),),
      "prefill_time": (Source("moe_request_seconds", (("phase", "prefill"),)),),
+     "write_delay": (Source("moe_write_seconds"),),
      "expert_balance": (Source("moe_expert_tokens", balance="expert"),),
      "gpu_memory_bytes": (Source("moe_gpu_memory_bytes"),),
      "rss_bytes": (Source("process_resident_memory_bytes"),)})

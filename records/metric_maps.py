@@ -45,6 +45,8 @@ CONCEPTS: tuple[Concept, ...] = (
     Concept("queue_time", HISTOGRAM, "s", "queue time"),
     Concept("prefill_time", HISTOGRAM, "s", "prefill time"),
     Concept("decode_time", HISTOGRAM, "s", "decode time"),
+    Concept("write_delay", HISTOGRAM, "s", "the server's write delay (a streamed message, "
+            "stamped -> the transport took it)"),
     Concept("spec_draft_tokens", COUNTER, "tokens", "speculative draft tokens"),
     Concept("spec_accepted_tokens", COUNTER, "tokens", "speculative tokens accepted"),
     Concept("spec_accept_length", GAUGE, "tokens", "speculative accept length (the server's "

@@ -10,6 +10,8 @@ import logging
 
 import pytest
 
+from analysis.readers.rundir import load_run
+from analysis.rules.delivery import write_delay
 from loadgen.settings import check
 from loadgen.targets.moe import MoeTarget
 from loadgen.targets.target import TARGETS
@@ -139,6 +141,7 @@ def test_the_openai_target_runs_against_this_projects_server(tmp_path, client):
     assert summary["server_time_ms"]["queue"]["count"] == summary["requests"]["ok"]
     assert summary["server_time_ms"]["prefill"]["count"] == summary["requests"]["ok"]
     assert (run_dir / "server_metrics.jsonl").read_text().count('"moe_steps"') >= 2
+    assert write_delay(load_run(run_dir)).count > 0  # scraped: no GetStats over HTTP
 
 
 @pytest.mark.parametrize(("target", "values", "says"), [

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run
+from analysis.readers.server_metrics import figures, server_side
 from analysis.readers.server_stats import EMPTY, reset_between
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals
@@ -39,15 +40,26 @@ class DeliverySplit:
 
 
 def write_delay(run: Run) -> BucketStats | None:
-    """The server's write delay over the run: end minus start snapshot (the end alone after a
-    reset)."""
+    """The server's write delay over the run: end minus start GetStats snapshot (the end alone
+    after a reset); without GetStats (our server over HTTP), its scraped /metrics."""
     server = run.summary.server
     end = server.end if server.end is not None and server.end.ok else None
     start = server.start if server.start is not None and server.start.ok else None
     if end is None:
-        return None
+        return scraped_write_delay(run)
     base = start if start and not reset_between(start, end) else EMPTY
     return bucket_stats(end.write_ms, base.write_ms)
+
+
+def scraped_write_delay(run: Run) -> BucketStats | None:
+    """The write delay's growth over the run's scrapes, in ms (its percentiles the bounds of
+    the buckets they fall in, as GetStats' are); None where no source exposes it."""
+    for series in server_side(run).engines:
+        figure = figures(series).get("write_delay")
+        if figure is not None and figure.window is not None and figure.window.count:
+            w = figure.window
+            return BucketStats(int(w.count), 1000 * w.mean, 1000 * w.p50[1], 1000 * w.p99[1])
+    return None
 
 
 def delivery_split(run: Run) -> DeliverySplit | None:
@@ -149,8 +161,9 @@ def server_write_delay(d: Signals) -> Finding:
     end = d.run.summary.server.latest
     busy = (d.series.step_ms.sum() / 1000 / d.series.length_s.sum()
             if d.series is not None and d.series.length_s.sum() > 0 else None)
-    evidence.append(f"server process CPU {end.process_cpu_percent:.0f}% of a core"
-                    + (f", engine steps {busy:.0%} of the time" if busy is not None else ""))
+    if end is not None:  # from GetStats; over HTTP the write delay was scraped
+        evidence.append(f"server process CPU {end.process_cpu_percent:.0f}% of a core"
+                        + (f", engine steps {busy:.0%} of the time" if busy is not None else ""))
     write, delivery = split.write, split.delivery
     p50s = [s.p50 for m in ("ttft", "tpot") if (s := stats_ms(d.run.histograms.get(m)))]
     finest = min(p50s, default=None)
