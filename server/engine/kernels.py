@@ -191,7 +191,7 @@ def time_kernels(candidates: Sequence[str], w13: Tensor, w2: Tensor, top_k: int,
         counts = torch.bincount(experts, minlength=e).tolist()
         xs = torch.randn(n * top_k, d, generator=gen).to(w13.device, w13.dtype)
         on_device = to_device(torch.tensor(counts, dtype=torch.int32), w13.device)
-        times[n] = {name: _median_ms(partial(KERNELS[name], xs, on_device if name == "grouped_mm"
+        times[n] = {name: median_ms(partial(KERNELS[name], xs, on_device if name == "grouped_mm"
                                              else counts, range(e), w13, w2), w13.device, repeats)
                     for name in candidates}
     best = [(n, min(row, key=row.get)) for n, row in times.items()]
@@ -205,8 +205,12 @@ def time_kernels(candidates: Sequence[str], w13: Tensor, w2: Tensor, top_k: int,
     return KernelTable(tuple(rows)), times
 
 
-def _median_ms(fn: Callable[[], Tensor], device: torch.device, repeats: int) -> float:
-    fn()
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int,
+              warm_ups: int = 1) -> float:
+    """fn's median wall time over repeats calls, each waited for on the device, after warm_ups
+    untimed calls."""
+    for _ in range(warm_ups):
+        fn()
     spans = []
     for _ in range(repeats):
         if device.type == "cuda":

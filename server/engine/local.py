@@ -92,13 +92,11 @@ class LocalEngine:
         self.caches: list[LayerCache] = [b.moe.cache for b in self.model.layers
                                          if b.moe.cache is not None]
         self.skew = Skew.parse(moe.routing_skew)
-        self.slot_bias = torch.zeros(kv_slots, args.n_layers, args.n_experts, device=self.device) \
-            if self.skew.kind == "affinity" else None
         self.decode_attend, fixed_attend, problem = self._decode_paths(args, moe, graphs)
         self.kv = KVCache(args, kv_slots, self.device, dtype, scratch=problem is None)
-        if self.slot_bias is not None and problem is None:  # a row for the scratch slot
-            self.slot_bias = torch.zeros(kv_slots + 1, *self.slot_bias.shape[1:],
-                                         device=self.device)
+        # a row per slot of the pool, its scratch slot's included
+        self.slot_bias = torch.zeros(self.kv.k.shape[1], args.n_layers, args.n_experts,
+                                     device=self.device) if self.skew.kind == "affinity" else None
         self.kv_slots = kv_slots
         self.slots = SlotPool(range(kv_slots))
         # slot -> its sequence's sampler, made anew when a sequence starts in the slot

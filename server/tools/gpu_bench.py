@@ -40,6 +40,7 @@ from server.engine.model import PRESETS
 from server.scheduling.policies import POLICIES
 from server.settings import device_problem
 from server.tools import gpu_check
+from server.tools.gpu_check import sync
 
 REPO = Path(__file__).resolve().parents[2]
 GB = 1e9
@@ -62,11 +63,6 @@ LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaGr
             "cuGraphLaunch")
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def copy_rate(device: torch.device, nbytes: int) -> float:
     """Bytes a second a device-to-device copy moves, its reads and writes both counted (median
     of five copies of nbytes)."""
@@ -81,6 +77,12 @@ def copy_rate(device: torch.device, nbytes: int) -> float:
         sync(device)
         spans.append((time.perf_counter_ns() - start) / 1e9)
     return 2 * nbytes / statistics.median(spans)
+
+
+def bench_args(preset: str):
+    """The preset's shapes with its context cut to CONTEXT."""
+    return dataclasses.replace(PRESETS[preset], max_seq_len=min(CONTEXT,
+                                                                PRESETS[preset].max_seq_len))
 
 
 def weight_bytes(engine: LocalEngine) -> tuple[int, int]:
@@ -129,8 +131,7 @@ def decode_times(engine: LocalEngine, batch: int, graphs: bool) -> tuple[float, 
 def sweep_preset(preset: str, batches: list[int], device: torch.device, dtype: torch.dtype,
                  rate: float) -> list[dict]:
     """One row per batch: the decode step with graphs and eagerly, against its bound."""
-    args = dataclasses.replace(PRESETS[preset], max_seq_len=min(CONTEXT,
-                                                                PRESETS[preset].max_seq_len))
+    args = bench_args(preset)
     built = time.perf_counter()
     engine = LocalEngine(args, max(batches), str(device), dtype, 0)
     build_s = time.perf_counter() - built
@@ -161,8 +162,7 @@ def profile(preset: str, batch: int, device: torch.device, dtype: torch.dtype) -
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    args = dataclasses.replace(PRESETS[preset], max_seq_len=min(CONTEXT,
-                                                                PRESETS[preset].max_seq_len))
+    args = bench_args(preset)
     engine = LocalEngine(args, batch, str(device), dtype, 0)
     activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
     out = {}

@@ -22,7 +22,6 @@ Prints a table, then one line of JSON. Exits 1 when a part that ran failed.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -35,13 +34,14 @@ from records.cli import Parser
 from records.server_settings import MoE
 from server.engine.host_transfer import cuda_waits
 from server.engine.interface import SeqInput
-from server.engine.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported
+from server.engine.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported, median_ms
 from server.engine.local import LocalEngine, indexed
 from server.engine.model import PRESETS
 from server.settings import device_problem
 
 REPO = Path(__file__).resolve().parents[2]
 GB = 1e9
+WARM_UPS = 3  # untimed calls before each timing
 
 
 def build(device: torch.device) -> dict:
@@ -90,19 +90,6 @@ def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
     return out
 
 
-def median_ms(fn, device: torch.device, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        fn()
-        sync(device)
-        times.append((time.perf_counter_ns() - start) / 1e6)
-    return statistics.median(times)
-
-
 def kernels(device: torch.device, cases: list[tuple[str, int]], repeats: int) -> dict:
     """Per (preset, tokens): one layer's experts in bfloat16 on uniformly routed tokens."""
     return {f"{preset} x{tokens}": kernel_times(device, PRESETS[preset], tokens, repeats)
@@ -125,12 +112,13 @@ def kernel_times(device: torch.device, args, tokens: int, repeats: int) -> dict:
            "grouped_mm_probe": reason or "passed"}
     for name in ("sorted", "batched"):
         out[f"{name}_ms"] = median_ms(lambda k=KERNELS[name]: k(xs, counts, range(e), w13, w2),
-                                      device, repeats)
+                                      device, repeats, WARM_UPS)
     out["batched_over_sorted"] = out["batched_ms"] / out["sorted_ms"]
     if reason is None:
         on_device = torch.tensor(counts, dtype=torch.int32, device=device)
         out["grouped_mm_ms"] = median_ms(
-            lambda: KERNELS["grouped_mm"](xs, on_device, range(e), w13, w2), device, repeats)
+            lambda: KERNELS["grouped_mm"](xs, on_device, range(e), w13, w2), device, repeats,
+            WARM_UPS)
         out["grouped_over_sorted"] = out["grouped_mm_ms"] / out["sorted_ms"]
     return out
 
@@ -172,7 +160,7 @@ def mixtral(device: torch.device) -> dict:
            "reserved_gb": torch.cuda.memory_reserved(device) / GB}
     try:
         seqs = decode_seqs(engine, 32, 128)
-        out["decode_32_ms"] = median_ms(lambda: engine.step(seqs), device, 5)
+        out["decode_32_ms"] = median_ms(lambda: engine.step(seqs), device, 5, WARM_UPS)
     except RuntimeError as exc:
         out |= {"ok": False, "error": f"decode: {str(exc).splitlines()[0]}"}
         return out
