@@ -4,6 +4,7 @@ label each, conditions that name real options and values), when a setting applie
 TTFT, TPOT and ITL over time, and the section the HTML report gains. tests/test_end_to_end.py
 serves them from a real web UI and a real --html report."""
 
+import argparse
 import re
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import pytest
 from loadgen.recording.histograms import Histogram
 from loadgen.recording.recorder import CLIENT_METRICS
 from loadgen.settings import REGISTRIES
-from loadgen.web.form import FIRST, form_spec
+from loadgen.web.form import FIRST, FIRST_TITLE, form_spec
 from loadgen.web.html_report import with_section
 from loadgen.web.timeline import Figures, Timeline
-from records.declare import applies, build, leaves
+from records.declare import add_arguments, applies, build, leaves
 from records.jsonform import from_json
 from records.load_settings import LoadSettings
 from records.summary import Summary
@@ -30,6 +31,17 @@ def test_the_form_lists_every_option_once_the_test_s_own_first():
     labels = [field["label"] for field in spec["fields"].values()]
     assert len(set(labels)) == len(labels)  # a plain label each, none the generated one
     assert not [label for label in labels if "_" in label]
+
+
+def test_the_form_opens_the_test_s_group_and_those_the_command_line_set():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, LoadSettings, REGISTRIES)
+    assert form_spec(parser.parse_args([]))["open"] == [FIRST_TITLE]
+    options = parser.parse_args(["--target", "openai", "--header", "a:b", "--mode", "stress"])
+    assert form_spec(options)["open"] == [FIRST_TITLE, "Target"]  # mode is the test's own
+    spec = form_spec()
+    assert spec["fields"]["target"]["choices"] == list(REGISTRIES["targets"])  # a choice list
+    assert "choices" not in spec["fields"]["classes"]  # a spec parsed, typed in
 
 
 def test_every_condition_names_an_option_and_values_it_can_take():
@@ -86,6 +98,23 @@ def test_the_chart_breaks_its_lines_where_a_period_had_no_samples():
     assert svg.count("<polyline") == 2 and svg.count("no samples yet") == 2
     gapped = periods([5.0], [], [6.0]).svg()
     assert gapped.count("<circle") == 4 and "<polyline" not in gapped
+    assert gapped.count('fill="#eee"') == 1  # the empty period shaded, in TTFT's panel only
+
+
+def test_the_chart_fills_the_width_asked_with_a_tick_per_round_step():
+    timeline = Timeline(interval_s=1.0)
+    for t in range(1, 121):
+        interval = {name: Histogram() for name in CLIENT_METRICS}
+        interval["ttft"].record(1000 * (10 + t % 7))
+        timeline.add(float(t), interval)
+    wide = timeline.svg(1200)
+    assert 'width="1200"' in wide and 'width="720"' in timeline.svg()
+    assert 'width="2400"' in timeline.svg(10**6) and 'width="480"' in timeline.svg(1)
+    ttft = wide[wide.index("TTFT (ms)"):wide.index("TPOT (ms)")]
+    # 0 to 120 s over ~1100 px: a tick each 15 s, written as a clock past a minute
+    assert re.findall(r">(\d+ s|\d+:\d\d)<", ttft) == [
+        "0 s", "15 s", "30 s", "45 s", "1:00", "1:15", "1:30", "1:45", "2:00"]
+    assert re.findall(r">(\d+)<", ttft) == ["0", "5", "10", "15", "20"]  # p99 up to 16
 
 
 def test_the_chart_shows_the_server_queue_and_kv_usage_where_it_was_scraped():
@@ -97,7 +126,8 @@ def test_the_chart_shows_the_server_queue_and_kv_usage_where_it_was_scraped():
     assert "server: requests waiting (red) and running (blue)" in svg
     assert "server: KV-cache usage (%)" in svg
     assert svg.count("<polyline") == 3  # waiting, running, KV usage: one line each
-    assert ">100<" in svg  # the KV axis, to 100% (75% rounded up)
+    kv = svg[svg.index("KV-cache usage"):]
+    assert [">0<", ">20<", ">40<", ">60<", ">80<"] == re.findall(r">\d+<", kv)  # to 75, gridded
     assert "server:" not in periods([5.0]).svg()  # no scraped gauges: no server panels
 
 

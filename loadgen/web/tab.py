@@ -16,6 +16,7 @@ places the chart.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from loadgen.recording.recorder import Recorder
 from loadgen.web.form import form_spec
 from loadgen.web.html_report import with_section
 from loadgen.web.latency_table import COLUMNS, latency_csv, live, rows, run_rows
-from loadgen.web.timeline import Timeline
+from loadgen.web.timeline import WIDTH, Timeline
 from records.summary import Summary
 
 TAB, RUN_TAB = "moe-latency", "moe-run"
@@ -37,10 +38,10 @@ SCRIPT = Path(__file__).with_name("ui.js")
 REFRESH_MS = 2000  # as often as Locust's own tables
 
 
-def page_script() -> str:
-    """What the page loads before Locust's app: the form's arrangement and the chart's place,
-    then loadgen/web/ui.js."""
-    spec = {"form": form_spec(), "tab": TAB, "chart": CHART_ROUTE, "refresh_ms": REFRESH_MS}
+def page_script(options: argparse.Namespace | None = None) -> str:
+    """What the page loads before Locust's app: the form's arrangement (options: the command
+    line's) and the chart's place, then loadgen/web/ui.js."""
+    spec = {"form": form_spec(options), "tab": TAB, "chart": CHART_ROUTE, "refresh_ms": REFRESH_MS}
     data = json.dumps(spec).replace("</", "<\\/")  # nothing in it may close the script element
     return f'<script>window.moeWebUi = {data};</script><script src="{SCRIPT_ROUTE}"></script>'
 
@@ -73,7 +74,8 @@ def add_tab(environment, recorder: Callable[[], Recorder | None],
     @web_ui.app.route(CHART_ROUTE)
     def latency_chart():
         periods = timeline() or Timeline(environment.parsed_options.interval_s)
-        return Response(periods.svg(), mimetype="image/svg+xml",
+        width = request.args.get("w", type=int) or WIDTH  # the page's room for it
+        return Response(periods.svg(width), mimetype="image/svg+xml",
                         headers={"Cache-Control": "no-store"})
 
     @web_ui.app.route(SCRIPT_ROUTE)
@@ -86,7 +88,7 @@ def add_tab(environment, recorder: Callable[[], Recorder | None],
         if endpoint == "index" and response.mimetype == "text/html":
             page = response.get_data(as_text=True)
             end = page.rfind("</body>")
-            response.set_data(page[:end] + page_script() + page[end:])
+            response.set_data(page[:end] + page_script(environment.parsed_options) + page[end:])
             return response
         if endpoint == "stats_report" and response.mimetype == "text/html" and written():
             response.set_data(with_section(response.get_data(as_text=True), *written(),
