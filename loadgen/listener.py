@@ -207,7 +207,8 @@ class RunListener:
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
         """Each request once into Locust's own statistics, so its request rate and failures are
         the run's: named by its class ("generate" without classes), its time the end-to-end
-        latency from the scheduled send, its size the output tokens; a failure by its status.
+        latency from the scheduled send, its size the bytes of the messages it received (what
+        Locust's size column says); a failure by its status.
         A request scheduled in the warm-up goes in an entry of its own ("... (warm-up)"), so the
         named entry counts what the report measures. TTFT, TPOT and ITL are in the web UI's
         Latency (HDR) tab (loadgen/web/tab.py)."""
@@ -219,7 +220,7 @@ class RunListener:
         self.environment.events.request.fire(
             request_type=self.request_type, name=name,
             response_time=(end_ns - result.scheduled_ns) / 1e6,
-            response_length=sum(result.tokens),
+            response_length=result.received_bytes,
             exception=RuntimeError(f"{result.status}: {result.details}") if failed else None,
             context={})
 

@@ -79,6 +79,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     req = summary["requests"]
     assert int(entries["generate"]["Request Count"]) == req["sent"] - req["warmup"]
     assert int(entries["generate (warm-up)"]["Request Count"]) == req["warmup"] > 0
+    # its size column holds bytes, as it says: 8 messages of a token id and the server's times
+    assert 8 * 4 <= float(entries["generate"]["Average Content Size"]) <= 8 * 64
     e2e_p50 = summary["metrics"]["e2e_ms"]["p50"]
     median = float(entries["generate"]["Median Response Time"])
     assert abs(median - e2e_p50) <= max(1.0, 0.05 * e2e_p50) or _next_in_rank(

@@ -45,6 +45,7 @@ class StreamResult:
     # protocol streams them, its answer's text where it streams text
     reply_ids: list[int] = field(default_factory=list)
     reply_texts: list[str] = field(default_factory=list)
+    received_bytes: int = 0  # the size of its messages (Chunk.size), all of them
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
@@ -57,8 +58,8 @@ class StreamResult:
 
     def received(self, chunk: Chunk, now_ns: int) -> None:
         """One streamed message: when it arrived, its tokens (one a text message, until it is
-        counted), the server's time for it, and on the stream's last messages its finish
-        reason and usage."""
+        counted), the server's time for it, its bytes, and on the stream's last messages its
+        finish reason and usage."""
         if chunk.tokens or chunk.text:
             self.recv_ns.append(now_ns)
             self.tokens.append(chunk.tokens or 1)
@@ -70,6 +71,7 @@ class StreamResult:
                 self.reply_ids.extend(chunk.ids)
                 if chunk.text or chunk.said:
                     self.reply_texts.append(chunk.text or chunk.said)
+        self.received_bytes += chunk.size
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 

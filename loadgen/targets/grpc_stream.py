@@ -76,6 +76,7 @@ class GrpcTarget:
         try:
             for msg in call:
                 chunk = self.chunk_of(msg, seen)
+                chunk.size = msg.ByteSize()
                 seen += chunk.tokens
                 yield chunk
         finally:
@@ -97,6 +98,7 @@ class GrpcTarget:
         try:
             async for msg in call:
                 chunk = self.chunk_of(msg, seen)
+                chunk.size = msg.ByteSize()
                 seen += chunk.tokens
                 yield chunk
         finally:

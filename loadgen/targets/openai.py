@@ -65,15 +65,19 @@ class Reader:
         self.target = target
         self.events = EventStream()
         self.done = False
+        self.size = 0  # the bytes of the lines since the last message
 
     def line(self, line: bytes, arrived_ns: int = 0) -> Chunk | None:
         """arrived_ns: when the line reached the client (0: unknown)."""
+        self.size += len(line)
         data = self.events.line(line)
         return None if data is None else self.data(data, arrived_ns)
 
     def data(self, data: str, arrived_ns: int = 0) -> Chunk | None:
         chunk = self.target.chunk_of(data, arrived_ns)
         self.done = chunk is None
+        if chunk is not None:
+            chunk.size, self.size = self.size, 0
         return chunk
 
     def finish(self) -> None:

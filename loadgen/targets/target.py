@@ -61,7 +61,7 @@ class RequestSpec:
         return self.prompt_text or bytes(self.prompt_ids).decode("ascii", errors="replace")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Chunk:
     """One streamed message, as the load generator records it."""
 
@@ -79,6 +79,9 @@ class Chunk:
     # when its bytes reached the client, where its reader stamps them before parsing (the aio
     # sender's HTTP/1.1 client); 0: it is stamped as it is handed over
     arrived_ns: int = 0
+    # the bytes it took: a protobuf message's serialized size, an event's lines (set by the
+    # stream that read it; framing below the message, HTTP/2's or HTTP/1.1's, not counted)
+    size: int = 0
 
 
 class TargetError(Exception):
