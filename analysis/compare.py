@@ -21,6 +21,7 @@ from matplotlib.patches import Patch
 from analysis import bootstrap
 from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
+from analysis.policy_choice import SAME_PLANS, held_back, mark_same_plans
 from analysis.readers.files import RunDirError
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
@@ -34,8 +35,10 @@ from records.load_settings import LoadSettings, Slo
 from records.server_settings import ServerSettings
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50",
-          "TPOT p99", "batch", "experts/step", "padded %"]
+          "TPOT p99", "batch", "experts/step", "padded %", "held back"]
 COMPARE_MD, COMPARE_PNG, COMPARE_JSON = "compare.md", "compare.png", "compare.json"
+HELD_BACK = ("the server's plans that left work out (a request kept waiting, one not run, a "
+             "prompt cut), where a policy chooses; 0: it had nothing to choose")
 # the server side from each run's scraped /metrics (analysis/report_scraped.py), where any has it
 SCRAPED_HEADER = ["run", "engine", "waiting mean", "waiting max", "KV mean", "KV max",
                   "preempt/min", "prefix hits", "balance", "server TTFT", "client - server",
@@ -63,6 +66,7 @@ def figures(run: Run) -> dict:
         "distinct_experts_per_step": view.distinct_experts_per_step if view else None,
         "prefill_padded_share": view.prefill_padded_share if view else None,
         "failed": run.summary.requests.failed,
+        "plans_held_back": held_back(run),
         "server_metrics": headline_figures(server_side(run), run),
     }
 
@@ -87,7 +91,8 @@ def _cells(f: dict) -> list[str]:
             fmt_num(f["goodput_requests_per_s"], ".2f"), fmt_ms(f["ttft_p50_ms"]),
             fmt_ms(f["ttft_p99_ms"]), fmt_ms(f["tpot_p50_ms"]), fmt_ms(f["tpot_p99_ms"]),
             fmt_num(f["mean_batch_size"], ".2f"), fmt_num(f["distinct_experts_per_step"], ".2f"),
-            fmt_num(None if share is None else 100 * share, ".1f")]
+            fmt_num(None if share is None else 100 * share, ".1f"),
+            fmt_num(f["plans_held_back"], "d")]
 
 
 def _objectives(slo: Slo) -> str:
@@ -160,7 +165,7 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
     """One panel per metric: each run's value as a bar with its own interval, coloured by the
     verdict against the baseline, the ratio written beside it."""
     colours = {"baseline": "tab:blue", "better": "tab:green", "worse": "tab:red",
-               bootstrap.SAME: "tab:gray", None: "lightgray"}
+               bootstrap.SAME: "tab:gray", SAME_PLANS: "silver", None: "lightgray"}
     fig = Figure(figsize=(16, 8), dpi=100, layout="constrained")
     for ax, metric in zip(fig.subplots(2, 4).flat, METRICS, strict=True):
         runs = comparisons[metric.key]["runs"]
@@ -187,11 +192,12 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
                      f"({'lower' if metric.lower_is_better else 'higher'} is better)")
         ax.grid(True, axis="x", alpha=0.3)
     names = {"baseline": f"baseline ({baseline})", "better": "better", "worse": "worse",
-             bootstrap.SAME: "no significant difference", None: "no verdict"}
+             bootstrap.SAME: "no significant difference",
+             SAME_PLANS: "same plans (no work held back)", None: "no verdict"}
     rough = Patch(facecolor="lightgray", hatch="//", edgecolor="white",
                   label="~ rough: few samples beyond the percentile")
     fig.legend(handles=[Patch(color=colours[k], label=label) for k, label in names.items()]
-               + [rough], loc="outside lower center", ncols=6)
+               + [rough], loc="outside lower center", ncols=7)
     fig.suptitle(f"Runs against {baseline}: value, {confidence:.0%} bootstrap interval "
                  "(whiskers), ratio to baseline")
     fig.savefig(path)
@@ -204,6 +210,7 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
     comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
+    alike = mark_same_plans(comparisons, names, [f["plans_held_back"] for f in rows], baseline)
     note = slo_line(names, runs)
     warnings = setting_warnings(names, runs)
     ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best",
@@ -221,7 +228,9 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                     "KV-cache usage, preemptions per minute, the prefix-cache hit rate, expert "
                     "balancedness, the server's mean TTFT and what the client waited beyond it, "
                     "ms; '-': not exposed")
-    sections = [text_table(HEADER, [_cells(f) for f in rows]), note + "\nlatency in ms",
+    sections = [text_table(HEADER, [_cells(f) for f in rows]),
+                note + "\nlatency in ms; held back: " + HELD_BACK,
+                *([alike] if alike else []),
                 *([text_table(SCRAPED_HEADER, scraped), scraped_note] if scraped else []),
                 text_table(ci_header, confidence_rows(comparisons)),
                 text_table(["metric", "best", "against the second best"], best_rows), how]
@@ -231,7 +240,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
     md = "\n\n".join(["# Comparison", *(f"**Warning:** {w}" for w in warnings),
                       markdown_table(HEADER, [_cells(f) for f in rows]),
                       note + "; latency in ms; experts/step: distinct experts a step activated, "
-                      "mean over layers; padded %: padding in batched prefill attention.",
+                      "mean over layers; padded %: padding in batched prefill attention; held "
+                      "back: " + HELD_BACK + ".", *([f"**Same plans.** {alike}"] if alike else []),
                       *(["## Server side (scraped)", markdown_table(SCRAPED_HEADER, scraped),
                          scraped_note + "."] if scraped else []),
                       f"## Against {names[baseline]}",
@@ -312,6 +322,6 @@ def short(headline: dict) -> dict:
                    + (" (rough)" if run["rough_interval"] else "")
                    for metric, c in headline["comparisons"].items() for run in c["runs"]
                    if run.get("vs_baseline") and run["vs_baseline"]["verdict"]
-                   not in (None, bootstrap.SAME, "baseline")}
+                   not in (None, bootstrap.SAME, SAME_PLANS, "baseline")}
     return {key: headline[key] for key in ("compare_md", "compare_png", "compare_json",
                                            "baseline", "warnings")} | {"significant": significant}

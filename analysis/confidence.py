@@ -252,12 +252,13 @@ def versus(a: Estimate, b: Estimate, metric: Metric, confidence: float) -> dict:
                 "text": f"{bootstrap.fmt_ratio(r)}, no interval ({why})"}
     low, high = bootstrap.interval(bootstrap.ratio(a.draws, b.draws), confidence)
     verdict = bootstrap.verdict(low, high, metric.lower_is_better)
-    span = _span(r, [low, high])
-    text = f"{verdict} ({span})" if verdict == bootstrap.SAME else f"{span}, {verdict}"
+    ratio_text = span(r, [low, high])
+    text = (f"{verdict} ({ratio_text})" if verdict == bootstrap.SAME
+            else f"{ratio_text}, {verdict}")
     return {"ratio": r, "ci": [low, high], "verdict": verdict, "text": text}
 
 
-def _span(r: float, ci: list[float]) -> str:
+def span(r: float, ci: list[float]) -> str:
     """x1.72 [1.41, 2.05]"""
     return (f"{bootstrap.fmt_ratio(r)} "
             f"[{bootstrap.fmt_ratio(ci[0])[1:]}, {bootstrap.fmt_ratio(ci[1])[1:]}]")
@@ -296,7 +297,7 @@ def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], 
         against = versus(estimates[best], estimates[second], metric, confidence)
         significant = against["verdict"] == "better"
         text = (f"significantly better than {names[second]} "
-                f"({_span(against['ratio'], against['ci'])})" if significant
+                f"({span(against['ratio'], against['ci'])})" if significant
                 else f"best by its point estimate; against {names[second]}: {against['text']}")
         result |= {"second": names[second], "best_vs_second": against,
                    "significantly_best": significant, "best_text": text}

@@ -142,6 +142,11 @@ METRICS: tuple[Metric, ...] = (
            family="moe_gpu_timed_seconds", sparse=True),
     Metric("gpu_timed_steps", COUNTER, "steps", "Steps timed for GPU busy",
            family="moe_gpu_timed_steps", sparse=True),
+    Metric("plans_held_back", COUNTER, "plans", "Plans that left work out: a request kept "
+           "waiting or a running one not run this step (by the policy's choice, or a full batch "
+           "or KV pool); 0 means every request ran at the first step it could, so every "
+           "continuous-batching policy would have planned the same steps",
+           family="moe_plans_held_back", sparse=True, absent=-1),
     # --- the engine now ---
     Metric("uptime_s", GAUGE, "s", "since the server started"),
     Metric("window_s", GAUGE, "s", "since the server started or the last ResetStats"),

@@ -363,6 +363,37 @@ def test_different_slos_give_no_goodput_verdict(tmp_path):
     assert "goodput: requests/s meeting TTFT <= 150 ms and E2E <= 5000 ms" in text
 
 
+def test_runs_that_held_no_work_back_are_same_plans_not_better_or_worse(tmp_path):
+    ttft, tpot = lognormal(1, 400, 200.0), lognormal(2, 400, 20.0)
+    snapshot = {"policy": "fcfs", "steps": 0, "plans_held_back": 0}
+
+    def server(policy: str, held: int) -> dict:
+        return {"start": snapshot | {"policy": policy},
+                "end": snapshot | {"policy": policy, "steps": 900, "plans_held_back": held}}
+
+    runs = {"fcfs": server("fcfs", 0), "expert_aware": server("expert_aware", 0),
+            "static": server("static", 40), "older": server("dynamic", 0)}
+    for name, srv in runs.items():
+        write_run(tmp_path / name, 2 * ttft if name != "fcfs" else ttft, tpot,
+                  summary={"server": srv})
+    # a run directory written before the server counted them: unknown, not none
+    older = tmp_path / "older" / "summary.json"
+    older.write_text(older.read_text().replace(', "plans_held_back": 0', ""))
+    done = run_cli(*(tmp_path / name for name in runs), "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    headline = full(done)
+    held = {r["run"]: r["plans_held_back"] for r in headline["runs"]}
+    assert held == {"fcfs": 0, "expert_aware": 0, "static": 40, "older": None}
+    against = {name: r["vs_baseline"] for name, r in by_run(headline, "ttft_p50_ms").items()}
+    # twice the TTFT, but neither run held work back: the same plans, so not the policy's
+    assert against["expert_aware"]["verdict"] == "same plans"
+    assert against["expert_aware"]["text"].startswith("same plans as fcfs (x2.0")
+    assert against["static"]["verdict"] == against["older"]["verdict"] == "worse"
+    assert "expert_aware" not in json.dumps(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "fcfs and expert_aware held no work back" in done.stdout
+    assert "**Same plans.** fcfs and expert_aware" in (tmp_path / "out" / "compare.md").read_text()
+
+
 def test_server_difference_is_warned_but_compared(tmp_path):
     settings = {"preset": "small", "device": "cpu", "dtype": "float32", "max_batch_size": 8,
                 "kv_slots_total": 12, "router": "topk", "routing_skew": "affinity:0.1",

@@ -5,7 +5,8 @@ expert_aware activates fewer experts than fcfs under affinity and still serves e
 within its age bound, latency_sensitive keeps the token budget and never skips a running
 decode, every request finishes exactly once under every policy, and none prefills more than
 --max-prefill-tokens in a step; plus each policy on a real server streaming exact token
-counts."""
+counts; and that a plan leaving work out is counted, the only case in which the policies can
+differ."""
 
 import collections
 import random
@@ -87,6 +88,7 @@ class Run:
     events: dict[str, list] = field(default_factory=dict)
     # (resident before the plan, ids decoding then, plan, time)
     views: list = field(default_factory=list)
+    held_back: int = 0  # the loop's plans that left work out
 
 
 class Recording:
@@ -131,6 +133,7 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
             run.requests.append(req)
             loop.enqueue(req)
         if loop.idle and not pending:
+            run.held_back = loop.telemetry.counts["plans_held_back"]
             return run
         plan = loop.plan()
         if not plan:
@@ -219,6 +222,19 @@ def test_prefix_aware_admits_a_request_without_a_hit_within_its_age_bound():
                        if any(r.request_id == "r1" for r, _ in plan.prefill))
     step_ms = 0.05 * 32 + 2 * N_EXPERTS  # the longest step here: a whole prompt
     assert admitted_at / MS <= 0.5 + 20 + 4 * step_ms  # its bound, then the request before
+
+
+def test_only_a_load_that_holds_work_back_leaves_a_policy_a_choice():
+    alone = [(i * 50.0, 8, 4, 0) for i in range(10)]  # each done before the next arrives
+    crowd = [(0.0, 8, 4, 0)] * 12  # 12 at once for 4 batch places
+    knobs = {"max_wait_ms": 20, "max_step_tokens": 48}
+    for policy in ("fcfs", "expert_aware", "latency_sensitive", "prefix_aware"):
+        assert simulate(policy, alone, **knobs).held_back == 0, policy
+        assert simulate(policy, crowd, **knobs).held_back > 0, policy
+    for policy in ("static", "dynamic"):  # they wait for company: a choice even when alone
+        assert simulate(policy, alone, **knobs).held_back > 0, policy
+    # a prompt cut to the step's budget is held back too
+    assert simulate("fcfs", [(0.0, 64, 4, 0)], max_prefill_tokens=16).held_back == 3
 
 
 def test_static_never_admits_mid_batch():

@@ -12,7 +12,8 @@ from records.summary import ServerSnapshots
 # uptime_s - window_s is when the counters were last reset; it is read from two clocks a few
 # microseconds apart, so only a larger move means a ResetStats happened between the snapshots.
 RESET_TOLERANCE_S = 0.01
-EMPTY = ServerStats()  # a zero base: counters since the server started or reset
+# a zero base: counters since the server started or reset (a counter's `absent` is not its zero)
+EMPTY = ServerStats(**{m.name: m.scalar(0) for m in window_counters()})
 
 
 @dataclass(frozen=True)

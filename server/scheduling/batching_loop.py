@@ -102,7 +102,17 @@ class BatchingLoop:
         self.telemetry.record_admitted(admitted)
         # a cached prefix shortened the prompt left
         plan.prefill = [(req, min(n, req.prompt_left)) for req, n in plan.prefill]
+        if self.holds_back(plan):
+            self.telemetry.counts["plans_held_back"] += 1
         return plan
+
+    def holds_back(self, plan: StepPlan) -> bool:
+        """Whether the plan leaves work out: a request still waiting, a resident one it does not
+        run, or a prompt it cuts short. A policy only chooses where some plan holds back."""
+        if self.waiting or any(n < req.prompt_left for req, n in plan.prefill):
+            return True
+        planned = len(plan.prefill) + len(plan.decode)
+        return planned < len(self.resident)
 
     def _take_slot(self, req: Request) -> None:
         """A KV slot for a new request: where the prefix cache places it (its cached prefix
