@@ -181,7 +181,7 @@ LOCUST_RUNS = (*DEFAULT_RUNS, ("moe_gevent", "moe", "gevent"),
 # what the default must hold (docs/design.md, "The default client"): its share of the schedule
 # sent at every rate, and up to TTFT_UP_TO messages/s its TTFT p50 error within TTFT_RATIO of
 # bare grpc.aio's and at most TTFT_MOST_MS
-SENT_PERCENT, TTFT_UP_TO, TTFT_RATIO, TTFT_MOST_MS = 97.0, 5_000, 1.2, 5.0
+SENT_PERCENT, TTFT_UP_TO, TTFT_RATIO, TTFT_MOST_MS = 97.0, 8_000, 1.5, 5.0
 
 
 def default_holds(row: dict, name: str) -> list[str]:
