@@ -66,7 +66,7 @@ def figures(run: Run) -> dict:
         "distinct_experts_per_step": view.distinct_experts_per_step if view else None,
         "prefill_padded_share": view.prefill_padded_share if view else None,
         "failed": run.summary.requests.failed,
-        "plans_held_back": held_back(run),
+        "plans_held_back": held_back(run.summary.server, view),
         "server_metrics": headline_figures(server_side(run), run),
     }
 

@@ -8,16 +8,16 @@ the verdicts between them "same plans" instead of better or worse, and says why.
 from __future__ import annotations
 
 from analysis.confidence import span
-from analysis.readers.rundir import Run
-from analysis.readers.server_stats import server_view
+from analysis.readers.server_stats import ServerView
+from records.summary import ServerSnapshots
 
 SAME_PLANS = "same plans"
 
 
-def held_back(run: Run) -> int | None:
-    """The plans that left work out over the run; None where the server does not count them."""
-    latest = run.summary.server.latest
-    view = server_view(run.summary.server)
+def held_back(server: ServerSnapshots, view: ServerView | None) -> int | None:
+    """The plans that left work out over the run (view: server_view(server)); None where the
+    server does not count them."""
+    latest = server.latest
     if view is None or latest is None or latest.plans_held_back < 0:
         return None
     return int(view.counters["plans_held_back"])

@@ -309,10 +309,13 @@ def add_arguments(parser, cls: type, registries: Mapping[str, Registry] | None =
             sections[leaf.group] = parser.add_argument_group(group_title(leaf.group))
         target = parser if locust else sections[leaf.group]
         extra = {"is_secret": leaf.spec.secret} if locust else {}
-        # append's list starts empty
-        default = None if leaf.kind == tuple[str, ...] else leaf.default
-        target.add_argument(f"--{leaf.flag}", dest=leaf.dest, default=default,
+        target.add_argument(f"--{leaf.flag}", dest=leaf.dest, default=option_default(leaf),
                             help=help_text(leaf, registries), **_argparse_type(leaf), **extra)
+
+
+def option_default(leaf: Leaf):
+    """The setting's default as its parsed option holds it (append's list starts empty: None)."""
+    return None if leaf.kind == tuple[str, ...] else leaf.default
 
 
 def argv_of(settings) -> list[str]:

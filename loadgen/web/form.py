@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from loadgen.settings import REGISTRIES
-from records.declare import GIVEN, Names, group_title, help_text, leaves
+from records.declare import GIVEN, Names, group_title, help_text, leaves, option_default
 from records.load_settings import (
     LoadSettings,
     Recording,
@@ -65,7 +65,7 @@ def _set(options: argparse.Namespace, group: type, shown: list) -> bool:
     for leaf in shown:
         if leaf.name in FIRST:
             continue
-        default = None if leaf.kind == tuple[str, ...] else leaf.default  # append starts empty
+        default = option_default(leaf)
         if leaf.group is group and getattr(options, leaf.dest, default) not in (None, default):
             return True
     return False
