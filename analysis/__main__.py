@@ -6,9 +6,10 @@ import sys
 
 from analysis import capacity, compare, diagnosis, report, soak, sweep
 from analysis.readers.files import RunDirError
+from analysis.routing import import_stats, section
 from records.cli import Parser
 
-COMMANDS = (report, compare, soak, capacity, diagnosis, sweep)
+COMMANDS = (report, compare, soak, capacity, diagnosis, sweep, section, import_stats)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,14 @@ from analysis.report_server import (
     server_text,
 )
 from analysis.report_sessions import sessions_markdown, sessions_text
+from analysis.routing.section import (
+    ROUTING_PNG,
+    RoutingReport,
+    draw_routing,
+    routing_lines,
+    routing_markdown,
+    routing_report,
+)
 from analysis.rules.delivery import delivery_split
 from analysis.rules.delivery import lines as delivery_lines
 from analysis.rules.expert_parallel import EpView, ep_view
@@ -64,6 +72,7 @@ class Report:
     imbalance: Imbalance | None = None  # what the diagnosis judged, for the over-time figure
     ep: EpView | None = None  # the exchanges between expert-parallel ranks (--ep)
     scraped: ServerSide | None = None  # from server_metrics.jsonl
+    routing: RoutingReport | None = None  # routed_experts.jsonl, the engines' expert records
 
     @classmethod
     def of(cls, run: Run) -> "Report":
@@ -75,7 +84,7 @@ class Report:
                     if tokens is not None and tokens.mean() > 0 else None)
         return cls(run, latency, view, ttft_split(run.rows), client_series(run), signals.series,
                    rules(signals), Imbalance(signals.imbalance, run_wide),
-                   ep_view(run.summary.server), signals.scraped)
+                   ep_view(run.summary.server), signals.scraped, routing_report(run))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -94,6 +103,8 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     if report.server and report.server.expert_tokens is not None:
         drawn[EXPERTS_PNG] = lambda path: plot_experts(report.server.expert_tokens,
                                                        report.server.active_experts_steps, path)
+    if report.routing is not None and report.routing.view is not None:
+        drawn[ROUTING_PNG] = lambda path: draw_routing(report.routing, path)
     stress = run.summary.stress
     if stress is not None and stress.steps:
         drawn[STRESS_PNG] = lambda path: plot_stress(stress.steps, stress.knee_rps, path)
@@ -159,6 +170,8 @@ def render_text(report: Report) -> str:
     if report.ep:
         parts.append("\n".join(f"expert parallel: {label}: {value}"
                                for label, value in ep_lines(report.ep)))
+    if report.routing:
+        parts.append("\n".join(f"routing: {line}" for line in routing_lines(report.routing)))
     if generator := _generator(run):
         parts.append("\n".join(f"generator: {line}" for line in generator))
     if split := delivery_split(run):
@@ -241,6 +254,8 @@ def render_markdown(report: Report) -> str:
                   "rank's experts and back); beside them the usual formula's volume. Exposed: "
                   "the part of the exchanges' time the steps waited for.",
                   markdown_table(["figure", "value"], [list(r) for r in ep_lines(report.ep)])]
+    if report.routing:
+        parts += routing_markdown(report.routing)
     if generator := _generator(run):
         parts += ["## Generator", _bullets(generator)]
     if split := delivery_split(run):

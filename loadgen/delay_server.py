@@ -81,6 +81,12 @@ def main() -> None:
     p.add_argument("--reasoning-tokens", type=int, default=0,
                    help="openai chat: each stream's first N tokens are reasoning "
                    "(reasoning_content deltas), the rest the answer")
+    p.add_argument("--routed-experts", choices=("off", "vllm", "sglang"), default="off",
+                   help="openai: return each request's seeded routed experts as vLLM or SGLang "
+                   "does (model shape 4x16x2), serve SGLang's recorder endpoints and "
+                   "/expert_truth")
+    p.add_argument("--recorder-fault", choices=("none", "error", "garbage"), default="none",
+                   help="the recorder's dump answers HTTP 500, or writes a file that is not one")
     p.add_argument("--no-health", dest="health", action="store_false",
                    help="moe: leave out the standard grpc.health.v1 service (a user's own "
                    "moe.v1 server, an older build)")

@@ -22,11 +22,14 @@ from loadgen.aio_client import AioSender
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
+from loadgen.recording.routing import RoutingLog
 from loadgen.recording.summary import summarize
 from loadgen.recording.timing import StreamTiming
+from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.server_metrics import ServerMetrics
 from loadgen.stress import Stress
 from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_request
+from loadgen.targets.routed_experts import reader_for
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
@@ -99,6 +102,14 @@ class Run:
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
         self.timeline = Timeline(settings.recording.interval_s)  # the web UI's chart
         self.server_log = open(run_dir / SAMPLES, "w")
+        self.routing = reader_for(settings.target)
+        self.routing_log = (RoutingLog(run_dir, target.asks_routing)
+                            if self.routing is not None else None)
+        recording = settings.recording
+        # one process drives the recorder: a distributed run's workers leave it alone
+        self.expert_recorder = (ExpertRecorder(recording.expert_record_url,
+                                               recording.expert_record_dir, run_dir)
+                                if recording.expert_record_url and workers == 1 else None)
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
@@ -130,6 +141,8 @@ class Run:
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
+        if self.expert_recorder is not None:  # over the measured window only
+            gevent.spawn_later(self.settings.recording.warmup_s, self.expert_recorder.start)
         if self.aio is not None:
             if self.aio.died:  # before its first send: the schedule never starts
                 self.recorder.stop_ns = self.start_ns
@@ -208,7 +221,7 @@ class Run:
         self.offered.add(spec)
         result = StreamResult.of(spec, due_ns)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
-                                     self.sender.request_timeout_s, self.count)
+                                     self.sender.request_timeout_s, self.count, self.routing)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet, result
@@ -294,6 +307,9 @@ class Run:
             self.stop()
             self.request_stop()
         timing = self.recorder.add(result)
+        if self.routing_log is not None:
+            self.routing_log.add(result, self.start_ns,
+                                 result.scheduled_ns < self.recorder.warmup_end_ns)
         if self.stress is not None:
             self.stress.observe(result)
         self.on_result(result, timing)
@@ -336,6 +352,10 @@ class Run:
         self.tick()
         self.intervals.close()
         self.server_log.close()
+        if self.routing_log is not None:
+            self.routing_log.close()
+        if self.expert_recorder is not None:
+            self.expert_recorder.finish()
         if self.scraping is not None:
             self.scraping.stop()
         for conn in self.conns:
@@ -356,8 +376,10 @@ class Run:
     @property
     def warnings(self) -> tuple[str, ...]:
         """What makes the run's figures suspect, beyond the recorder's own: a part that died."""
-        return (f"the run failed: {self.failure}; the schedule's requests it had not reported "
-                "are counted as not sent",) if self.failure else ()
+        failed = (f"the run failed: {self.failure}; the schedule's requests it had not "
+                  "reported are counted as not sent",) if self.failure else ()
+        return (failed + (self.routing_log.warnings if self.routing_log is not None else ())
+                + (self.expert_recorder.warnings if self.expert_recorder is not None else ()))
 
     @property
     def notes(self) -> tuple[str, ...]:

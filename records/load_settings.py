@@ -68,6 +68,13 @@ def _metrics_urls(value: str) -> str | None:
     return None
 
 
+def _moe_shape(value: str) -> str | None:
+    parts = value.split("x") if value else []
+    if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
+        return f"must be LAYERSxEXPERTSxTOP_K, three positive integers (48x128x8), got {value!r}"
+    return None
+
+
 def _header(value: tuple[str, ...]) -> str | None:
     bad = [h for h in value if ":" not in h or not h.partition(":")[0].strip()]
     return f"must be NAME:VALUE, got {bad[0]!r}" if bad else None
@@ -101,6 +108,18 @@ class TargetSettings(Settings):
                               "vLLM 0.10.2+ and this project's server), so output tokens are "
                               "counted exactly without --tokenizer", compared=False,
                               label="Ask for token ids", when=OPENAI)
+    routed_experts: str = setting("off", "openai: the experts the server's router chose for each "
+                                  "request, into routed_experts.jsonl (docs/targets.md). on: "
+                                  "ask (SGLang's return_routed_experts; vLLM sends them when "
+                                  "started with --enable-return-routed-experts) and warn where "
+                                  "replies lack them; auto: ask where /v1/models names vLLM, "
+                                  "SGLang or this project's servers",
+                                  choices=("off", "on", "auto"), compared=False,
+                                  label="Routed experts", when=OPENAI)
+    moe_shape: str = setting("", "the model's LAYERSxEXPERTSxTOP_K (48x128x8): needed to read "
+                             "SGLang's flat routed-expert ids; checks vLLM's against it",
+                             check=_moe_shape, compared=False,
+                             label="MoE shape (layers x experts x top-k)", when=OPENAI)
     tokenizer: str = setting("", "a Hugging Face tokenizer.json that counts the output tokens of "
                              "targets that stream text (openai; triton's trtllm backend); "
                              "without it they are estimated and the run says how",
@@ -348,6 +367,17 @@ class Recording(Settings):
                                                       "--server-metrics (default --interval-s)",
                                                       check=at_least(0.1), compared=False,
                                                       label="Scrape interval (s)")
+    expert_record_url: str = setting("", "an SGLang server's URL whose expert distribution "
+                                     "recorder to run over the measured window: started after "
+                                     "the warm-up, stopped and dumped at the end "
+                                     "(/start_expert_distribution_record and the others)",
+                                     compared=False, label="SGLang expert recorder URL")
+    expert_record_dir: str = setting("", "the server's SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, "
+                                     "where it is readable from here: the dump is copied into "
+                                     "the run directory (else import it later with analysis "
+                                     "import-expert-stats)", compared=False,
+                                     label="SGLang recorder dump directory",
+                                     when={"expert_record_url": GIVEN})
     max_request_rows: int = setting(100_000, "requests.jsonl keeps the first this many requests "
                                     "(the count of the rest is in summary.json)", check=at_least(0),
                                     compared=False,

@@ -10,7 +10,16 @@ measured over HTTP too.
 Faults: `http-500` (an error reply), `not-sse` (a JSON body instead of a stream), `no-done`
 (no [DONE] at the end), `bad-json` (one event that is not JSON, then the stream goes on),
 `error-event` (an error event after the first chunk, and the end), `drop` (the connection
-closed after the first chunk).
+closed after the first chunk); with --routed-experts, `routing-none` (the reply without them),
+`routing-range` (an id past the experts), `routing-layers` (a layer fewer), `routing-ragged`
+(vllm: a row of uneven width), `routing-base64` and `routing-truncated` (sglang: base64 that
+does not decode, or ends mid-token).
+
+--routed-experts vllm sends each request's routed experts (loadgen/reference/routing.py) as
+vLLM does, `routed_experts` on the last choice and `prompt_routed_experts` beside it; sglang
+as SGLang does when the request asks (`return_routed_experts`), base64 in `sglext` on a chunk
+of its own; /expert_truth answers what was sent, and the SGLang recorder's endpoints are
+served (loadgen/reference/recorder.py).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from aiohttp import web
 
 from loadgen.reference.exposition import exposition
 from loadgen.reference.pacer import Pacer
+from loadgen.reference.recorder import recorder_routes
 
 WORD = "tok "  # one token: one word, 4 characters
 MODEL = "delay"
@@ -57,7 +67,12 @@ def metrics_route(protocol: str, pacer: Pacer):
 
 def app(pacer: Pacer) -> web.Application:
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        owner = {"vllm": "vllm", "sglang": "sglang"}.get(pacer.args.routed_experts, "delay")
+        return web.json_response({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "owned_by": owner}]})
+
+    async def truth(request: web.Request) -> web.Response:
+        return web.json_response(pacer.truth.json())
 
     async def health(request: web.Request) -> web.Response:
         return web.Response()
@@ -82,6 +97,7 @@ def app(pacer: Pacer) -> web.Application:
                 {"index": 0, "delta": {"role": "assistant", "content": ""},
                  "finish_reason": None}]}))
         prompt = prompt_of(body, chat)
+        choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
         thinking = pacer.args.reasoning_tokens if chat else 0
         async for m in pacer.messages(max_tokens, prompt):
             # a chat stream's first --reasoning-tokens tokens are reasoning, as vLLM's and
@@ -92,11 +108,16 @@ def app(pacer: Pacer) -> web.Application:
             for k, (n, kind) in enumerate(parts):
                 choice = ({"index": 0, "delta": {kind: WORD * n}} if chat
                           else {"index": 0, "text": WORD * n})
-                choice["finish_reason"] = "length" if m.last and k == len(parts) - 1 else None
+                ends = m.last and k == len(parts) - 1
+                choice["finish_reason"] = "length" if ends else None
                 if body.get("return_token_ids"):
                     choice["token_ids"] = [65] * n
-                await response.write(event(envelope | {"choices": [choice],
-                                                       "server_elapsed_us": m.elapsed_us}))
+                extra = {}
+                if ends and choice_routing:  # vLLM: the routing on the stream's last chunk
+                    choice |= choice_routing
+                    extra = event_routing
+                await response.write(event(envelope | extra | {
+                    "choices": [choice], "server_elapsed_us": m.elapsed_us}))
             if m.index == 0 and fault == "bad-json":
                 await response.write(b"data: {not json\n\n")
             if m.index == 0 and fault == "error-event":
@@ -106,6 +127,8 @@ def app(pacer: Pacer) -> web.Application:
             if m.index == 0 and fault == "drop":
                 request.transport.close()
                 return response
+        if event_routing and not choice_routing:  # SGLang: a chunk of its own, no choices
+            await response.write(event(envelope | {"choices": []} | event_routing))
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
                      "total_tokens": len(prompt) + max_tokens}
@@ -119,6 +142,7 @@ def app(pacer: Pacer) -> web.Application:
     application.add_routes([web.get("/v1/models", models), web.get("/health", health),
                             web.post("/v1/completions", generate),
                             web.post("/v1/chat/completions", generate),
+                            web.get("/expert_truth", truth), *recorder_routes(pacer),
                             metrics_route("openai", pacer)])
     return application
 

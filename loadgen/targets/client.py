@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import Chunk, RequestSpec, Target
 from records.requests import CLIENT_CANCELLED
 
@@ -46,6 +47,8 @@ class StreamResult:
     reply_ids: list[int] = field(default_factory=list)
     reply_texts: list[str] = field(default_factory=list)
     received_bytes: int = 0  # the size of its messages (Chunk.size), all of them
+    routed_raw: list = field(default_factory=list)  # Chunk.routed of each message, until read
+    routing: dict = field(default_factory=dict)  # RoutedRow's fields, once read (routing on)
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
@@ -72,6 +75,8 @@ class StreamResult:
                 if chunk.text or chunk.said:
                     self.reply_texts.append(chunk.text or chunk.said)
         self.received_bytes += chunk.size
+        if chunk.routed:
+            self.routed_raw.extend(chunk.routed)
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 
@@ -105,12 +110,21 @@ class StreamResult:
         elif self.ok and not self.tokens:
             self.status, self.details = "NO_OUTPUT", "stream ended without a token"
 
+    def read_routing(self, reader: RoutingReader | None) -> None:
+        """After close: the routed experts that came, decoded (with routing capture on)."""
+        if reader is None:
+            return
+        self.routing = reader.fields(self.routed_raw, self.usage.get("prompt_tokens", 0))
+        if not self.ok and not self.routed_raw:
+            self.routing["lacking"] = f"the request ended {self.status}"
+        self.routed_raw = []
+
 
 def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
-                   timeout_s: float, count: Counter,
+                   timeout_s: float, count: Counter, routing: RoutingReader | None = None,
                    clock: Callable[[], int] = time.monotonic_ns) -> None:
     """Sends spec and fills result in place, so a caller that has to abandon the call still
-    holds what arrived before."""
+    holds what arrived before; routing: reads the routed experts that came (capture on)."""
     result.sent_ns = clock()
     stream = target.stream(conn, spec, timeout_s)
     try:
@@ -123,10 +137,12 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
     finally:
         stream.close()  # a cancelled call is cancelled now, not when collected
     result.close(count)
+    result.read_routing(routing)
 
 
 async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
-                          timeout_s: float, count: Counter) -> None:
+                          timeout_s: float, count: Counter,
+                          routing: RoutingReader | None = None) -> None:
     """stream_request on asyncio (the aio sender)."""
     result.sent_ns = time.monotonic_ns()
     stream = target.astream(conn, spec, timeout_s)
@@ -140,6 +156,7 @@ async def astream_request(target: Target, conn, spec: RequestSpec, result: Strea
     finally:
         await stream.aclose()
     result.close(count)
+    result.read_routing(routing)
 
 
 def cut_off(result: StreamResult, drain_s: float) -> None:

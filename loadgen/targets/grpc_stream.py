@@ -47,6 +47,7 @@ class Conn:
 
 class GrpcTarget:
     over_http = False
+    asks_routing = False
     takes_text = True
     replies_text = True
     required: tuple[str, ...] = ()

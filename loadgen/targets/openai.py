@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from loadgen.targets.credentials import Credentials
 from loadgen.targets.http1 import READ_BLOCK, Pool
+from loadgen.targets.routed_experts import ENGINES_THAT_ANSWER, pieces_of
 from loadgen.targets.sse import EventStream
 from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
@@ -101,6 +102,8 @@ class OpenAITarget:
         self.chat = settings.endpoint.rstrip("/").endswith("/chat/completions")
         self.streams_text = not settings.token_ids
         self.model = settings.model  # "" until /v1/models names one
+        self.owner = ""  # the engine /v1/models names (its owned_by), "" until it answers
+        self.reads_routing = settings.routed_experts != "off"
         self.credentials = Credentials(settings)
         key = settings.api_key or os.environ.get("OPENAI_API_KEY", "")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
@@ -109,6 +112,12 @@ class OpenAITarget:
         for header in settings.headers:
             name, _, value = header.partition(":")
             self.headers[name.strip()] = value.strip()
+
+    @property
+    def asks_routing(self) -> bool:
+        """--routed-experts on, or auto and /v1/models names an engine that answers."""
+        mode = self.settings.routed_experts
+        return mode == "on" or (mode == "auto" and self.owner in ENGINES_THAT_ANSWER)
 
     # --- the protocol ---
 
@@ -128,6 +137,8 @@ class OpenAITarget:
             body |= {"ignore_eos": True, "min_tokens": spec.max_tokens}
         if s.token_ids:
             body["return_token_ids"] = True
+        if self.asks_routing:  # SGLang's switch; vLLM answers or not as it was started
+            body["return_routed_experts"] = True
         return json.dumps(body).encode()
 
     def headers_of(self, spec: RequestSpec) -> dict[str, str]:
@@ -155,12 +166,13 @@ class OpenAITarget:
             raise TargetError("BAD_STREAM", f"an event without a choices list: {data[:200]!r}")
         counts = {k: usage[k] for k in USAGE_KEYS if isinstance(usage.get(k), int)}
         elapsed = event.get("server_elapsed_us", 0)
-        if not choices:
-            return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,
-                         arrived_ns=arrived_ns)
-        choice = choices[0]
-        if not isinstance(choice, dict):
+        choice = choices[0] if choices else None
+        if choice is not None and not isinstance(choice, dict):
             raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
+        routed = pieces_of(event, choice) if self.reads_routing else ()
+        if choice is None:
+            return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,
+                         arrived_ns=arrived_ns, routed=routed)
         thinking, thinks = "", False
         if self.chat:
             delta = choice.get("delta") or {}
@@ -179,7 +191,7 @@ class OpenAITarget:
                      said=answer if tokens else "",
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
-                     reasoning=thinks and not answer, arrived_ns=arrived_ns)
+                     reasoning=thinks and not answer, arrived_ns=arrived_ns, routed=routed)
 
     def check_reply(self, status: int, content_type: str, body: bytes) -> None:
         """Raises unless the reply is the start of an event stream; body: an error's first
@@ -230,7 +242,7 @@ class OpenAITarget:
         url = base_url(host)
         pool = Pool(url, self.credentials.ssl_context() if url.startswith("https://") else None,
                     CONNECT_S)
-        if not self.model:
+        if not self.model or self.settings.routed_experts == "auto":
             try:
                 async with asyncio.timeout(5):
                     reply = await pool.request("GET", "/v1/models", self.headers)
@@ -238,7 +250,8 @@ class OpenAITarget:
                         body = await reply.read(MODELS_BODY)
                     finally:
                         reply.release()
-                self.model = model_of(body) if reply.status == 200 else ""
+                if reply.status == 200:
+                    self.model, self.owner = self.model or model_of(body), owner_of(body)
             except (OSError, http.client.HTTPException):
                 pass  # the requests will say why
         return pool
@@ -284,7 +297,8 @@ class OpenAITarget:
             tls = self.credentials.ssl_context() if url.startswith("https://") else None
             with urllib.request.urlopen(urllib.request.Request(url, headers=self.headers),
                                         timeout=5, context=tls) as reply:
-                self.model = self.model or model_of(reply.read())
+                body = reply.read()
+                self.model, self.owner = self.model or model_of(body), owner_of(body)
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 return f"openai server at {base_url(host)} refused GET /v1/models with HTTP " \
@@ -298,6 +312,15 @@ class OpenAITarget:
 
     def stats(self, host: str) -> None:
         return None
+
+
+def owner_of(body: bytes) -> str:
+    """Who the first model /v1/models lists is owned by (vLLM and SGLang name themselves)."""
+    try:
+        data = json.loads(body).get("data") or []
+        return str(data[0].get("owned_by", "")) if data else ""
+    except (ValueError, AttributeError, TypeError, IndexError):
+        return ""
 
 
 def model_of(body: bytes) -> str:

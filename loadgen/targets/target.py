@@ -82,6 +82,9 @@ class Chunk:
     # the bytes it took: a protobuf message's serialized size, an event's lines (set by the
     # stream that read it; framing below the message, HTTP/2's or HTTP/1.1's, not counted)
     size: int = 0
+    # the routed experts it carries, raw: ("prompt" | "output" | "all", value) pairs, decoded
+    # once the stream has ended (loadgen/targets/routed_experts.py)
+    routed: tuple = ()
 
 
 class TargetError(Exception):
@@ -99,6 +102,7 @@ class Target(Protocol):
     replies_text: ClassVar[bool]  # its messages carry the reply's text (else its ids only)
     required: ClassVar[tuple[str, ...]]  # Target settings it cannot run without
     streams_text: bool  # its messages carry text, counted by loadgen/targets/text_tokens.py
+    asks_routing: bool  # its requests ask for the routed experts (openai, --routed-experts)
 
     def connect(self, host: str) -> Any:
         """A connection for one Locust user (a channel, an HTTP pool), used from greenlets."""

@@ -1,0 +1,137 @@
+"""The experts a server's router chose for a request, as vLLM and SGLang return them
+(docs/targets.md): picked out of the replies raw while the stream runs, decoded into the
+per-layer counts of records/routing.py once it has ended, so the receive loop pays a few
+dictionary lookups a message and nothing more.
+
+- vLLM (--enable-return-routed-experts): `prompt_routed_experts` on the response and
+  `routed_experts` on the choice, [tokens][layers][top-k] expert ids as JSON lists. Older
+  versions sent one array for the prompt and the output together: its first usage.prompt_tokens
+  rows are then the prompt's.
+- SGLang (--enable-return-routed-experts and the request's `return_routed_experts`): base64 of
+  int32 ids, [tokens, layers, top-k] flattened, in `sglext.routed_experts` (a chunk of its own,
+  with no choices, when streaming) or the native API's `meta_info.routed_experts`; it covers the
+  prompt and the output, and reading it needs the model's shape (--moe-shape).
+
+An id of -1 is a layer or slot without a routed expert (a dense layer) and is skipped; any
+other id outside 0..experts-1, rows of uneven width, a layer count other than --moe-shape's, or
+base64 that does not decode to whole tokens leave the request's routing unread, with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import numpy as np
+
+from records.load_settings import TargetSettings
+from records.routing import encode_counts
+
+ENGINES_THAT_ANSWER = ("vllm", "sglang", "moe-loadlab")  # /v1/models' owned_by, for auto
+MAX_EXPERTS = 1 << 16  # ids above this are garbage, not a model's expert
+
+
+def pieces_of(event: dict, choice: dict | None) -> tuple[tuple[str, Any], ...]:
+    """The routing an event carries, raw: ("prompt" | "output" | "all", value) pairs."""
+    found = []
+    if (value := event.get("prompt_routed_experts")) is not None:
+        found.append(("prompt", value))
+    if choice is not None and (value := choice.get("routed_experts")) is not None:
+        found.append(("output", value))
+    for holder in (event.get("sglext"), event.get("meta_info"),
+                   choice.get("sglext") if choice is not None else None):
+        if isinstance(holder, dict) and (value := holder.get("routed_experts")) is not None:
+            found.append(("all", value))
+    return tuple(found)
+
+
+def reader_for(settings: TargetSettings) -> RoutingReader | None:
+    """The reader of a run's routed experts; None with --routed-experts off."""
+    return None if settings.routed_experts == "off" else RoutingReader(settings)
+
+
+class RoutingReader:
+    """Turns a finished request's raw pieces into a RoutedRow's fields."""
+
+    def __init__(self, settings: TargetSettings):
+        self.mode = settings.routed_experts
+        self.layers = self.experts = self.top_k = 0
+        if settings.moe_shape:
+            self.layers, self.experts, self.top_k = map(int, settings.moe_shape.split("x"))
+
+    def fields(self, pieces: list, prompt_tokens: int) -> dict:
+        """pieces: (kind, value) in the order they came; prompt_tokens: the server's count
+        (usage), 0 unknown."""
+        if not pieces:
+            return {"source": "", "lacking": "the reply carried no routed experts"}
+        source = "base64" if any(isinstance(v, str) for _, v in pieces) else "lists"
+        try:
+            parts = {kind: self._ids(value) for kind, value in pieces}
+        except ValueError as exc:
+            return {"source": source, "lacking": str(exc)}
+        prompt, output = parts.get("prompt"), parts.get("output")
+        if (whole := parts.get("all")) is not None and output is None:
+            cut = min(prompt_tokens, len(whole)) if prompt is None else 0
+            prompt = whole[:cut] if prompt is None else prompt
+            output = whole[cut:]
+        arrays = [a for a in (prompt, output) if a is not None]
+        if len({a.shape[1:] for a in arrays}) > 1:
+            return {"source": source, "lacking": "the prompt's and the output's routing differ "
+                    f"in shape: {[a.shape[1:] for a in arrays]}"}
+        layers, top_k = arrays[0].shape[1:]
+        seen = max(int(a.max(initial=-1)) for a in arrays)
+        experts = self.experts or seen + 1
+        if seen >= experts or min(int(a.min(initial=0)) for a in arrays) < -1:
+            bad = seen if seen >= experts else min(int(a.min(initial=0)) for a in arrays)
+            return {"source": source, "lacking": f"expert id {bad} out of range (0..{experts - 1}"
+                    f"{', --moe-shape' if self.experts else ''})"}
+        out = {"source": source, "layers": layers, "experts": experts, "top_k": top_k}
+        for name, ids in (("prompt", prompt), ("output", output)):
+            if ids is not None and len(ids):
+                out[f"{name}_tokens"] = len(ids)
+                out[f"{name}_counts"] = encode_counts(counts_of(ids, experts))
+        return out
+
+    def _ids(self, value) -> np.ndarray:
+        """One piece as int64 [tokens, layers, top_k]; ValueError saying what is wrong."""
+        if isinstance(value, str):
+            if not (self.layers and self.top_k):
+                raise ValueError("flat base64 ids need the model's shape: give --moe-shape "
+                                 "LAYERSxEXPERTSxTOP_K")
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("routed experts in malformed base64") from None
+            per_token = 4 * self.layers * self.top_k
+            if len(raw) % per_token:
+                raise ValueError(f"truncated routed experts: {len(raw)} bytes is not a whole "
+                                 f"number of tokens of {self.layers} layers x top-{self.top_k} "
+                                 "int32 ids")
+            return np.frombuffer(raw, "<i4").astype(np.int64).reshape(-1, self.layers,
+                                                                       self.top_k)
+        try:
+            ids = np.asarray(value, dtype=np.int64)
+        except (ValueError, TypeError, OverflowError):
+            raise ValueError("routed experts that are not [tokens][layers][top-k] integers "
+                             "(rows of uneven width?)") from None
+        if ids.size == 0:
+            return ids.reshape(0, max(self.layers, 1), max(self.top_k, 1))
+        if ids.ndim != 3:
+            raise ValueError(f"routed experts of {ids.ndim} dimensions, not [tokens][layers]"
+                             "[top-k]")
+        if self.layers and ids.shape[1] != self.layers:
+            raise ValueError(f"routed experts over {ids.shape[1]} layers, --moe-shape says "
+                             f"{self.layers}")
+        if np.abs(ids).max() >= MAX_EXPERTS:
+            raise ValueError(f"expert id {int(ids.max())} out of range")
+        return ids
+
+
+def counts_of(ids: np.ndarray, experts: int) -> np.ndarray:
+    """[tokens, layers, top_k] ids -> [layers, experts] tokens per expert (-1 skipped)."""
+    layers = ids.shape[1]
+    flat = ids.transpose(1, 0, 2).reshape(layers, -1)
+    keep = flat >= 0
+    index = (np.arange(layers)[:, None] * experts + flat)[keep]
+    return np.bincount(index, minlength=layers * experts).reshape(layers, experts)

@@ -1,0 +1,68 @@
+"""routed_experts.jsonl: the experts a server's router chose for each request, as the server
+returned them (vLLM's and SGLang's routed experts, this project's server's HTTP API), one line per
+request in the order they finished (docs/run-directory.md).
+
+A line keeps, per layer, how many of the request's tokens each expert took, for its prompt and
+for its output apart: never one number per token. The counts are a [layers, experts] array of
+unsigned integers, as narrow as the largest count allows, compressed (zlib) and written as
+base64 after its type ("u1:", "u2:" or "u4:"). A request whose reply came without routing, or
+with routing that could not be read, keeps only why (`lacking`).
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from records.jsonform import field
+
+WIDTHS = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutedRow:
+    request_id: str
+    warmup: bool  # scheduled during the warm-up
+    sent_ms: float | None  # ms from the run's start; None: never sent
+    finish_ms: float | None  # when its last message came; None: it did not end with one
+    # the reply's form: "lists" (vLLM's [tokens][layers][top-k] ids), "base64" (SGLang's flat
+    # int32 ids); "" none came
+    source: str
+    lacking: str = field("", omit="")  # why the routing is missing or was not read
+    layers: int = 0
+    experts: int = 0  # the width of the counts: --moe-shape's, else the highest id seen + 1
+    top_k: int = 0
+    prompt_tokens: int = 0  # prompt tokens with routing
+    output_tokens: int = 0  # output tokens with routing (vLLM's last token has none)
+    prompt_counts: str = ""  # encode_counts of [layers, experts]
+    output_counts: str = ""
+
+    @property
+    def read(self) -> bool:
+        return bool(self.source) and not self.lacking
+
+
+def encode_counts(counts: np.ndarray) -> str:
+    """[layers, experts] non-negative integers as text."""
+    top = int(counts.max(initial=0))
+    width = "u1" if top < 2**8 else "u2" if top < 2**16 else "u4"
+    raw = np.ascontiguousarray(counts, dtype=WIDTHS[width]).astype(f"<{width}").tobytes()
+    return f"{width}:{base64.b64encode(zlib.compress(raw, 6)).decode()}"
+
+
+def decode_counts(text: str, layers: int, experts: int) -> np.ndarray:
+    """encode_counts' text back as int64 [layers, experts]; ValueError if it is not one."""
+    width, _, body = text.partition(":")
+    if width not in WIDTHS:
+        raise ValueError(f"counts of an unknown type {width!r}")
+    try:
+        raw = zlib.decompress(base64.b64decode(body, validate=True))
+    except (ValueError, zlib.error) as exc:
+        raise ValueError(f"counts that do not decode: {exc}") from None
+    values = np.frombuffer(raw, dtype=f"<{width}")
+    if values.size != layers * experts:
+        raise ValueError(f"{values.size} counts for {layers} layers x {experts} experts")
+    return values.astype(np.int64).reshape(layers, experts)
