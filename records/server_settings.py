@@ -33,6 +33,11 @@ class Serving(Settings):
                                     compared=False)
     http_port_file: str | None = setting(None, "write the bound HTTP port here once serving",
                                          compared=False)
+    enable_return_routed_experts: bool = setting(
+        False, "HTTP API: each response carries its request's routed experts as vLLM's do "
+        "(routed_experts on the choice, prompt_routed_experts beside it: [tokens][layers][top-k] "
+        "expert ids; -1 for prompt tokens taken from the prefix cache); each step copies its "
+        "tokens' expert ids to the host. Not with --ep", compared=False)
     reasoning_tokens: int = setting(0, "HTTP chat: the first N tokens of each answer stream as "
                                     "reasoning (reasoning_content deltas, a message holding the "
                                     "N-th token whole), the rest as content, as a thinking "
@@ -336,6 +341,12 @@ class ServerSettings(Settings):
     moe: MoE = group(MoE)
     parallel: Parallel = group(Parallel)
     faults: Faults = group(Faults)
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(not self.serving.enable_return_routed_experts or self.parallel.ep == 1,
+                "enable-return-routed-experts", "is for one process: with --ep the ranks' "
+                "routing is not gathered")
 
     @property
     def kv_slots(self) -> int:

@@ -43,7 +43,8 @@ def local_engine(settings: ServerSettings, kv_slots: int, spread: ExpertSpread |
     common = (kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
     options = {"spread": spread, "warm_up": spread is None,
                "graphs": "auto" if model.cuda_graphs else "off",
-               "sample_steps": model.gpu_sample_steps}
+               "sample_steps": model.gpu_sample_steps,
+               "keep_routing": settings.serving.enable_return_routed_experts}
     if model.checkpoint:
         return LocalEngine.from_checkpoint(open_checkpoint(model.checkpoint, model.context_len),
                                            *common, **options)

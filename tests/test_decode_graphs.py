@@ -52,6 +52,26 @@ def test_fixed_shape_decode_gives_the_dynamic_paths_tokens(moe):
     assert generate(fixed, PROMPTS, 24) == generate(engine("off", moe=moe), PROMPTS, 24)
 
 
+def test_kept_routing_is_each_tokens_experts_through_either_path():
+    """--enable-return-routed-experts: a prefill step's token_experts hold every prompt token's
+    experts, and a decode step's the same ids through the fixed-shape step as eagerly."""
+    results = {}
+    for graphs in ("eager", "off"):
+        e = LocalEngine(TINY, 6, "cpu", torch.float32, 0, MoE(), graphs=graphs, keep_routing=True)
+        first = e.step([SeqInput(i, p, 0) for i, p in enumerate(PROMPTS)])
+        assert first.token_experts.shape == (sum(map(len, PROMPTS)), TINY.n_layers, TINY.top_k)
+        seqs = [SeqInput(i, [t], len(p)) for i, (p, t) in enumerate(
+            zip(PROMPTS, first.next_ids, strict=True))]
+        step = e.step(seqs)
+        ids = step.token_experts.long()
+        assert ids.shape == (len(PROMPTS), TINY.n_layers, TINY.top_k)
+        used = torch.zeros_like(step.seq_experts).scatter_(2, ids, True)
+        assert (used == step.seq_experts).all()
+        results[graphs] = ids.sort(-1).values
+    assert (results["eager"] == results["off"]).all()
+    assert engine("off").step([SeqInput(0, [1, 2], 0)]).token_experts is None
+
+
 def test_sampled_tokens_are_the_same_through_the_fixed_shape_step():
     assert generate(engine("eager"), PROMPTS, 16, 0.9) == generate(engine("off"), PROMPTS, 16, 0.9)
 

@@ -17,11 +17,13 @@ from analysis.routing.views import affinity
 from analysis.routing.what_if import distinct_experts, grouping, token_shares
 from loadgen.targets.openai import OpenAITarget
 from loadgen.targets.routed_experts import RoutingReader, counts_of
-from records.declare import build
+from proto import moe_pb2
+from records.declare import SettingsError, build
 from records.load_settings import LoadSettings
 from records.routing import RoutedRow, decode_counts, encode_counts
+from records.server_settings import ServerSettings
 from tests.cli import analysis
-from tests.conftest import delay_server_process
+from tests.conftest import delay_server_process, running_server
 from tests.test_end_to_end import locust
 
 
@@ -241,3 +243,40 @@ def test_a_failing_dump_is_a_warning_and_trtllm_statistics_import(tmp_path):
     bad = analysis("import-expert-stats", garbage, run_dir)
     assert bad.returncode != 0 and "no statistics read" in bad.stderr
     assert "trtllm expert statistics" in analysis("report", run_dir).stdout
+
+
+def expert_tokens(served) -> np.ndarray:
+    stats = served.stub.GetStats(moe_pb2.GetStatsRequest())
+    return np.asarray([list(layer.tokens) for layer in stats.expert_tokens])
+
+
+@pytest.mark.slow
+def test_the_lab_server_answers_in_vllms_fields_and_a_run_agrees_with_getstats(tmp_path):
+    with running_server(max_batch_size=4, http_port=0, enable_return_routed_experts=True,
+                        max_wait_ms=5.0) as served:
+        before = expert_tokens(served)
+        run_dir = tmp_path / "run"
+        done = locust(f"http://127.0.0.1:{served.app.http_port}", run_dir, "--target", "openai",
+                      "--routed-experts", "auto", "--rate", "8", "-t", "2", "--max-tokens", "6",
+                      "--prompt-tokens", "12")
+        after = expert_tokens(served)
+        whole = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{served.app.http_port}/v1/completions", method="POST",
+            data=json.dumps({"prompt": "hello", "max_tokens": 4, "ignore_eos": True}).encode(),
+            headers={"Content-Type": "application/json"}), timeout=30).read())
+    assert done.returncode == 0, done.stdout
+    # vLLM's fields in a whole response: the output's tokens but the last, every prompt token
+    assert np.asarray(whole["choices"][0]["routed_experts"]).shape == (3, after.shape[0], 2)
+    assert np.asarray(whole["prompt_routed_experts"]).shape[1:] == (after.shape[0], 2)
+    with pytest.raises(SettingsError, match="--enable-return-routed-experts: is for one"):
+        build(ServerSettings, {"enable_return_routed_experts": True, "ep": 2})
+    lines = [json.loads(line) for line in (run_dir / "routed_experts.jsonl").read_text()
+             .splitlines()]
+    assert lines and all("lacking" not in r for r in lines)
+    layers, experts = after.shape
+    assert {(r["layers"], r["top_k"], r["output_tokens"]) for r in lines} == {(layers, 2, 5)}
+    assert all(r["experts"] <= experts for r in lines)  # the width: the highest id seen + 1
+    padded = [np.pad(decode_counts(r[k], layers, r["experts"]),
+                     ((0, 0), (0, experts - r["experts"])))
+              for r in lines for k in ("prompt_counts", "output_counts")]
+    assert (sum(padded) == after - before).all()

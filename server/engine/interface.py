@@ -49,6 +49,9 @@ class StepResult:
     dropped: Tensor | None  # [L, E] pairs over capacity; None when dropless
     active: list[int]  # per layer: experts that computed
     seq_experts: Tensor  # [B, L, E] bool: the experts each sequence's tokens were routed to
+    # [N, L, k] int16 on the CPU: each token's experts, the sequences' tokens in turn; only
+    # where the engine keeps them (--enable-return-routed-experts), else None
+    token_experts: Tensor | None = None
     # per stage (GPU work on CUDA), or None where this step's stages were not timed (on CUDA
     # only sampled steps are: server/engine/stages.py)
     stage_ms: dict[str, float] | None

@@ -62,17 +62,19 @@ class LocalEngine:
     def __init__(self, args: ModelArgs, kv_slots: int, device: str, dtype: torch.dtype,
                  seed: int, moe: MoE = MoE(), spread: ExpertSpread | None = None,
                  warm_up: bool = True, checkpoint: Checkpoint | None = None,
-                 graphs: str = "auto", sample_steps: int = 0):
+                 graphs: str = "auto", sample_steps: int = 0, keep_routing: bool = False):
         """A model of args's shapes with random weights from seed and the byte-level tokenizer,
         or, with checkpoint, that checkpoint's weights and tokenizer (from_preset and
         from_checkpoint say which). spread: this process is one of the ranks the experts are
         spread over, holding its share (the ranks warm up together, so warm_up is False then).
         graphs: decode steps as CUDA graphs where they can be (auto), never (off), or the
         graphs' fixed-shape steps run eagerly, on any device (eager: tests). sample_steps: on
-        CUDA, every n-th step's stages are timed as GPU work (server/engine/stages.py; 0: none)."""
+        CUDA, every n-th step's stages are timed as GPU work (server/engine/stages.py; 0: none).
+        keep_routing: each step's result holds each token's experts (token_experts)."""
         if graphs not in GRAPH_MODES:
             raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
         self.args = args
+        self.keep_routing = keep_routing
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
         self.device = indexed(torch.device(device))
@@ -202,14 +204,20 @@ class LocalEngine:
                 probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
                 next_ids[i] = sample(probs, self.generator(s))
         # the step's hand-off, in one transfer: every queued kernel and event has completed
-        ids, routed, seq_experts, dropped, active = self._fetch(host, next_ids, *parts)
+        ids, routed, seq_experts, dropped, active, token_experts = self._fetch(
+            host, next_ids, *parts)
+        if self.keep_routing and token_experts is None:  # a graph step: one token a sequence,
+            # whose top-k distinct experts are its sequence's
+            token_experts = seq_experts.nonzero()[:, 2].view(
+                len(seqs), seq_experts.shape[1], -1).to(torch.int16)
         times = self.timer.end("decode")
         for cache in self.caches:
             cache.settle()
         if sampled_instead:
             times = StepTimes(times.stage_ms)
         return StepResult(next_ids=ids.tolist(), routed=routed, dropped=dropped, active=active,
-                          seq_experts=seq_experts, stage_ms=times.stage_ms,
+                          seq_experts=seq_experts, token_experts=token_experts,
+                          stage_ms=times.stage_ms,
                           gpu_busy_ms=times.gpu_busy_ms, gpu_timed_ms=times.gpu_timed_ms,
                           host_transfers=host.count, **numbers)
 
@@ -229,13 +237,16 @@ class LocalEngine:
                     self.slot_bias[s.slot] = to_device(bias, self.device)
             token_bias = self.slot_bias[layout.token_slots]  # [N, L, E]
         ctx = StepContext(layout.groups, len(seqs), self.timer, token_bias,
-                          host=HostTransfers(around=self.timer.read))
+                          host=HostTransfers(around=self.timer.read),
+                          token_experts=[] if self.keep_routing else None)
         logits = self.model(tokens, layout, self.kv, ctx)  # [B, V]
         numbers = {"tokens": len(tokens), "kv_useful": layout.kv_useful,
                    "kv_computed": layout.kv_computed, "prefill_tokens": layout.prefill_tokens,
                    "prefill_padded": layout.prefill_padded, "comm": ctx.comm}
         parts = (torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
-                 torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active)
+                 torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active,
+                 torch.stack(ctx.token_experts, dim=1).to(torch.int16)
+                 if ctx.token_experts else None)
         return logits, parts, numbers, ctx.host
 
     def _fixed_forward(self, seqs: list[SeqInput]) -> tuple[Tensor, tuple, dict, HostTransfers]:
@@ -248,22 +259,26 @@ class LocalEngine:
         numbers = {"tokens": len(seqs), "kv_useful": useful,
                    "kv_computed": useful + self.graphs.bucket(len(seqs)) - len(seqs),
                    "prefill_tokens": 0, "prefill_padded": 0}
-        return logits, (routed, seq_experts, None, list(active)), numbers, HostTransfers()
+        return logits, (routed, seq_experts, None, list(active), None), numbers, HostTransfers()
 
     @staticmethod
     def _fetch(host: HostTransfers, next_ids: Tensor, routed: Tensor, seq_experts: Tensor,
-               dropped: Tensor | None, active: list[int | Tensor]) -> tuple:
+               dropped: Tensor | None, active: list[int | Tensor],
+               token_experts: Tensor | None) -> tuple:
         """The sampled tokens and the step's statistics on the host, in one transfer: ids [B],
-        routed [L, E], seq_experts [B, L, E] and dropped [L, E] as tensors, active as ints."""
+        routed [L, E], seq_experts [B, L, E], dropped [L, E] and token_experts [N, L, k] as
+        tensors, active as ints."""
         on_device = [i for i, a in enumerate(active) if isinstance(a, Tensor)]
         parts = [next_ids, routed, seq_experts, *([dropped] if dropped is not None else []),
+                 *([token_experts] if token_experts is not None else []),
                  *([torch.stack([active[i] for i in on_device])] if on_device else [])]
         ids, routed, seq_experts, *rest = host.fetch(parts)
         dropped = rest.pop(0) if dropped is not None else None
+        token_experts = rest.pop(0) if token_experts is not None else None
         active = list(active)
         for i, n in zip(on_device, rest[0].tolist() if on_device else [], strict=True):
             active[i] = n
-        return ids, routed, seq_experts, dropped, active
+        return ids, routed, seq_experts, dropped, active, token_experts
 
     @torch.no_grad()
     def place(self, placement: Placement) -> int:

@@ -59,6 +59,9 @@ class StepContext:
     valid: Tensor | None = None
     valid_pairs: Tensor | None = None
     kernel: Kernel | None = None  # the expert kernel for this step, over each layer's own
+    # per layer [N, k]: each token's experts, kept where the server returns routed experts
+    # (--enable-return-routed-experts); None: not kept
+    token_experts: list[Tensor] | None = None
     _pairs: tuple[Tensor, Tensor] | None = None
 
     def pairs(self, k: int) -> tuple[Tensor, Tensor]:
@@ -169,6 +172,8 @@ class MoELayer(nn.Module):
         pair_groups, ones = step.pairs(self.top_k)
         used = torch.zeros(step.n_seqs, self.n_experts, dtype=torch.long, device=x.device)
         step.seq_experts.append(used.index_put_((pair_groups, flat), ones).bool())
+        if step.token_experts is not None:
+            step.token_experts.append(experts)
         if self.exchange is None:
             out = self.here(x, weights, flat, step)
         else:

@@ -8,10 +8,11 @@ Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 gRPC calls INVALID_ARGUMENT, 429 for RESOURCE_EXHAUSTED, 503 while draining or after the engine
 failed, 404 for an unknown model or path. A failure mid-stream is an `error` event and the
 stream ends without `[DONE]`. vLLM's extensions a benchmark needs are accepted: `ignore_eos`,
-`min_tokens`, `priority`, `return_token_ids`. Each chunk also carries `server_elapsed_us`,
-the server's time from receiving the request to sending the chunk, and the usage the server's
-own times as the gRPC Usage has them (`queue_us`, `prefill_us`, `decode_us`, `ttft_us`;
-docs/targets.md). /metrics serves the same families as --metrics-port.
+`min_tokens`, `priority`, `return_token_ids`; with --enable-return-routed-experts the last
+chunk carries vLLM's `routed_experts` and `prompt_routed_experts`. Each chunk also carries
+`server_elapsed_us`, the server's time from receiving the request to sending the chunk, and
+the usage the server's own times as the gRPC Usage has them (`queue_us`, `prefill_us`,
+`decode_us`, `ttft_us`; docs/targets.md). /metrics serves the same families as --metrics-port.
 """
 
 from __future__ import annotations
@@ -284,6 +285,8 @@ class Answer:
             out = {"index": 0, "text": batch.text, "logprobs": None, "finish_reason": reason}
         if self.call.token_ids:
             out["token_ids"] = batch.ids
+        if batch.usage is not None and batch.usage.routed_experts is not None:
+            out["routed_experts"] = batch.usage.routed_experts[1].tolist()
         return out
 
     def envelope(self, streamed: bool) -> dict:
@@ -316,7 +319,7 @@ class Answer:
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well
-                await self.emit(response, self.envelope(True) | {
+                await self.emit(response, self.envelope(True) | prompt_routing(batch) | {
                     "choices": [self.choice(batch, first=first, streamed=True,
                                             thinking=self.thinking(batch))]})
                 first = False
@@ -339,7 +342,7 @@ class Answer:
             (thought if self.thinking(batch) else text).append(batch.text)
             last = batch
         whole = Batch(ids, "".join(text), last.finish_reason, last.usage)
-        return web.json_response(self.envelope(False) | {
+        return web.json_response(self.envelope(False) | prompt_routing(whole) | {
             "choices": [self.choice(whole, first=True, streamed=False,
                                     reasoning="".join(thought))],
             "usage": self.usage(whole)})
@@ -352,6 +355,13 @@ class Answer:
                 "total_tokens": u.prompt_tokens + u.completion_tokens, "queue_us": u.queue_us,
                 "prefill_us": u.prefill_us, "decode_us": u.decode_us,
                 "ttft_us": (self.first_ns - self.received_ns) // 1000}
+
+
+def prompt_routing(batch: Batch) -> dict:
+    """vLLM's response-level field, beside the choice's routed_experts, on the last batch."""
+    if batch.usage is None or batch.usage.routed_experts is None:
+        return {}
+    return {"prompt_routed_experts": batch.usage.routed_experts[0].tolist()}
 
 
 async def send(response: web.StreamResponse, event: dict) -> None:

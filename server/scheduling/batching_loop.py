@@ -15,6 +15,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+import torch
+
 from server.engine.expert_cache import CacheCounters
 from server.engine.interface import Engine, SeqInput, StepResult
 from server.engine.routing import request_key
@@ -176,6 +178,8 @@ class BatchingLoop:
         deliveries = []
         finished = 0
         ran = [(req, n) for req, n in plan.prefill] + [(req, 0) for req in plan.decode]
+        if result.token_experts is not None:
+            keep_routing(ran, result.token_experts)
         for i, ((req, chunk), token) in enumerate(zip(ran, result.next_ids, strict=True)):
             req.last_run_ns = t1
             req.signature = result.seq_experts[i]
@@ -204,7 +208,8 @@ class BatchingLoop:
                               completion_tokens=len(req.output_ids),
                               queue_us=(req.admitted_ns - req.received_ns) // 1000,
                               prefill_us=req.prefill_us,
-                              decode_us=(t1 - req.first_token_ns) // 1000)
+                              decode_us=(t1 - req.first_token_ns) // 1000,
+                              routed_experts=routing_of(req) if req.prompt_routing else None)
                 n = len(req.output_ids)
                 self.telemetry.record_request(
                     usage.queue_us / 1000, usage.prefill_us / 1000,
@@ -252,3 +257,24 @@ class BatchingLoop:
             if req.slot is not None:
                 self._give_slot(req)
             req.sink(FailureEvent(error))
+
+
+def keep_routing(ran: list, token_experts: torch.Tensor) -> None:
+    """Each request's share of the step's token experts [N, L, k] (its tokens in turn: a
+    prompt chunk's, or a decode step's one)."""
+    at = 0
+    for req, chunk in ran:
+        n = chunk or 1
+        (req.prompt_routing if chunk else req.output_routing).append(token_experts[at:at + n])
+        at += n
+
+
+def routing_of(req: Request) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, output) expert ids; prompt tokens the prefix cache held, never computed here,
+    are -1 rows at the front."""
+    computed = torch.cat(req.prompt_routing)
+    cached = torch.full((req.prompt_len - len(computed), *computed.shape[1:]), -1,
+                        dtype=computed.dtype)
+    output = (torch.cat(req.output_routing) if req.output_routing
+              else computed.new_empty((0, *computed.shape[1:])))
+    return torch.cat([cached, computed]), output

@@ -19,6 +19,10 @@ class Usage:
     queue_us: int
     prefill_us: int
     decode_us: int
+    # with --enable-return-routed-experts: [tokens, L, k] int16 expert ids of the prompt (-1 for
+    # tokens from the prefix cache) and of the output tokens that went through the model (all
+    # but the last); None otherwise
+    routed_experts: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -56,6 +60,9 @@ class Request:
     last_run_ns: int = 0  # last step that included it (expert_aware's age bound)
     prefill_us: int = 0  # engine time of the steps that prefilled it
     signature: torch.Tensor | None = None  # [L, E] experts its last step used
+    # with --enable-return-routed-experts: its tokens' experts, [n, L, k] a step
+    prompt_routing: list[torch.Tensor] = field(default_factory=list)
+    output_routing: list[torch.Tensor] = field(default_factory=list)
     # the prefix cache's (server/scheduling/prefix_cache.py): its prompt's block keys, worked
     # out once; the slot its cached prefix comes from, until the step that takes it in
     block_keys: list[int] | None = None
