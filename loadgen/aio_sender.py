@@ -28,7 +28,6 @@ import time
 
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
-from loadgen.targets.routed_experts import RoutingReader, reader_for
 from loadgen.targets.target import target_of
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
@@ -55,7 +54,6 @@ async def main() -> None:
     workload = Workload(settings)
     target = target_of(settings.target)
     count = TextCounter(settings.target.tokenizer)
-    routing = reader_for(settings.target)
     schedule = schedule_of(settings.traffic, job["workers"], job["index"])
     # epoll waits whole milliseconds, rounded up: at a low rate the last stretch before a send
     # is yielded through instead, which costs a core SPIN_S x the rate at most
@@ -67,14 +65,13 @@ async def main() -> None:
         line = await reader.readline()
         if line.strip():  # else the run ended before it began
             await send(json.loads(line)["start_ns"], reader, transport, settings, workload,
-                       target, conn, count, routing, schedule, spin_s)
+                       target, conn, count, schedule, spin_s)
     finally:
         await target.aclose(conn)
 
 
 async def send(start_ns: int, reader, transport, settings: LoadSettings, workload: Workload,
-               target, conn, count: TextCounter, routing: RoutingReader | None, schedule,
-               spin_s: float) -> None:
+               target, conn, count: TextCounter, schedule, spin_s: float) -> None:
     """The schedule from start_ns until "stop" (or its end), then the drain; the last spin_s
     before each send is spun, not slept."""
     sender = settings.sender
@@ -123,8 +120,7 @@ async def send(start_ns: int, reader, transport, settings: LoadSettings, workloa
             not_sent += 1
             continue
         task = asyncio.create_task(astream_request(target, conn, spec, r,
-                                                   sender.request_timeout_s, count,
-                                                   routing))
+                                                   sender.request_timeout_s, count))
         tasks[task] = r
         task.add_done_callback(done)
         await asyncio.sleep(0)  # it is sent now, before the next one is built

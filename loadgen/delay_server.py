@@ -28,6 +28,7 @@ import os
 import signal
 
 from loadgen.reference.pacer import PROTOCOLS, Pacer
+from loadgen.reference.routing import SHAPE
 from records.cli import Parser
 
 SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
@@ -60,6 +61,13 @@ async def serve(args) -> None:
         await stop_one()
 
 
+def shape(text: str) -> str:
+    parts = text.split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"LAYERSxEXPERTSxTOP_K, got {text!r}")
+    return text
+
+
 def main() -> None:
     p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,8 +91,9 @@ def main() -> None:
                    "(reasoning_content deltas), the rest the answer")
     p.add_argument("--routed-experts", choices=("off", "vllm", "sglang"), default="off",
                    help="openai: return each request's seeded routed experts as vLLM or SGLang "
-                   "does (model shape 4x16x2), serve SGLang's recorder endpoints and "
-                   "/expert_truth")
+                   "does, serve SGLang's recorder endpoints and /expert_truth")
+    p.add_argument("--moe-shape", default=SHAPE, type=shape,
+                   help="the routed experts' LAYERSxEXPERTSxTOP_K (default %(default)s)")
     p.add_argument("--recorder-fault", choices=("none", "error", "garbage"), default="none",
                    help="the recorder's dump answers HTTP 500, or writes a file that is not one")
     p.add_argument("--no-health", dest="health", action="store_false",

@@ -221,7 +221,7 @@ class Run:
         self.offered.add(spec)
         result = StreamResult.of(spec, due_ns)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
-                                     self.sender.request_timeout_s, self.count, self.routing)
+                                     self.sender.request_timeout_s, self.count)
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet, result
@@ -308,6 +308,7 @@ class Run:
             self.request_stop()
         timing = self.recorder.add(result)
         if self.routing_log is not None:
+            result.read_routing(self.routing)
             self.routing_log.add(result, self.start_ns,
                                  result.scheduled_ns < self.recorder.warmup_end_ns)
         if self.stress is not None:

@@ -160,6 +160,9 @@ class TargetSettings(Settings):
         super().__post_init__()
         require(bool(self.tls_cert) == bool(self.tls_key), "tls-client-key" if self.tls_cert
                 else "tls-client-cert", "--tls-client-cert and --tls-client-key go together")
+        require(self.routed_experts == "off" or self.target == "openai", "routed-experts",
+                f"is for --target openai (vLLM's and SGLang's HTTP APIs, this project's "
+                f"server's); {self.target}'s protocol carries no routed experts")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ request in the order they finished (docs/run-directory.md).
 
 A line keeps, per layer, how many of the request's tokens each expert took, for its prompt and
 for its output apart: never one number per token. The counts are a [layers, experts] array of
-unsigned integers, as narrow as the largest count allows, compressed (zlib) and written as
-base64 after its type ("u1:", "u2:" or "u4:"). A request whose reply came without routing, or
+unsigned integers, as narrow as the largest count allows, compressed (zlib's fastest level:
+lines are written as the run goes) and written as base64 after its type ("u1:", "u2:" or
+"u4:"). A request whose reply came without routing, or
 with routing that could not be read, keeps only why (`lacking`).
 """
 
@@ -50,7 +51,7 @@ def encode_counts(counts: np.ndarray) -> str:
     top = int(counts.max(initial=0))
     width = "u1" if top < 2**8 else "u2" if top < 2**16 else "u4"
     raw = np.ascontiguousarray(counts, dtype=WIDTHS[width]).astype(f"<{width}").tobytes()
-    return f"{width}:{base64.b64encode(zlib.compress(raw, 6)).decode()}"
+    return f"{width}:{base64.b64encode(zlib.compress(raw, 1)).decode()}"
 
 
 def decode_counts(text: str, layers: int, experts: int) -> np.ndarray:

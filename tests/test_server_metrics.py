@@ -416,7 +416,7 @@ def test_a_stream_left_part_way_gives_back_what_it_held():
 
     args = SimpleNamespace(capacity=1, ttft_ms=0.0, itl_ms=0.0, tokens_per_chunk=1,
                            stall_at_s=0.0, stall_s=0.0, faults="", kv_tokens=100,
-                           preempt_every=0, seed=0, prefix_cache=True)
+                           preempt_every=0, seed=0, prefix_cache=True, moe_shape="4x16x2")
 
     async def leave_after(pacer: Pacer, messages: int) -> None:
         stream = pacer.messages(5, list(range(20)))

@@ -97,9 +97,12 @@ def app(pacer: Pacer) -> web.Application:
                 {"index": 0, "delta": {"role": "assistant", "content": ""},
                  "finish_reason": None}]}))
         prompt = prompt_of(body, chat)
-        choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
+        choice_routing = event_routing = {}  # drawn at the last message: TTFT does not pay
         thinking = pacer.args.reasoning_tokens if chat else 0
         async for m in pacer.messages(max_tokens, prompt):
+            if m.last:
+                choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens,
+                                                              fault)
             # a chat stream's first --reasoning-tokens tokens are reasoning, as vLLM's and
             # SGLang's reasoning parsers send them; a message across the turn is sent as two
             reasoned = max(0, min(m.tokens, thinking - m.index))

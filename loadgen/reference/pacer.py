@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from loadgen.reference.routing import Truth, reply_fields, route
+from loadgen.reference.routing import POOL, Shape, Truth, draw
 from loadgen.reference.tally import Tally
 
 PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")
@@ -38,24 +38,22 @@ class Pacer:
         self.arrivals = itertools.count()
         self.finished = 0
         self.tally = Tally(args.kv_tokens, args.preempt_every, args.seed, args.prefix_cache)
-        self.truth = Truth()  # the routed experts sent (--routed-experts)
+        self.shape = Shape.of(args.moe_shape)
+        self.truth = Truth(self.shape)  # the routed experts sent (--routed-experts)
         self.routed_numbers = itertools.count()
 
     def routing(self, body: dict, prompt_tokens: int, max_tokens: int,
                 fault: str) -> tuple[dict, dict]:
         """A request's routed experts as --routed-experts sends them (loadgen/reference/
-        routing.py): (fields of its last choice, of a response-level event). The output's last
-        token has none, as in vLLM: it never went through the model."""
+        routing.py): (fields of its last choice, of a response-level event)."""
         mode = self.args.routed_experts
         if mode == "off":
             return {}, {}
-        ids = route(self.args.seed, next(self.routed_numbers), prompt_tokens + max_tokens - 1)
-        prompt_ids, output_ids = ids[:prompt_tokens], ids[prompt_tokens:]
-        fields = reply_fields(mode, bool(body.get("return_routed_experts")), prompt_ids,
-                              output_ids, fault)
-        if any(fields) and not fault.startswith("routing-"):
-            self.truth.add(prompt_ids, output_ids)
-        return fields
+        sent = draw(self.shape, self.args.seed, next(self.routed_numbers) % POOL, prompt_tokens,
+                    max_tokens, mode, bool(body.get("return_routed_experts")), fault)
+        if any(sent.fields) and not fault.startswith("routing-"):
+            self.truth.add(sent)
+        return sent.fields
 
     def fault(self) -> str:
         """The fault of the stream arriving now ("" for none): each in turn, then a whole one."""

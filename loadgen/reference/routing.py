@@ -1,75 +1,112 @@
 """The reference servers' routed experts (--routed-experts vllm|sglang): seeded, with a known
 skew and a known affinity, so a run's routing views can be checked against what was sent.
 
-The model has LAYERS MoE layers of EXPERTS experts, top-TOP_K. Each token's experts in a layer
-are drawn without replacement by weight: a Zipf-like popularity (1 / (rank + 1), the ranks
-rotated one expert a layer, so the hottest expert of layer l is l), and each request's group
-(its arrival number mod GROUPS) weighs its 2 x TOP_K home experts AFFINITY times more, so
-requests of one group share experts. A request's routing depends only on --seed and its
-arrival number. What went out is summed in `Truth`, served at GET /expert_truth.
+The model's shape is --moe-shape (LAYERSxEXPERTSxTOP_K, 4x16x2 by default). Each token's
+experts in a layer are drawn without replacement by weight: a Zipf-like popularity
+(1 / (rank + 1), the ranks rotated one expert a layer, so the hottest expert of layer l is l),
+and each request's group (its arrival number mod GROUPS) weighs its 2 x top-k home experts
+AFFINITY times more, so requests of one group share experts. A request's routing depends only
+on --seed, its arrival number mod POOL (so a fast run does not draw and encode each anew) and
+its length. What went out is summed in `Truth`, served at GET /expert_truth.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
-LAYERS, EXPERTS, TOP_K = 4, 16, 2
-SHAPE = f"{LAYERS}x{EXPERTS}x{TOP_K}"  # what --moe-shape reads it with
+SHAPE = "4x16x2"  # the default --moe-shape: layers x experts x top-k
 GROUPS = 4
+POOL = 64  # routings drawn: the n-th request sends the (n mod POOL)-th (a multiple of GROUPS)
+OUT_OF_RANGE = 9999  # the routing-range fault's id
 AFFINITY = 8.0
 
 
-def weights(group: int) -> np.ndarray:
-    """[LAYERS, EXPERTS] draw weights of a request of this group."""
-    ranks = (np.arange(EXPERTS)[None, :] - np.arange(LAYERS)[:, None]) % EXPERTS
-    w = 1.0 / (ranks + 1)
-    home = (group * 2 * TOP_K + np.arange(2 * TOP_K)) % EXPERTS
-    w[:, home] *= AFFINITY
-    return w
+@dataclass(frozen=True)
+class Shape:
+    layers: int
+    experts: int
+    top_k: int
 
+    @classmethod
+    def of(cls, text: str) -> Shape:
+        return cls(*map(int, text.split("x")))
 
-def route(seed: int, request_no: int, tokens: int) -> np.ndarray:
-    """[tokens, LAYERS, TOP_K] expert ids of one request: Gumbel top-k, which draws TOP_K
-    distinct experts with probabilities proportional to the weights."""
-    rng = np.random.default_rng([seed, request_no])
-    gumbel = -np.log(-np.log(rng.random((tokens, LAYERS, EXPERTS))))
-    scores = np.log(weights(request_no % GROUPS))[None] + gumbel
-    return np.argsort(-scores, axis=2)[:, :, :TOP_K].astype(np.int32)
+    def weights(self, group: int) -> np.ndarray:
+        """[layers, experts] draw weights of a request of this group."""
+        ranks = (np.arange(self.experts)[None, :] - np.arange(self.layers)[:, None]) % self.experts
+        w = 1.0 / (ranks + 1)
+        home = (group * 2 * self.top_k + np.arange(2 * self.top_k)) % self.experts
+        w[:, home] *= AFFINITY
+        return w
 
+    def route(self, seed: int, request_no: int, tokens: int) -> np.ndarray:
+        """[tokens, layers, top_k] expert ids of one request: Gumbel top-k, which draws top_k
+        distinct experts with probabilities proportional to the weights."""
+        rng = np.random.default_rng([seed, request_no])
+        uniform = np.maximum(rng.random((tokens, self.layers, self.experts)), 1e-300)
+        gumbel = -np.log(-np.log(uniform))
+        scores = np.log(self.weights(request_no % GROUPS))[None] + gumbel
+        top = np.argpartition(-scores, self.top_k - 1, axis=2)[:, :, :self.top_k]
+        return top.astype(np.int32)
 
-def counts(ids: np.ndarray) -> np.ndarray:
-    """[tokens, LAYERS, TOP_K] -> [LAYERS, EXPERTS]."""
-    out = np.zeros((LAYERS, EXPERTS), dtype=np.int64)
-    for layer in range(LAYERS):
-        out[layer] = np.bincount(ids[:, layer].ravel(), minlength=EXPERTS)
-    return out
+    def counts(self, ids: np.ndarray) -> np.ndarray:
+        """[tokens, layers, top_k] -> [layers, experts]."""
+        out = np.zeros((self.layers, self.experts), dtype=np.int64)
+        for layer in range(self.layers):
+            out[layer] = np.bincount(ids[:, layer].ravel(), minlength=self.experts)
+        return out
 
 
 @dataclass
 class Truth:
     """What the server sent: token counts per layer and expert, and each request's experts."""
 
-    prompt: np.ndarray = field(default_factory=lambda: np.zeros((LAYERS, EXPERTS), np.int64))
-    output: np.ndarray = field(default_factory=lambda: np.zeros((LAYERS, EXPERTS), np.int64))
+    shape: Shape
+    prompt: np.ndarray = field(init=False)
+    output: np.ndarray = field(init=False)
     sets: list[list[list[int]]] = field(default_factory=list)  # per request, per layer
     recording: bool = False  # SGLang's recorder between start and stop
-    recorded: list[np.ndarray] = field(default_factory=list)  # [LAYERS, EXPERTS] a request
+    recorded: list[np.ndarray] = field(default_factory=list)  # [layers, experts] a request
 
-    def add(self, prompt_ids: np.ndarray, output_ids: np.ndarray) -> None:
-        self.prompt += counts(prompt_ids)
-        self.output += counts(output_ids)
-        both = np.concatenate([prompt_ids, output_ids])
-        self.sets.append([sorted(set(both[:, layer].ravel().tolist()))
-                          for layer in range(LAYERS)])
+    def __post_init__(self):
+        self.prompt = np.zeros((self.shape.layers, self.shape.experts), np.int64)
+        self.output = np.zeros_like(self.prompt)
+
+    def add(self, sent: Drawn) -> None:
+        self.prompt += sent.prompt
+        self.output += sent.output
+        self.sets.append(sent.sets)
         if self.recording:
-            self.recorded.append(counts(both))
+            self.recorded.append(sent.prompt + sent.output)
 
     def json(self) -> dict:
-        return {"shape": SHAPE, "prompt": self.prompt.tolist(), "output": self.output.tolist(),
-                "sets": self.sets}
+        return {"prompt": self.prompt.tolist(), "output": self.output.tolist(), "sets": self.sets}
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One request's routing as sent: its reply's fields and what they count."""
+
+    fields: tuple[dict, dict]  # (of the last choice, of a response-level event)
+    prompt: np.ndarray  # [layers, experts]
+    output: np.ndarray
+    sets: list[list[int]]  # per layer, the experts its tokens used
+
+
+@functools.lru_cache(maxsize=512)
+def draw(shape: Shape, seed: int, index: int, prompt_tokens: int, max_tokens: int, mode: str,
+         asked: bool, fault: str) -> Drawn:
+    """The index-th routing of a request of these lengths, as mode sends it. The output's last
+    token has none, as in vLLM: it never went through the model."""
+    ids = shape.route(seed, index, prompt_tokens + max_tokens - 1)
+    prompt_ids, output_ids = ids[:prompt_tokens], ids[prompt_tokens:]
+    sets = [sorted(set(ids[:, layer].ravel().tolist())) for layer in range(shape.layers)]
+    return Drawn(reply_fields(mode, asked, prompt_ids, output_ids, fault),
+                 shape.counts(prompt_ids), shape.counts(output_ids), sets)
 
 
 def as_base64(ids: np.ndarray) -> str:
@@ -82,7 +119,7 @@ def spoiled(fault: str, ids: np.ndarray) -> np.ndarray | list | None:
     if fault == "routing-none":
         return None
     if fault == "routing-range":
-        return np.where(np.arange(ids.size).reshape(ids.shape) == 0, EXPERTS + 3, ids)
+        return np.where(np.arange(ids.size).reshape(ids.shape) == 0, OUT_OF_RANGE, ids)
     if fault == "routing-layers":
         return ids[:, :-1]
     if fault == "routing-ragged":

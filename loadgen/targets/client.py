@@ -47,7 +47,9 @@ class StreamResult:
     reply_ids: list[int] = field(default_factory=list)
     reply_texts: list[str] = field(default_factory=list)
     received_bytes: int = 0  # the size of its messages (Chunk.size), all of them
-    routed_raw: list = field(default_factory=list)  # Chunk.routed of each message, until read
+    # the JSON text of each message that carried routed experts (Chunk.routed), until read: the
+    # process that records the request reads it, not the one that times the streams
+    routed_raw: list[str] = field(default_factory=list)
     routing: dict = field(default_factory=dict)  # RoutedRow's fields, once read (routing on)
 
     @classmethod
@@ -76,7 +78,7 @@ class StreamResult:
                     self.reply_texts.append(chunk.text or chunk.said)
         self.received_bytes += chunk.size
         if chunk.routed:
-            self.routed_raw.extend(chunk.routed)
+            self.routed_raw.append(chunk.routed)
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 
@@ -110,21 +112,20 @@ class StreamResult:
         elif self.ok and not self.tokens:
             self.status, self.details = "NO_OUTPUT", "stream ended without a token"
 
-    def read_routing(self, reader: RoutingReader | None) -> None:
-        """After close: the routed experts that came, decoded (with routing capture on)."""
-        if reader is None:
-            return
-        self.routing = reader.fields(self.routed_raw, self.usage.get("prompt_tokens", 0))
+    def read_routing(self, reader: RoutingReader) -> None:
+        """Once it has ended: the routed experts that came, decoded (routing capture on)."""
+        pieces = [piece for text in self.routed_raw for piece in reader.pieces(text)]
+        self.routing = reader.fields(pieces, self.usage.get("prompt_tokens", 0))
         if not self.ok and not self.routed_raw:
             self.routing["lacking"] = f"the request ended {self.status}"
         self.routed_raw = []
 
 
 def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
-                   timeout_s: float, count: Counter, routing: RoutingReader | None = None,
+                   timeout_s: float, count: Counter,
                    clock: Callable[[], int] = time.monotonic_ns) -> None:
     """Sends spec and fills result in place, so a caller that has to abandon the call still
-    holds what arrived before; routing: reads the routed experts that came (capture on)."""
+    holds what arrived before."""
     result.sent_ns = clock()
     stream = target.stream(conn, spec, timeout_s)
     try:
@@ -137,12 +138,10 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
     finally:
         stream.close()  # a cancelled call is cancelled now, not when collected
     result.close(count)
-    result.read_routing(routing)
 
 
 async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
-                          timeout_s: float, count: Counter,
-                          routing: RoutingReader | None = None) -> None:
+                          timeout_s: float, count: Counter) -> None:
     """stream_request on asyncio (the aio sender)."""
     result.sent_ns = time.monotonic_ns()
     stream = target.astream(conn, spec, timeout_s)
@@ -156,7 +155,6 @@ async def astream_request(target: Target, conn, spec: RequestSpec, result: Strea
     finally:
         await stream.aclose()
     result.close(count)
-    result.read_routing(routing)
 
 
 def cut_off(result: StreamResult, drain_s: float) -> None:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from loadgen.targets.credentials import Credentials
 from loadgen.targets.http1 import READ_BLOCK, Pool
-from loadgen.targets.routed_experts import ENGINES_THAT_ANSWER, pieces_of
+from loadgen.targets.routed_experts import ENGINES_THAT_ANSWER, carries_routing
 from loadgen.targets.sse import EventStream
 from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
@@ -169,7 +169,7 @@ class OpenAITarget:
         choice = choices[0] if choices else None
         if choice is not None and not isinstance(choice, dict):
             raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
-        routed = pieces_of(event, choice) if self.reads_routing else ()
+        routed = data if self.reads_routing and carries_routing(event, choice) else ""
         if choice is None:
             return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,
                          arrived_ns=arrived_ns, routed=routed)

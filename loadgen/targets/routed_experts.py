@@ -1,7 +1,9 @@
 """The experts a server's router chose for a request, as vLLM and SGLang return them
-(docs/targets.md): picked out of the replies raw while the stream runs, decoded into the
-per-layer counts of records/routing.py once it has ended, so the receive loop pays a few
-dictionary lookups a message and nothing more.
+(docs/targets.md). While the stream runs, the receive loop only notes which messages carry them
+(a few dictionary lookups) and keeps their JSON text; once the request has ended, the process
+that records it (the aio sender's parent, not the sender) reads them again and decodes them into
+the per-layer counts of records/routing.py, so the process that times the streams pays nothing
+more for them.
 
 - vLLM (--enable-return-routed-experts): `prompt_routed_experts` on the response and
   `routed_experts` on the choice, [tokens][layers][top-k] expert ids as JSON lists. Older
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,10 @@ from records.routing import encode_counts
 
 ENGINES_THAT_ANSWER = ("vllm", "sglang", "moe-loadlab")  # /v1/models' owned_by, for auto
 MAX_EXPERTS = 1 << 16  # ids above this are garbage, not a model's expert
+
+
+def carries_routing(event: dict, choice: dict | None) -> bool:
+    return bool(pieces_of(event, choice))
 
 
 def pieces_of(event: dict, choice: dict | None) -> tuple[tuple[str, Any], ...]:
@@ -59,6 +66,14 @@ class RoutingReader:
         self.layers = self.experts = self.top_k = 0
         if settings.moe_shape:
             self.layers, self.experts, self.top_k = map(int, settings.moe_shape.split("x"))
+
+    @staticmethod
+    def pieces(text: str) -> tuple[tuple[str, Any], ...]:
+        """The pieces of one event's JSON text (an OpenAI-style chunk or response)."""
+        event = json.loads(text)
+        choices = event.get("choices") or []
+        return pieces_of(event, choices[0] if choices and isinstance(choices[0], dict)
+                         else None)
 
     def fields(self, pieces: list, prompt_tokens: int) -> dict:
         """pieces: (kind, value) in the order they came; prompt_tokens: the server's count

@@ -82,9 +82,9 @@ class Chunk:
     # the bytes it took: a protobuf message's serialized size, an event's lines (set by the
     # stream that read it; framing below the message, HTTP/2's or HTTP/1.1's, not counted)
     size: int = 0
-    # the routed experts it carries, raw: ("prompt" | "output" | "all", value) pairs, decoded
-    # once the stream has ended (loadgen/targets/routed_experts.py)
-    routed: tuple = ()
+    # where it carries routed experts: its JSON text, read once the stream has ended
+    # (loadgen/targets/routed_experts.py); "" none
+    routed: str = ""
 
 
 class TargetError(Exception):
