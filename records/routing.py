@@ -4,10 +4,11 @@ request in the order they finished (docs/run-directory.md).
 
 A line keeps, per layer, how many of the request's tokens each expert took, for its prompt and
 for its output apart: never one number per token. The counts are a [layers, experts] array of
-unsigned integers, as narrow as the largest count allows, compressed (zlib's fastest level:
-lines are written as the run goes) and written as base64 after its type ("u1:", "u2:" or
-"u4:"). A request whose reply came without routing, or
-with routing that could not be read, keeps only why (`lacking`).
+unsigned integers, as narrow as the largest count allows, little-endian with the bytes grouped
+by significance (every count's lowest byte, then every count's next: the high bytes, mostly
+zero, compress away), compressed (zlib's fastest level: lines are written as the run goes) and
+written as base64 after its type ("u1:", "u2:" or "u4:"). A request whose reply came without
+routing, or with routing that could not be read, keeps only why (`lacking`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def encode_counts(counts: np.ndarray) -> str:
     """[layers, experts] non-negative integers as text."""
     top = int(counts.max(initial=0))
     width = "u1" if top < 2**8 else "u2" if top < 2**16 else "u4"
-    raw = np.ascontiguousarray(counts, dtype=WIDTHS[width]).astype(f"<{width}").tobytes()
-    return f"{width}:{base64.b64encode(zlib.compress(raw, 1)).decode()}"
+    size = np.dtype(WIDTHS[width]).itemsize
+    planes = np.ascontiguousarray(counts).astype(f"<{width}").view(np.uint8).reshape(-1, size).T
+    return f"{width}:{base64.b64encode(zlib.compress(planes.tobytes(), 1)).decode()}"
 
 
 def decode_counts(text: str, layers: int, experts: int) -> np.ndarray:
@@ -63,7 +65,9 @@ def decode_counts(text: str, layers: int, experts: int) -> np.ndarray:
         raw = zlib.decompress(base64.b64decode(body, validate=True))
     except (ValueError, zlib.error) as exc:
         raise ValueError(f"counts that do not decode: {exc}") from None
-    values = np.frombuffer(raw, dtype=f"<{width}")
-    if values.size != layers * experts:
-        raise ValueError(f"{values.size} counts for {layers} layers x {experts} experts")
+    size = np.dtype(WIDTHS[width]).itemsize
+    if len(raw) != layers * experts * size:
+        raise ValueError(f"{len(raw) // size} counts for {layers} layers x {experts} experts")
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(size, -1)
+    values = np.ascontiguousarray(planes.T).view(f"<{width}").ravel()
     return values.astype(np.int64).reshape(layers, experts)

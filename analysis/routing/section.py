@@ -71,9 +71,11 @@ def routing_lines(r: RoutingReport) -> list[str]:
     lines = []
     if r.view is not None:
         v, routing = r.view, r.view.routing
+        over = ("experts" if v.ranks == routing.experts
+                else f"{v.ranks} ranks of consecutive experts")
         lines.append(f"routed experts of {routing.requests} requests, {routing.layers} layers x "
-                     f"{routing.experts} experts, top-{routing.top_k}; ranks: {v.ranks} "
-                     f"(contiguous): {_balance(v.balance)}")
+                     f"{routing.experts} experts, top-{routing.top_k}; load over the {over}: "
+                     f"{_balance(v.balance)}")
         lines.append("hottest experts by layer: " + "; ".join(
             f"L{layer} " + ", ".join(f"e{e} {share:.1%}" for e, share in hot)
             for layer, hot in enumerate(v.hot)))

@@ -79,9 +79,12 @@ def distinct_experts(p: np.ndarray) -> float:
     return float((1 - np.prod(1 - p, axis=0)).sum(-1).mean())
 
 
-def token_shares(routing: Routing) -> np.ndarray:
-    tokens = np.maximum(routing.output.sum(-1, keepdims=True) / max(routing.top_k, 1), 1)
-    return np.clip(routing.output / tokens, 0, 1)
+def token_shares(routing: Routing, requests: list[int]) -> np.ndarray:
+    """[len(requests), layers, experts]: the share of each request's output tokens that used
+    each expert."""
+    output = routing.output[requests].astype(float)
+    tokens = np.maximum(output.sum(-1, keepdims=True) / max(routing.top_k, 1), 1)
+    return np.clip(output / tokens, 0, 1)
 
 
 def grouping(routing: Routing, batch: int, max_wait_ms: float = 50.0) -> Grouping | None:
@@ -98,7 +101,6 @@ def grouping(routing: Routing, batch: int, max_wait_ms: float = 50.0) -> Groupin
     times = np.arange(begin, end, step_ms)
     if len(times) > MAX_STEPS:
         times = np.linspace(begin, end, MAX_STEPS, endpoint=False)
-    p = token_shares(routing)
     order = sorted(timed, key=lambda i: rows[i].sent_ms)
     fcfs, aware = Fcfs(batch), ExpertAware(batch, max_wait_ms)
     states = {i: Replayed(rows[i].request_id, int(rows[i].sent_ms * 1e6),
@@ -115,7 +117,8 @@ def grouping(routing: Routing, batch: int, max_wait_ms: float = 50.0) -> Groupin
         picked_a = [index[id(r)] for r in aware.plan(view).decode]
         for i in picked_a:
             states[i].last_run_ns = int(t * 1e6)
-        f, a = distinct_experts(p[picked_f]), distinct_experts(p[picked_a])
+        f = distinct_experts(token_shares(routing, picked_f))
+        a = distinct_experts(token_shares(routing, picked_a))
         all_f.append(f)
         all_a.append(a)
         if len(flying) > batch:
