@@ -30,6 +30,7 @@ import signal
 from loadgen.reference.pacer import PROTOCOLS, Pacer
 from loadgen.reference.routing import SHAPE
 from records.cli import Parser
+from records.load_settings import moe_shape_problem
 
 SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
 
@@ -62,9 +63,8 @@ async def serve(args) -> None:
 
 
 def shape(text: str) -> str:
-    parts = text.split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"LAYERSxEXPERTSxTOP_K, got {text!r}")
+    if problem := moe_shape_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -106,10 +106,14 @@ class Run:
         self.routing_log = (RoutingLog(run_dir, target.asks_routing)
                             if self.routing is not None else None)
         recording = settings.recording
-        # one process drives the recorder: a distributed run's workers leave it alone
         self.expert_recorder = (ExpertRecorder(recording.expert_record_url,
                                                recording.expert_record_dir, run_dir)
-                                if recording.expert_record_url and workers == 1 else None)
+                                if recording.expert_record_url else None)
+        if self.expert_recorder is not None and workers > 1:  # a worker's run is not the run
+            self.expert_recorder.problems.append(
+                "not driven in a distributed run (its workers each see a part of it): run "
+                "without --processes, or start and dump the recorder by hand")
+            self.expert_recorder.enabled = False
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
@@ -142,7 +146,8 @@ class Run:
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
         if self.expert_recorder is not None:  # over the measured window only
-            gevent.spawn_later(self.settings.recording.warmup_s, self.expert_recorder.start)
+            self.expert_recorder.starting = gevent.spawn_later(
+                self.settings.recording.warmup_s, self.expert_recorder.start)
         if self.aio is not None:
             if self.aio.died:  # before its first send: the schedule never starts
                 self.recorder.stop_ns = self.start_ns

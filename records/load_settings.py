@@ -68,7 +68,7 @@ def _metrics_urls(value: str) -> str | None:
     return None
 
 
-def _moe_shape(value: str) -> str | None:
+def moe_shape_problem(value: str) -> str | None:
     parts = value.split("x") if value else []
     if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
         return f"must be LAYERSxEXPERTSxTOP_K, three positive integers (48x128x8), got {value!r}"
@@ -117,8 +117,9 @@ class TargetSettings(Settings):
                                   choices=("off", "on", "auto"), compared=False,
                                   label="Routed experts", when=OPENAI)
     moe_shape: str = setting("", "the model's LAYERSxEXPERTSxTOP_K (48x128x8): needed to read "
-                             "SGLang's flat routed-expert ids; checks vLLM's against it",
-                             check=_moe_shape, compared=False,
+                             "SGLang's flat routed-expert ids; vLLM's layers, top-k and ids "
+                             "are checked against it",
+                             check=moe_shape_problem, compared=False,
                              label="MoE shape (layers x experts x top-k)", when=OPENAI)
     tokenizer: str = setting("", "a Hugging Face tokenizer.json that counts the output tokens of "
                              "targets that stream text (openai; triton's trtllm backend); "

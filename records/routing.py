@@ -71,3 +71,13 @@ def decode_counts(text: str, layers: int, experts: int) -> np.ndarray:
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(size, -1)
     values = np.ascontiguousarray(planes.T).view(f"<{width}").ravel()
     return values.astype(np.int64).reshape(layers, experts)
+
+
+def counts_of(ids: np.ndarray, experts: int) -> np.ndarray:
+    """[tokens, layers, top_k] expert ids -> [layers, experts] tokens per expert (-1, a slot
+    without a routed expert, skipped)."""
+    layers = ids.shape[1]
+    flat = ids.transpose(1, 0, 2).reshape(layers, -1)
+    keep = flat >= 0
+    index = (np.arange(layers)[:, None] * experts + flat)[keep]
+    return np.bincount(index, minlength=layers * experts).reshape(layers, experts)

@@ -35,12 +35,16 @@ class ExpertRecords:
         if not self.steps.size:
             return out
         n, layers, experts = self.steps.shape
+        step = "passes" if self.engine == "sglang" else "iterations"
         ran = self.steps.sum(-1) > 0  # [steps, layers]
+        if not ran.any():
+            out.append(f"{self.engine} expert statistics: {n} {step}, {layers} layers x "
+                       f"{experts} experts, no token recorded")
+            return out
         touched = (self.steps > 0).sum(-1)[ran]
         loads = self.steps.astype(float)
         mean = loads.mean(-1)[ran]
         top = loads.max(-1)[ran]
-        step = "passes" if self.engine == "sglang" else "iterations"
         out.append(f"{self.engine} expert statistics: {n} {step}, {layers} layers x {experts} "
                    f"experts: experts touched per step {touched.mean():.1f} a layer (of "
                    f"{experts}); hottest/mean expert per step {np.mean(top / mean):.2f}, over "

@@ -36,9 +36,10 @@ class Routing:
     def requests(self) -> int:
         return len(self.rows)
 
-    @property
-    def both(self) -> np.ndarray:
-        return self.prompt + self.output
+    def load(self, requests: np.ndarray) -> np.ndarray:
+        """[layers, experts]: the tokens (prompt and output) of these requests."""
+        return (self.prompt[requests].sum(0, dtype=np.int64)
+                + self.output[requests].sum(0, dtype=np.int64))
 
     def measured(self) -> np.ndarray:
         """The indexes of the requests scheduled after the warm-up."""

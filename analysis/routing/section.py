@@ -1,9 +1,9 @@
 """The report's routed-experts section (a run with --routed-experts: any server that returned
 them), and `analysis what-if RUN`: the load per layer and expert (routed_experts.png), the
 hottest experts, the imbalance over the run beside the client's TTFT and TPOT, how much requests
-share experts (analysis/routing_views.py), the engines' own expert statistics where the run holds
+share experts (analysis/routing/views.py), the engines' own expert statistics where the run holds
 them (analysis/readers/expert_records.py), and what our batching and placement would do with this
-routing (analysis/what_if.py)."""
+routing (analysis/routing/what_if.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from analysis.plots.experts import plot_experts
 from analysis.readers.expert_records import ExpertRecords, read_expert_records
 from analysis.readers.routing import Routing, read_routing
 from analysis.readers.rundir import Run, RunDirError, load_run
 from analysis.routing.views import Balance, RoutingView, view_of
-from analysis.routing.what_if import Grouping, Placing, grouping, placing
+from analysis.routing.what_if import MAX_WAIT_MS, Grouping, Placing, grouping, placing
 from analysis.tables import fmt_ms, markdown_table
 
 ROUTING_PNG = "routed_experts.png"
@@ -37,24 +39,39 @@ def default_ranks(experts: int) -> int:
     return next((n for n in (8, 4, 2) if experts % n == 0), 1)
 
 
+def step_ms_of(run: Run, routing: Routing) -> float:
+    """A decode step's time: the measured requests' median TPOT, else the median time a
+    routed request took per output token."""
+    tpot = [row.tpot_ms for row in run.rows if row.measured_ok and row.tpot_ms is not None]
+    if tpot:
+        return float(np.median(tpot))
+    per_token = [(r.finish_ms - r.sent_ms) / max(r.output_tokens, 1) for r in routing.rows
+                 if r.finish_ms is not None and r.sent_ms is not None]
+    return float(np.median(per_token)) if per_token else 1.0
+
+
 def routing_report(run: Run, batch: int = BATCH, ranks: int = 0, redundant: int = -1,
-                   expert_bytes: int = 0) -> RoutingReport | None:
-    """None when the run holds neither routed experts nor an engine's expert statistics."""
+                   expert_bytes: int = 0, max_wait_ms: float = MAX_WAIT_MS
+                   ) -> RoutingReport | None:
+    """None when the run holds neither routed experts nor an engine's expert statistics.
+    ranks: the GPUs the experts are placed on (0: 8, 4 or 2); given, the balance is over
+    them, else over the experts."""
     routing, records = read_routing(run.path), read_expert_records(run.path)
     if routing is None and records is None:
         return None
     if routing is None or not routing.requests:
         lacking = dict(routing.lacking) if routing is not None else {}
         return RoutingReport(None, lacking, None, None, records, expert_bytes)
-    ranks = ranks or default_ranks(routing.experts)
-    redundant = ranks if redundant < 0 else redundant
+    placed_on = ranks or default_ranks(routing.experts)
+    redundant = placed_on if redundant < 0 else redundant
     try:
-        view = view_of(routing, run.rows)
-        placed = placing(routing, ranks, redundant) if ranks > 1 else None
+        view = view_of(routing, run.rows, ranks)
+        placed = placing(routing, placed_on, redundant) if placed_on > 1 else None
     except ValueError as exc:  # ranks or replicas that do not divide: the flag's fault
         raise RunDirError(f"--ep-ranks/--redundant: {exc}") from None
-    return RoutingReport(view, dict(routing.lacking), grouping(routing, batch), placed, records,
-                         expert_bytes)
+    return RoutingReport(view, dict(routing.lacking),
+                         grouping(routing, batch, step_ms_of(run, routing), max_wait_ms), placed,
+                         records, expert_bytes)
 
 
 def draw_routing(report: RoutingReport, path: Path) -> None:
@@ -73,9 +90,11 @@ def routing_lines(r: RoutingReport) -> list[str]:
         v, routing = r.view, r.view.routing
         over = ("experts" if v.ranks == routing.experts
                 else f"{v.ranks} ranks of consecutive experts")
-        lines.append(f"routed experts of {routing.requests} requests, {routing.layers} layers x "
-                     f"{routing.experts} experts, top-{routing.top_k}; load over the {over}: "
-                     f"{_balance(v.balance)}")
+        counted = (f"{len(routing.measured())} measured" if v.measured_only
+                   else "none after the warm-up: all counted")
+        lines.append(f"routed experts of {routing.requests} requests ({counted}), "
+                     f"{routing.layers} layers x {routing.experts} experts, top-{routing.top_k}; "
+                     f"load over the {over}: {_balance(v.balance)}")
         lines.append("hottest experts by layer: " + "; ".join(
             f"L{layer} " + ", ".join(f"e{e} {share:.1%}" for e, share in hot)
             for layer, hot in enumerate(v.hot)))
@@ -83,7 +102,7 @@ def routing_lines(r: RoutingReport) -> list[str]:
             a = v.affinity
             lines.append(f"affinity: a request's output uses {a.experts_per_request:.1f} experts "
                          f"a layer; two requests share {a.shared:.1%} of theirs (Jaccard; "
-                         f"{a.shared_if_random:.1%} for random sets of those sizes)")
+                         f"about {a.shared_if_random:.1%} for random sets of those sizes)")
     for reason, n in sorted(r.lacking.items(), key=lambda item: -item[1]):
         lines.append(f"without routing: {n} requests: {reason}")
     if r.grouping is not None:
@@ -143,19 +162,23 @@ def add_command(commands) -> None:
                         "that divides the experts)")
     parser.add_argument("--redundant", type=int, default=-1,
                         help="extra expert replicas of balanced placement (default: one a rank)")
+    parser.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS,
+                        help="expert_aware runs a request not picked this long first (default: "
+                        "the lab server's, %(default)s)")
     parser.add_argument("--expert-bytes", type=int, default=0,
                         help="bytes of one expert's weights, for the bytes read per step")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> None:
-    for flag in ("max_batch_size", "ep_ranks", "expert_bytes"):
-        if getattr(args, flag) < (1 if flag == "max_batch_size" else 0):
-            raise RunDirError(f"--{flag.replace('_', '-')}: must be positive, got "
+    for flag, low in (("max_batch_size", 1), ("ep_ranks", 0), ("expert_bytes", 0),
+                      ("redundant", -1), ("max_wait_ms", 0)):
+        if getattr(args, flag) < low:
+            raise RunDirError(f"--{flag.replace('_', '-')}: must be at least {low}, got "
                               f"{getattr(args, flag)}")
     run = load_run(args.run_dir)
     report = routing_report(run, args.max_batch_size, args.ep_ranks, args.redundant,
-                            args.expert_bytes)
+                            args.expert_bytes, args.max_wait_ms)
     if report is None or report.view is None:
         raise RunDirError(f"{args.run_dir}: no routed experts to replay (run with "
                           "--routed-experts on against a server that returns them)")

@@ -31,7 +31,8 @@ class Balance:
 
     @classmethod
     def of(cls, load: np.ndarray, ranks: int) -> Balance:
-        """load [layers, experts] (or [..., layers, experts], summed first)."""
+        """load [layers, experts]: a rank's is its experts' (consecutive ones); layers without
+        load are left out."""
         per_rank = load.reshape(load.shape[-2], ranks, -1).sum(-1).astype(float)
         mean, top = per_rank.mean(1), per_rank.max(1)
         used = top > 0
@@ -57,7 +58,7 @@ class Moment:
 class Affinity:
     experts_per_request: float  # distinct experts a request's output used, per layer
     shared: float  # mean Jaccard of two requests' expert sets, per layer
-    shared_if_random: float  # the same for random sets of those sizes
+    shared_if_random: float  # about the same for random sets of those sizes
 
 
 @dataclass(frozen=True)
@@ -65,24 +66,30 @@ class RoutingView:
     routing: Routing
     ranks: int
     load: np.ndarray  # [layers, experts] tokens (prompt and output) of the measured requests
-    hot: list[list[tuple[int, float]]]  # per layer: (expert, share of the layer's tokens)
+    hot: list[list[tuple[int, float]]]  # per layer with load: (expert, share of its tokens)
     balance: Balance
     moments: list[Moment]
     affinity: Affinity | None
+    measured_only: bool  # False: no request came after the warm-up, every one is counted
 
 
 def view_of(routing: Routing, rows: list[RequestRow], ranks: int = 0) -> RoutingView:
+    """ranks: --ep-ranks, groups of consecutive experts (0: one an expert). The load, the hot
+    experts, the balance and the affinity are the measured requests' (all of them where none
+    came after the warm-up: `measured_only` says which); the moments cover the whole run."""
     ranks = ranks or routing.experts
     if routing.experts % ranks:
         raise ValueError(f"{routing.experts} experts do not divide over {ranks} ranks "
                          "(--ep-ranks)")
     measured = routing.measured()
-    load = routing.both[measured].sum(0)
+    chosen = measured if len(measured) else np.arange(routing.requests)
+    load = routing.load(chosen)
     shares = load / np.maximum(load.sum(1, keepdims=True), 1)
     hot = [[(int(e), float(shares[layer, e])) for e in np.argsort(-shares[layer])[:HOT_PER_LAYER]]
-           for layer in range(routing.layers)]
+           for layer in range(routing.layers) if load[layer].any()]
     return RoutingView(routing, ranks, load, hot, Balance.of(load, ranks),
-                       moments(routing, rows, ranks), affinity(routing.output[measured]))
+                       moments(routing, rows, ranks), affinity(routing.output[chosen]),
+                       bool(len(measured)))
 
 
 def moments(routing: Routing, rows: list[RequestRow], ranks: int) -> list[Moment]:
@@ -102,14 +109,15 @@ def moments(routing: Routing, rows: list[RequestRow], ranks: int) -> list[Moment
         ttft = [t for f, t, _ in client if start <= f < start + width and t is not None]
         tpot = [t for f, _, t in client if start <= f < start + width and t is not None]
         out.append(Moment(float(start + width), len(inside),
-                          Balance.of(routing.both[inside].sum(0), ranks),
+                          Balance.of(routing.load(inside), ranks),
                           float(np.median(ttft)) if ttft else None,
                           float(np.median(tpot)) if tpot else None))
     return out
 
 
 def affinity(output: np.ndarray, seed: int = 0) -> Affinity | None:
-    """output [requests, layers, experts]: how much two requests' expert sets overlap."""
+    """output [requests, layers, experts]: how much two requests' expert sets overlap, over
+    the layers where both have routing (a dense layer's, or a request without output, none)."""
     sets = output > 0
     n, _, experts = sets.shape
     if n < 2:
@@ -120,11 +128,14 @@ def affinity(output: np.ndarray, seed: int = 0) -> Affinity | None:
     else:
         a, b = rng.integers(0, n, PAIRS), rng.integers(0, n, PAIRS)
         a, b = a[a != b], b[a != b]
-    inter = (sets[a] & sets[b]).sum(-1)
-    union = (sets[a] | sets[b]).sum(-1)
-    jaccard = float((inter / np.maximum(union, 1)).mean())
     sizes = sets.sum(-1)  # [requests, layers]
     sa, sb = sizes[a], sizes[b]
-    expect_inter = sa * sb / experts  # two random sets of these sizes
-    random = float((expect_inter / np.maximum(sa + sb - expect_inter, 1)).mean())
-    return Affinity(float(sizes.mean()), jaccard, random)
+    both = (sa > 0) & (sb > 0)
+    if not both.any():
+        return None
+    inter = (sets[a] & sets[b]).sum(-1)
+    union = (sets[a] | sets[b]).sum(-1)
+    expect_inter = sa * sb / experts  # two random sets of these sizes, about
+    random = expect_inter / np.maximum(sa + sb - expect_inter, 1)
+    return Affinity(float(sizes[sizes > 0].mean()), float((inter / np.maximum(union, 1))[both]
+                                                          .mean()), float(random[both].mean()))

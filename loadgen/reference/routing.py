@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from records.routing import counts_of
+
 SHAPE = "4x16x2"  # the default --moe-shape: layers x experts x top-k
 GROUPS = 4
 POOL = 64  # routings drawn: the n-th request sends the (n mod POOL)-th (a multiple of GROUPS)
@@ -53,12 +55,6 @@ class Shape:
         top = np.argpartition(-scores, self.top_k - 1, axis=2)[:, :, :self.top_k]
         return top.astype(np.int32)
 
-    def counts(self, ids: np.ndarray) -> np.ndarray:
-        """[tokens, layers, top_k] -> [layers, experts]."""
-        out = np.zeros((self.layers, self.experts), dtype=np.int64)
-        for layer in range(self.layers):
-            out[layer] = np.bincount(ids[:, layer].ravel(), minlength=self.experts)
-        return out
 
 
 @dataclass
@@ -106,7 +102,7 @@ def draw(shape: Shape, seed: int, index: int, prompt_tokens: int, max_tokens: in
     prompt_ids, output_ids = ids[:prompt_tokens], ids[prompt_tokens:]
     sets = [sorted(set(ids[:, layer].ravel().tolist())) for layer in range(shape.layers)]
     return Drawn(reply_fields(mode, asked, prompt_ids, output_ids, fault),
-                 shape.counts(prompt_ids), shape.counts(output_ids), sets)
+                 counts_of(prompt_ids, shape.experts), counts_of(output_ids, shape.experts), sets)
 
 
 def as_base64(ids: np.ndarray) -> str:

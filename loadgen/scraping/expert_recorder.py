@@ -26,8 +26,9 @@ class ExpertRecorder:
         self.dump_dir = Path(dump_dir) if dump_dir else None
         self.run_dir = run_dir
         self.problems: list[str] = []
-        self.started = False
-        self.copied = 0
+        self.enabled = True
+        self.asked = False  # a start was sent (it may have failed, or still be on its way)
+        self.starting = None  # the greenlet that starts it after the warm-up
 
     def _call(self, verb: str) -> bool:
         endpoint = f"{self.url}/{verb}_expert_distribution_record"
@@ -43,11 +44,19 @@ class ExpertRecorder:
         return False
 
     def start(self) -> None:
-        self.started = self._call("start")
+        if self.enabled:
+            self.asked = True
+            self._call("start")
 
     def finish(self) -> None:
-        """Stops and dumps the record (if it was started), and copies the dump."""
-        if not self.started:
+        """Stops and dumps the record (where a start was sent: a failed one may have reached
+        the server), and copies the dump. A start not sent yet (a run that ended within its
+        warm-up) never is."""
+        if self.starting is not None:
+            self.starting.kill()  # a start not sent yet never is; one on its way is stopped
+        if not self.asked:
+            if self.enabled:
+                self.problems.append("not started: the run ended within its warm-up")
             return
         since = time.time() - 1.0  # the server's clock is this host's when the folder is local
         if not (self._call("stop") and self._call("dump")) or self.dump_dir is None:
@@ -61,7 +70,6 @@ class ExpertRecorder:
         folder.mkdir(parents=True, exist_ok=True)
         for path in fresh:
             shutil.copy2(path, folder / path.name)
-        self.copied = len(fresh)
 
     @property
     def warnings(self) -> tuple[str, ...]:

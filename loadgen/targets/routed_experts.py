@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from records.load_settings import TargetSettings
-from records.routing import encode_counts
+from records.routing import counts_of, encode_counts
 
 ENGINES_THAT_ANSWER = ("vllm", "sglang", "moe-loadlab")  # /v1/models' owned_by, for auto
 MAX_EXPERTS = 1 << 16  # ids above this are garbage, not a model's expert
@@ -62,7 +62,6 @@ class RoutingReader:
     """Turns a finished request's raw pieces into a RoutedRow's fields."""
 
     def __init__(self, settings: TargetSettings):
-        self.mode = settings.routed_experts
         self.layers = self.experts = self.top_k = 0
         if settings.moe_shape:
             self.layers, self.experts, self.top_k = map(int, settings.moe_shape.split("x"))
@@ -76,40 +75,50 @@ class RoutingReader:
                          else None)
 
     def fields(self, pieces: list, prompt_tokens: int) -> dict:
-        """pieces: (kind, value) in the order they came; prompt_tokens: the server's count
-        (usage), 0 unknown."""
+        """pieces: (kind, value) in the order they came (a kind in several messages: its
+        tokens in turn); prompt_tokens: the server's count (usage), 0 unknown."""
         if not pieces:
             return {"source": "", "lacking": "the reply carried no routed experts"}
         source = "base64" if any(isinstance(v, str) for _, v in pieces) else "lists"
+        parts: dict[str, list[np.ndarray]] = {}
         try:
-            parts = {kind: self._ids(value) for kind, value in pieces}
+            for kind, value in pieces:
+                parts.setdefault(kind, []).append(self._ids(value))
+            joined = {kind: joined_rows(arrays) for kind, arrays in parts.items()}
         except ValueError as exc:
             return {"source": source, "lacking": str(exc)}
-        prompt, output = parts.get("prompt"), parts.get("output")
-        if (whole := parts.get("all")) is not None and output is None:
-            cut = min(prompt_tokens, len(whole)) if prompt is None else 0
+        prompt, output = joined.get("prompt"), joined.get("output")
+        if (whole := joined.get("all")) is not None and output is None:
+            # SGLang's array covers the prompt and the output in turn
+            cut = len(prompt) if prompt is not None else min(prompt_tokens, len(whole))
             prompt = whole[:cut] if prompt is None else prompt
             output = whole[cut:]
-        arrays = [a for a in (prompt, output) if a is not None]
+        arrays = [a for a in (prompt, output) if a is not None and len(a)]
+        if not arrays:
+            return {"source": source, "lacking": "the reply's routed experts held no token"}
         if len({a.shape[1:] for a in arrays}) > 1:
             return {"source": source, "lacking": "the prompt's and the output's routing differ "
                     f"in shape: {[a.shape[1:] for a in arrays]}"}
         layers, top_k = arrays[0].shape[1:]
-        seen = max(int(a.max(initial=-1)) for a in arrays)
-        experts = self.experts or seen + 1
-        if seen >= experts or min(int(a.min(initial=0)) for a in arrays) < -1:
-            bad = seen if seen >= experts else min(int(a.min(initial=0)) for a in arrays)
-            return {"source": source, "lacking": f"expert id {bad} out of range (0..{experts - 1}"
-                    f"{', --moe-shape' if self.experts else ''})"}
+        if self.top_k and top_k != self.top_k:
+            return {"source": source, "lacking": f"routed experts top-{top_k}, --moe-shape says "
+                    f"top-{self.top_k}"}
+        experts = self.experts or max(int(a.max()) for a in arrays) + 1
+        bad = [int(v) for a in arrays for v in (a.min(), a.max()) if v < -1 or v >= experts]
+        if bad:
+            return {"source": source, "lacking": f"expert id {bad[0]} out of range (0.."
+                    f"{experts - 1}{', --moe-shape' if self.experts else ''})"}
         out = {"source": source, "layers": layers, "experts": experts, "top_k": top_k}
         for name, ids in (("prompt", prompt), ("output", output)):
-            if ids is not None and len(ids):
-                out[f"{name}_tokens"] = len(ids)
+            routed = int((ids >= 0).any(axis=(1, 2)).sum()) if ids is not None else 0
+            if routed:  # rows of -1 alone (a prefix-cached prompt token) are no token's routing
+                out[f"{name}_tokens"] = routed
                 out[f"{name}_counts"] = encode_counts(counts_of(ids, experts))
         return out
 
     def _ids(self, value) -> np.ndarray:
-        """One piece as int64 [tokens, layers, top_k]; ValueError saying what is wrong."""
+        """One piece as int64 [tokens, layers, top_k] ([0, 0, 0] when it holds no token);
+        ValueError saying what is wrong."""
         if isinstance(value, str):
             if not (self.layers and self.top_k):
                 raise ValueError("flat base64 ids need the model's shape: give --moe-shape "
@@ -131,22 +140,24 @@ class RoutingReader:
             raise ValueError("routed experts that are not [tokens][layers][top-k] integers "
                              "(rows of uneven width?)") from None
         if ids.size == 0:
-            return ids.reshape(0, max(self.layers, 1), max(self.top_k, 1))
+            return ids.reshape(0, 0, 0)
         if ids.ndim != 3:
             raise ValueError(f"routed experts of {ids.ndim} dimensions, not [tokens][layers]"
                              "[top-k]")
         if self.layers and ids.shape[1] != self.layers:
             raise ValueError(f"routed experts over {ids.shape[1]} layers, --moe-shape says "
                              f"{self.layers}")
-        if np.abs(ids).max() >= MAX_EXPERTS:
-            raise ValueError(f"expert id {int(ids.max())} out of range")
+        if (far := np.abs(ids).max()) >= MAX_EXPERTS:
+            raise ValueError(f"expert id {int(far)} out of range")
         return ids
 
 
-def counts_of(ids: np.ndarray, experts: int) -> np.ndarray:
-    """[tokens, layers, top_k] ids -> [layers, experts] tokens per expert (-1 skipped)."""
-    layers = ids.shape[1]
-    flat = ids.transpose(1, 0, 2).reshape(layers, -1)
-    keep = flat >= 0
-    index = (np.arange(layers)[:, None] * experts + flat)[keep]
-    return np.bincount(index, minlength=layers * experts).reshape(layers, experts)
+def joined_rows(arrays: list[np.ndarray]) -> np.ndarray:
+    """A kind's pieces, its tokens in turn (the empty ones left out)."""
+    held = [a for a in arrays if len(a)]
+    if not held:
+        return arrays[0]
+    if len({a.shape[1:] for a in held}) > 1:
+        raise ValueError(f"routed experts of shapes {sorted({a.shape[1:] for a in held})} in "
+                         "one reply")
+    return np.concatenate(held)

@@ -267,6 +267,9 @@ def keep_routing(ran: list, token_experts: torch.Tensor) -> None:
         n = chunk or 1
         (req.prompt_routing if chunk else req.output_routing).append(token_experts[at:at + n])
         at += n
+    if at != len(token_experts):  # the engine's tokens are not the plan's: never hand them out
+        raise RuntimeError(f"the step's expert ids cover {len(token_experts)} tokens, its "
+                           f"plan {at}")
 
 
 def routing_of(req: Request) -> tuple[torch.Tensor, torch.Tensor]:
