@@ -28,6 +28,7 @@ from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
 from analysis.report_scraped import headline_figures
+from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
 from records.jsonform import dumps
@@ -234,6 +235,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                 *([text_table(SCRAPED_HEADER, scraped), scraped_note] if scraped else []),
                 text_table(ci_header, confidence_rows(comparisons)),
                 text_table(["metric", "best", "against the second best"], best_rows), how]
+    judged = runs_lines(names, runs)
+    sections += ["\n".join(f"objectives: {line}" for line in judged)] if judged else []
     sections += ["\n".join(f"note: {n}" for n in extra)] if extra else []
     sections += ["\n".join(f"warning: {w}" for w in warnings)] if warnings else []
     text = "\n\n".join(sections)
@@ -246,6 +249,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                          scraped_note + "."] if scraped else []),
                       f"## Against {names[baseline]}",
                       markdown_table(ci_header, confidence_rows(comparisons)),
+                      *(["## Objectives (MLPerf's server-scenario verdict)",
+                         "\n".join(f"- {line}" for line in judged)] if judged else []),
                       "## Best per metric",
                       markdown_table(["metric", "best", "against the second best"], best_rows),
                       how + ". Each interval holds at its confidence on its own: over many "

@@ -1,6 +1,7 @@
 """A run's report: the text for stdout, report.md, and the headline figures as one JSON object."""
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from analysis.rules.expert_parallel import EpView, ep_view
 from analysis.rules.expert_parallel import lines as ep_lines
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import signals_of
+from analysis.slo_claims import Claim, claims, claims_lines, claims_markdown, verdict
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.ttft_split import PARTS, TtftSplit, ttft_split
 from records.declare import applies, flat, leaves
@@ -73,6 +75,7 @@ class Report:
     ep: EpView | None = None  # the exchanges between expert-parallel ranks (--ep)
     scraped: ServerSide | None = None  # from server_metrics.jsonl
     routing: RoutingReport | None = None  # routed_experts.jsonl, the engines' expert records
+    claims: list[Claim] = dataclasses.field(default_factory=list)  # the objectives, judged
 
     @classmethod
     def of(cls, run: Run) -> "Report":
@@ -84,7 +87,8 @@ class Report:
                     if tokens is not None and tokens.mean() > 0 else None)
         return cls(run, latency, view, ttft_split(run.rows), client_series(run), signals.series,
                    rules(signals), Imbalance(signals.imbalance, run_wide),
-                   ep_view(run.summary.server), signals.scraped, routing_report(run))
+                   ep_view(run.summary.server), signals.scraped, routing_report(run),
+                   claims(run))
 
 
 def figures(report: Report) -> dict[str, Callable[[Path], None]]:
@@ -177,6 +181,9 @@ def render_text(report: Report) -> str:
     if split := delivery_split(run):
         parts.append("\n".join(f"who is late: {line}" for line in delivery_lines(split)))
     parts.append(diagnosis_text(report.findings))
+    if report.claims:  # the last word: the objectives' verdict
+        parts.append("\n".join(claims_lines(report.claims, run.summary.requests.rows_omitted))
+                     + f"\nverdict: {verdict(report.claims)}")
     return "\n\n".join(parts)
 
 
@@ -194,6 +201,14 @@ def render_markdown(report: Report) -> str:
               "(3 significant digits).",
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
+    if report.claims:
+        parts += [f"## Objectives: {verdict(report.claims)}",
+                  "Each objective as a percentile claim, judged as MLPerf Inference's server "
+                  "scenario judges one: the percentile against its bound, and whether the "
+                  "requests support it at 99% confidence (its early-stopping rule), with the "
+                  "percentile's exact interval from the order statistics (docs/metrics.md).",
+                  claims_markdown(report.claims),
+                  _bullets(claims_lines(report.claims, summary.requests.rows_omitted))]
     if (r := summary.reasoning) is not None:
         parts += ["## Reasoning",
                   f"{r.requests} measured requests reasoned: {r.reasoning_tokens} reasoning and "

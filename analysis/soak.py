@@ -41,9 +41,10 @@ from analysis.arguments import number
 from analysis.readers.files import RunDirError
 from analysis.readers.intervals import Interval, load_intervals, merged
 from analysis.readers.latency import US_PER_MS
-from analysis.readers.rundir import Run, read_rows, read_samples, read_summary
+from analysis.readers.rundir import Run, load_run, read_rows, read_samples, read_summary
 from analysis.readers.server_metrics import source_series
 from analysis.rules.faults import open_windows
+from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, markdown_table, text_table
 from records.hdr import percentile_us
 from records.jsonform import dumps
@@ -547,6 +548,15 @@ def accounting(summary) -> tuple[bool, str] | None:
                     else f"requests: NOT all accounted for: {told}")
 
 
+def objectives(run_dir: Path) -> list[str]:
+    """The objectives' verdict over the whole run (analysis/slo_claims.py), once it has ended
+    and its files are whole; [] otherwise."""
+    try:
+        return [f"objectives: {line}" for line in runs_lines(["the run"], [load_run(run_dir)])]
+    except RunDirError:
+        return []
+
+
 def headline(run_dir: Path, windows: Windows, series: list[Series], horizon: Horizon,
              accounted: bool | None = None) -> dict:
     def figures(s: Series) -> dict:
@@ -622,6 +632,8 @@ def main(args: argparse.Namespace) -> None:
     windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s,
                            horizon)
     closed, accounted = accounting(read_summary(run_dir)) or (None, None)
+    if closed is not None and (judged := objectives(run_dir)):
+        accounted = "\n".join([accounted, *judged])
     print(render_text(run_dir, windows, series, args.min_samples, args.min_change, horizon,
                       accounted))
     try:

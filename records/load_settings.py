@@ -68,6 +68,10 @@ def _metrics_urls(value: str) -> str | None:
     return None
 
 
+def _percentile(value: float) -> str | None:
+    return None if 0 < value < 100 else f"must be above 0 and below 100, got {value:g}"
+
+
 def moe_shape_problem(value: str) -> str | None:
     parts = value.split("x") if value else []
     if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
@@ -313,6 +317,12 @@ class Slo(Settings):
     slo_e2e_ms: float | None = setting(None, "end-to-end latency objective for goodput",
                                        check=above(0), compared=False,
                                        label="End-to-end objective (ms)")
+    slo_percentile: float = setting(99.0, "the percentile each objective is a claim on (p99 "
+                                    "TTFT <= --slo-ttft-ms): the report judges it as MLPerf's "
+                                    "server scenario does, met and supported by enough "
+                                    "requests (PASS), not met (FAIL) or too few requests (NOT "
+                                    "VALID)", check=_percentile, compared=False,
+                                    label="Objective percentile")
 
 
 @dataclass(frozen=True)

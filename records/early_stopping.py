@@ -1,0 +1,82 @@
+"""Whether a percentile claim is supported by the sample it came from: MLPerf Inference's early
+stopping rule (LoadGen, loadgen/early_stopping.cc and results.cc, the server scenario), and the
+exact order-statistic confidence interval of a percentile (docs/metrics.md, "Is the p99
+valid?").
+
+The rule. A run claims "the p-th percentile is at most L" from n requests of which t took
+longer than L. If the true share over L were 1 - p, seeing t or fewer over it among n requests
+would happen with probability P(Binomial(n, 1 - p + d) <= t) = I_{p-d}(n - t, t + 1) (the
+regularized incomplete beta; d, the tolerance, is 0 in the server scenario). The claim holds at
+confidence c (0.99) when that probability is below 1 - c: with h = n - t requests under L,
+the smallest such h is `min_passing(t)`, and a run with fewer needs that many more, all of them
+under L. With no request over L that is 459 requests for p99; every request over L adds about
+a hundred more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.special import betainc
+from scipy.stats import binom
+
+CONFIDENCE = 0.99  # MLPerf's
+TOLERANCE = 0.0  # MLPerf's server scenario
+
+
+def passes(h: int, t: int, p: float, d: float = TOLERANCE, c: float = CONFIDENCE) -> bool:
+    """Whether h requests under the bound beside t over it support the p-th percentile claim."""
+    return h > 0 and float(betainc(h, t + 1, p - d)) < 1 - c
+
+
+def min_passing(t: int, p: float, d: float = TOLERANCE, c: float = CONFIDENCE) -> int:
+    """The fewest requests under the bound that, beside t over it, support the claim: the
+    probability falls as h grows, so a doubling then a bisection finds it exactly."""
+    if not 0 < p - d < 1 or not 0 < c < 1:
+        raise ValueError(f"percentile {p} with tolerance {d} and confidence {c}: need "
+                         "0 < p - d < 1 and 0 < c < 1")
+    low = max(1, math.ceil(math.log(1 - c) / math.log(p - d)))  # t = 0's answer: a lower bound
+    high = low
+    while not passes(high, t, p, d, c):
+        low, high = high, high * 2
+    while low < high:
+        mid = (low + high) // 2
+        if passes(mid, t, p, d, c):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+@dataclass(frozen=True)
+class Validity:
+    requests: int  # n
+    over: int  # t: requests over the bound
+    needed: int  # h + t: the fewest requests that would support the claim with t over it
+
+    @property
+    def valid(self) -> bool:
+        return self.requests >= self.needed
+
+    @property
+    def more(self) -> int:
+        """Requests still to run, every one of them under the bound, for the claim to hold."""
+        return max(0, self.needed - self.requests)
+
+
+def validity(requests: int, over: int, percentile: float) -> Validity:
+    """percentile: 99 for p99."""
+    return Validity(requests, over, min_passing(over, percentile / 100) + over)
+
+
+def rank_interval(n: int, percentile: float, confidence: float = 0.95) -> tuple[int, int | None]:
+    """1-based ranks (l, u) of the sorted sample whose values bound the percentile with at
+    least `confidence`, from the binomial alone (no assumption on the distribution); u None:
+    the sample is too small for an upper bound (the interval runs past its largest value)."""
+    if n < 1:
+        raise ValueError("no sample")
+    p, alpha = percentile / 100, 1 - confidence
+    low = int(binom.ppf(alpha / 2, n, p))  # P(B <= low - 1) <= alpha / 2: x_(low) is below
+    high = int(binom.ppf(1 - alpha / 2, n, p)) + 1
+    return max(low, 1), (high if high <= n else None)
