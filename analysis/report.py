@@ -13,6 +13,7 @@ from analysis.diagnosis import render_text as diagnosis_text
 from analysis.diagnosis import rules
 from analysis.plots.cdf import plot_latency_cdf
 from analysis.plots.experts import plot_experts
+from analysis.plots.sla import plot_sla
 from analysis.plots.stress import plot_stress
 from analysis.plots.timeline import Imbalance, Phases, plot_over_time, plot_stages
 from analysis.plots.ttft_split import plot_ttft_split
@@ -32,6 +33,7 @@ from analysis.report_server import (
     server_text,
 )
 from analysis.report_sessions import sessions_markdown, sessions_text
+from analysis.report_sla import SLA_PNG, found, sla_markdown, sla_text
 from analysis.routing.section import (
     ROUTING_PNG,
     RoutingReport,
@@ -46,7 +48,14 @@ from analysis.rules.expert_parallel import EpView, ep_view
 from analysis.rules.expert_parallel import lines as ep_lines
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import signals_of
-from analysis.slo_claims import Claim, claims, claims_lines, claims_markdown, verdict
+from analysis.slo_claims import (
+    Claim,
+    claims,
+    claims_lines,
+    claims_markdown,
+    conditions,
+    final_word,
+)
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, markdown_table, stats_rows, text_table
 from analysis.ttft_split import PARTS, TtftSplit, ttft_split
 from records.declare import applies, flat, leaves
@@ -112,6 +121,8 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     stress = run.summary.stress
     if stress is not None and stress.steps:
         drawn[STRESS_PNG] = lambda path: plot_stress(stress.steps, stress.knee_rps, path)
+    if (sla := run.summary.sla) is not None and sla.probes:
+        drawn[SLA_PNG] = lambda path: plot_sla(sla, path)
     return drawn
 
 
@@ -162,6 +173,8 @@ def render_text(report: Report) -> str:
         parts.append(sessions_text(summary.sessions))
     if summary.stress is not None:
         parts.append(text_table(STEP_HEADER, _steps(run)) + "\n" + _knee(run))
+    if summary.sla is not None:
+        parts.append(sla_text(summary.sla))
     if server_time := summary.server_time_ms:
         parts.append(text_table(["server time (ms)", *STAT_COLUMNS.values()],
                                 stats_rows(server_time)))
@@ -182,8 +195,9 @@ def render_text(report: Report) -> str:
         parts.append("\n".join(f"who is late: {line}" for line in delivery_lines(split)))
     parts.append(diagnosis_text(report.findings))
     if report.claims:  # the last word: the objectives' verdict
-        parts.append("\n".join(claims_lines(report.claims, run.summary.requests.rows_omitted))
-                     + f"\nverdict: {verdict(report.claims)}")
+        parts.append("\n".join(claims_lines(report.claims, run.summary.requests.rows_omitted,
+                                            conditions(run)))
+                     + "\n" + final_word(run, report.claims))
     return "\n\n".join(parts)
 
 
@@ -202,13 +216,14 @@ def render_markdown(report: Report) -> str:
               f"![latency CDF]({CDF_PNG})"]
     parts += ["## Throughput", _bullets(_throughput(run))]
     if report.claims:
-        parts += [f"## Objectives: {verdict(report.claims)}",
+        parts += [f"## Objectives: {final_word(run, report.claims).removeprefix('verdict: ')}",
                   "Each objective as a percentile claim, judged as MLPerf Inference's server "
                   "scenario judges one: the percentile against its bound, and whether the "
                   "requests support it at 99% confidence (its early-stopping rule), with the "
                   "percentile's exact interval from the order statistics (docs/metrics.md).",
                   claims_markdown(report.claims),
-                  _bullets(claims_lines(report.claims, summary.requests.rows_omitted))]
+                  _bullets(claims_lines(report.claims, summary.requests.rows_omitted,
+                                        conditions(run)))]
     if (r := summary.reasoning) is not None:
         parts += ["## Reasoning",
                   f"{r.requests} measured requests reasoned: {r.reasoning_tokens} reasoning and "
@@ -243,6 +258,8 @@ def render_markdown(report: Report) -> str:
         parts += ["## Stress steps", markdown_table(STEP_HEADER, _steps(run)), _knee(run)]
         if summary.stress.steps:
             parts.append(f"![throughput-latency curve and goodput vs offered rate]({STRESS_PNG})")
+    if summary.sla is not None:
+        parts += sla_markdown(summary.sla)
     parts.append(diagnosis_markdown(report.findings).strip())
     if report.split:
         parts += ["## Where TTFT went (mean ms per request)",
@@ -332,6 +349,8 @@ def answer(report: Report) -> str:
         knee = summary.stress.knee_rps
         offered = (f"A stress run from {traffic.rate:g} requests/s: "
                    + ("no step held" if knee is None else f"the knee is {knee:g} requests/s"))
+    elif summary.sla is not None:
+        offered = f"An SLA search from {traffic.rate:g} requests/s: {found(summary.sla)}"
     elif traffic.trace:
         offered = f"Replayed the trace {Path(traffic.trace).name}" + _trace_load(summary)
     else:

@@ -13,8 +13,9 @@ import numpy as np
 
 from analysis.readers.rundir import Run
 from analysis.tables import fmt_ms, markdown_table
-from records.early_stopping import Validity, rank_interval, validity
+from records.early_stopping import Judged, judge, rank_interval
 from records.requests import RequestRow
+from records.scenarios import QUICK_S, scenario_of
 
 OBJECTIVES = (("TTFT", "ttft_ms", "slo_ttft_ms"), ("TPOT", "tpot_ms", "slo_tpot_ms"),
               ("E2E", "e2e_ms", "slo_e2e_ms"))
@@ -23,51 +24,47 @@ INTERVAL = 0.95  # the percentile's interval
 
 @dataclass(frozen=True)
 class Claim:
-    metric: str  # TTFT, TPOT, E2E
-    percentile: float
-    limit_ms: float
-    value_ms: float | None  # the sample's percentile (nearest rank); None: no request
-    low_ms: float | None  # its INTERVAL interval; high None: past the largest value
+    judged: Judged
+    low_ms: float | None  # the percentile's INTERVAL interval; high None: past the largest value
     high_ms: float | None
-    support: Validity
-
-    @property
-    def met(self) -> bool:
-        return self.value_ms is not None and self.value_ms <= self.limit_ms
 
     @property
     def verdict(self) -> str:
-        return "FAIL" if not self.met else "PASS" if self.support.valid else "NOT VALID"
+        return self.judged.verdict
 
     @property
     def why(self) -> str:
-        s = self.support
-        name = f"{self.metric} p{self.percentile:g}"
-        if self.value_ms is None:
-            return f"{name}: no measured request to judge"
-        over = f"{s.over} of {s.requests} requests over {self.limit_ms:g} ms"
-        if not self.met:
-            return f"{name} {fmt_ms(self.value_ms)} ms is over {self.limit_ms:g} ms ({over})"
-        if not s.valid:
-            return (f"{name} {fmt_ms(self.value_ms)} ms meets {self.limit_ms:g} ms, but {over} "
-                    f"do not support it at 99% confidence: {s.more:,} more requests needed, all "
-                    f"under the bound (MLPerf's early stopping: {s.needed:,} in all)")
-        return (f"{name} {fmt_ms(self.value_ms)} ms meets {self.limit_ms:g} ms, supported "
-                f"({over}; {s.needed:,} needed)")
+        return why(self.judged)
+
+
+def why(j: Judged) -> str:
+    """The verdict in words."""
+    name = f"{j.metric} p{j.percentile:g}"
+    if not j.requests:
+        return f"{name}: no measured request to judge"
+    over = f"{j.over} of {j.requests} requests over {j.limit_ms:g} ms"
+    if j.value_ms is None:  # its rank falls among requests that failed or were still waiting
+        return (f"{name} is over {j.limit_ms:g} ms ({over}, counting those that failed or were "
+                "still waiting past it)")
+    if not j.met:
+        return f"{name} {fmt_ms(j.value_ms)} ms is over {j.limit_ms:g} ms ({over})"
+    if not j.supported:
+        return (f"{name} {fmt_ms(j.value_ms)} ms meets {j.limit_ms:g} ms, but {over} do not "
+                f"support it at 99% confidence: {j.needed - j.requests:,} more requests "
+                f"needed, all under the bound (MLPerf's early stopping: {j.needed:,} in all)")
+    return (f"{name} {fmt_ms(j.value_ms)} ms meets {j.limit_ms:g} ms, supported ({over}; "
+            f"{j.needed:,} needed)")
 
 
 def claim(metric: str, values: np.ndarray, limit_ms: float, percentile: float) -> Claim:
     """values: the measured requests' figures in ms."""
-    n = len(values)
-    if not n:
-        return Claim(metric, percentile, limit_ms, None, None, None, validity(0, 0, percentile))
+    judged = judge(metric, values.tolist(), limit_ms, percentile)
+    if not len(values):
+        return Claim(judged, None, None)
     ordered = np.sort(values)
-    rank = max(1, int(np.ceil(percentile / 100 * n)))  # nearest rank, as LoadGen's
-    low, high = rank_interval(n, percentile, INTERVAL)
-    over = int((ordered > limit_ms).sum())
-    return Claim(metric, percentile, limit_ms, float(ordered[rank - 1]), float(ordered[low - 1]),
-                 None if high is None else float(ordered[high - 1]),
-                 validity(n, over, percentile))
+    low, high = rank_interval(len(values), percentile, INTERVAL)
+    return Claim(judged, float(ordered[low - 1]),
+                 None if high is None else float(ordered[high - 1]))
 
 
 def claims(run: Run) -> list[Claim]:
@@ -82,14 +79,39 @@ def column(rows: list[RequestRow], field: str) -> np.ndarray:
     return np.asarray([v for row in rows if (v := getattr(row, field)) is not None], dtype=float)
 
 
-def verdict(found: list[Claim]) -> str:
-    """The run's: FAIL if any claim fails, else NOT VALID if any lacks support, else PASS."""
-    kinds = {c.verdict for c in found}
-    return next(v for v in ("FAIL", "NOT VALID", "PASS") if v in kinds)
+def conditions(run: Run) -> list[tuple[bool, str]]:
+    """A scenario preset's other conditions (records/scenarios.py): (met, what it asks)."""
+    traffic = run.summary.config.traffic
+    scenario = scenario_of(traffic.scenario)
+    if scenario is None:
+        return []
+    need_s = QUICK_S if traffic.scenario_quick else scenario.min_duration_s
+    ran_s, sent = run.summary.duration_s, run.summary.requests.sent
+    return [(ran_s >= need_s, f"{traffic.scenario}: ran {ran_s:.0f} s of the {need_s:g} s "
+             f"needed{' (--scenario-quick)' if traffic.scenario_quick else ''}"),
+            (sent >= scenario.min_queries, f"{traffic.scenario}: {sent} queries of the "
+             f"{scenario.min_queries} needed")]
 
 
-def claims_lines(found: list[Claim], rows_omitted: int = 0) -> list[str]:
+def verdict(found: list[Claim], held: list[tuple[bool, str]] = ()) -> str:
+    """The run's: FAIL if any claim fails, else NOT VALID if any lacks support or a condition
+    is not met, else PASS."""
+    kinds = {c.verdict for c in found} | {"NOT VALID" for met, _ in held if not met}
+    return next((v for v in ("FAIL", "NOT VALID") if v in kinds), "PASS")
+
+
+def final_word(run: Run, found: list[Claim]) -> str:
+    """The report's last line: the verdict, and for a quick scenario that it is not
+    rule-conformant."""
+    quick = run.summary.config.traffic.scenario_quick and run.summary.config.traffic.scenario
+    return (f"verdict: {verdict(found, conditions(run))}"
+            + (" (--scenario-quick: not rule-conformant)" if quick else ""))
+
+
+def claims_lines(found: list[Claim], rows_omitted: int = 0,
+                 held: list[tuple[bool, str]] = ()) -> list[str]:
     lines = [f"SLO {c.verdict}: {c.why}" for c in found]
+    lines += [f"{'met' if met else 'NOT met'}: {what}" for met, what in held]
     if rows_omitted:
         lines.append(f"requests.jsonl left out {rows_omitted:,} requests (--max-request-rows): "
                      "the claims are judged from the rest")
@@ -105,9 +127,10 @@ def runs_lines(names: list[str], runs: list[Run]) -> list[str]:
 
 
 def claims_markdown(found: list[Claim]) -> str:
-    rows = [[f"{c.metric} p{c.percentile:g}", f"≤ {c.limit_ms:g}", fmt_ms(c.value_ms),
+    rows = [[f"{c.judged.metric} p{c.judged.percentile:g}", f"≤ {c.judged.limit_ms:g}",
+             fmt_ms(c.judged.value_ms),
              f"{fmt_ms(c.low_ms)} to {fmt_ms(c.high_ms) if c.high_ms is not None else 'above'}",
-             f"{c.support.over} of {c.support.requests}", f"{c.support.needed:,}", c.verdict]
+             f"{c.judged.over} of {c.judged.requests}", f"{c.judged.needed:,}", c.verdict]
             for c in found]
     return markdown_table(["objective", "bound (ms)", "value (ms)",
                            f"{INTERVAL:.0%} interval (ms)", "over the bound", "requests needed",

@@ -41,6 +41,7 @@ from records.cli import USAGE_ERROR
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
+from records.scenarios import with_scenario
 from records.server_stats import ServerStats
 from records.summary import ServerSnapshots, Summary
 
@@ -50,7 +51,8 @@ WARMUP_ENTRY = " (warm-up)"  # Locust's statistics entry of the requests not mea
 
 def settings_of(environment) -> LoadSettings:
     """The settings from Locust's options (the web UI sends them as text) and --host."""
-    settings = from_options(LoadSettings, environment.parsed_options, host=environment.host or "")
+    settings = with_scenario(from_options(LoadSettings, environment.parsed_options,
+                                          host=environment.host or ""))
     check(settings)
     return with_run_dir(settings)
 
@@ -183,9 +185,9 @@ class RunListener:
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
         # a refused test must not pass on the last one's
         self.environment.parsed_options.moe_ranks = None
-        if settings.traffic.mode == "stress":
-            self.refuse("--mode stress runs in one process (it judges each step as it ends); "
-                        "drop --master/--processes")
+        if settings.traffic.mode in ("stress", "sla"):
+            self.refuse(f"--mode {settings.traffic.mode} runs in one process (it judges each "
+                        "step or probe as it ends); drop --master/--processes")
             return
         if runner.target_user_count < runner.worker_count:
             self.refuse(f"{runner.worker_count} workers need at least {runner.worker_count} users "

@@ -70,6 +70,45 @@ def validity(requests: int, over: int, percentile: float) -> Validity:
     return Validity(requests, over, min_passing(over, percentile / 100) + over)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Judged:
+    """An objective as a percentile claim over a sample: "metric p<percentile> <= limit_ms"."""
+
+    metric: str  # TTFT, TPOT, E2E
+    percentile: float
+    limit_ms: float
+    value_ms: float | None  # the sample's percentile (nearest rank); None: no sample
+    requests: int
+    over: int  # requests over the limit
+    needed: int  # requests that would support the claim with `over` of them over the limit
+
+    @property
+    def met(self) -> bool:
+        return self.value_ms is not None and self.value_ms <= self.limit_ms
+
+    @property
+    def supported(self) -> bool:
+        return self.requests >= self.needed
+
+    @property
+    def verdict(self) -> str:
+        """PASS (met and supported), FAIL (not met) or NOT VALID (met, too few requests)."""
+        return "FAIL" if not self.met else "PASS" if self.supported else "NOT VALID"
+
+
+def judge(metric: str, values: list[float], limit_ms: float, percentile: float,
+          over_anyway: int = 0) -> Judged:
+    """values: the sample in ms; over_anyway: requests known to be over the limit without a
+    value (a failed one, one still waiting past it)."""
+    ordered = sorted(values)
+    n = len(ordered) + over_anyway
+    over = sum(1 for v in ordered if v > limit_ms) + over_anyway
+    rank = max(1, math.ceil(percentile / 100 * n))  # nearest rank, as LoadGen's
+    value = (None if not n else ordered[rank - 1] if rank <= len(ordered) else math.inf)
+    return Judged(metric=metric, percentile=percentile, limit_ms=limit_ms, value_ms=value,
+                  requests=n, over=over, needed=validity(n, over, percentile).needed)
+
+
 def rank_interval(n: int, percentile: float, confidence: float = 0.95) -> tuple[int, int | None]:
     """1-based ranks (l, u) of the sorted sample whose values bound the percentile with at
     least `confidence`, from the binomial alone (no assumption on the distribution); u None:

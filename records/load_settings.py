@@ -20,19 +20,21 @@ from records.declare import (
     setting,
     within,
 )
+from records.scenarios import scenario_problem
 
-MODES = ("fixed", "stress", "mixed", "closed", "sessions")
+MODES = ("fixed", "stress", "mixed", "closed", "sessions", "sla")
 ARRIVALS = ("poisson", "constant", "gamma")
 CLIENTS = ("auto", "gevent", "aio")
 AIO_MODES = ("fixed", "mixed")  # the schedules the aio sender sends
 TRACE_FORMATS = ("auto", "mooncake", "burstgpt", "azure", "jsonl")
 DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 # Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
-OPEN_LOOP_MODES = ("fixed", "stress", "mixed", "sessions")
+OPEN_LOOP_MODES = ("fixed", "stress", "mixed", "sessions", "sla")
 OPEN_LOOP = {"mode": OPEN_LOOP_MODES}
 # not classes, not a dataset
 ONE_SHAPE = {"mode": ("fixed", "stress", "closed", "sessions"), "dataset": ""}
 STRESS = {"mode": "stress"}
+SLA = {"mode": "sla"}
 SESSIONS = {"mode": "sessions"}
 OPENAI = {"target": "openai"}
 TRITON = {"target": "triton"}
@@ -185,7 +187,10 @@ class Traffic(Settings):
                         "-u users each sending the next request when the last ends (it "
                         "under-states queueing, and the run says so). sessions: multi-turn "
                         "conversations arriving at --rate sessions/s, each turn re-sending the "
-                        "history with the server's replies (--session-turns, --think-time-s)",
+                        "history with the server's replies (--session-turns, --think-time-s). "
+                        "sla: the highest rate holding the objectives (--slo-*-ms at "
+                        "--slo-percentile), probe by probe, each judged by MLPerf's early-"
+                        "stopping rule; docs/sla.md (one process only)",
                         choices=MODES,
                         label="Mode")
     rate: float = setting(1.0, "offered requests/s (sessions/s in sessions mode), total across "
@@ -232,6 +237,15 @@ class Traffic(Settings):
                                 when=SESSIONS)
     seed: int = setting(0, "seed of the arrival schedule and prompts, so runs repeat",
                         label="Seed")
+    scenario: str = setting("", "mlperf-server:MODEL: MLPerf Inference's server scenario for "
+                            "the model (Poisson arrivals, its TTFT and TPOT bounds at p99, 600 "
+                            "s and 100 queries at least); the report ends with PASS, FAIL or "
+                            "NOT VALID and why (docs/sla.md)", check=scenario_problem,
+                            compared=False, label="Scenario preset")
+    scenario_quick: bool = setting(False, "with --scenario: 30 s suffice instead of 600 s, and "
+                                   "the verdict says the run is not rule-conformant",
+                                   compared=False, label="Quick scenario (not conformant)",
+                                   when={"scenario": GIVEN})
 
 
 @dataclass(frozen=True)
@@ -300,6 +314,29 @@ class Stress(Settings):
                                       f"must be in (0, 1], got {v}", compared=False,
                                       label="Saturated below this share of the offered rate",
                                       when=STRESS)
+
+
+@dataclass(frozen=True)
+class Sla(Settings):
+    """SLA search"""
+
+    sla_resolution: float = setting(0.05, "sla: stop when the highest rate that passed and the "
+                                    "lowest that failed are this close (a share of the former)",
+                                    check=lambda v: None if 0 < v < 1 else
+                                    f"must be in (0, 1), got {v}", compared=False,
+                                    label="Resolution (share of the rate)", when=SLA)
+    sla_growth: float = setting(2.0, "sla: while bracketing, the rate is multiplied (or "
+                                "divided) by this from --rate", check=above(1), compared=False,
+                                label="Bracketing factor", when=SLA)
+    sla_warmup_s: float = setting(1.0, "sla: each probe's first seconds are sent, not judged",
+                                  check=at_least(0), compared=False,
+                                  label="Probe warm-up (s)", when=SLA)
+    sla_probe_max_s: float = setting(120.0, "sla: a probe not decided (too few requests to "
+                                     "support its claims) after this long counts as failed",
+                                     check=above(0), compared=False,
+                                     label="Longest probe (s)", when=SLA)
+    sla_max_probes: int = setting(16, "sla: most probes before giving up", check=at_least(2),
+                                  compared=False, label="Most probes", when=SLA)
 
 
 @dataclass(frozen=True)
@@ -404,6 +441,7 @@ class LoadSettings(Settings):
     traffic: Traffic = group(Traffic)
     workload: Workload = group(Workload)
     stress: Stress = group(Stress)
+    sla: Sla = group(Sla)
     slo: Slo = group(Slo)
     sender: Sender = group(Sender)
     recording: Recording = group(Recording)
@@ -415,6 +453,10 @@ class LoadSettings(Settings):
                 "rate-step", "stress mode needs --rate-step above 0 or --rate-mult above 1 "
                 "(the rate starts at --rate)")
         require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
+        require(mode != "sla" or any(v is not None for v in (
+            self.slo.slo_ttft_ms, self.slo.slo_tpot_ms, self.slo.slo_e2e_ms)), "mode",
+            "sla searches the highest rate meeting the objectives: give --slo-ttft-ms, "
+            "--slo-tpot-ms or --slo-e2e-ms")
         require(not self.traffic.trace or mode == "fixed", "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client != "aio" or mode in AIO_MODES, "client",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from records.early_stopping import Judged
 from records.jsonform import field
 from records.load_settings import LoadSettings
 from records.server_stats import ServerStats
@@ -186,6 +187,28 @@ class StressResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlaProbe:
+    """One rate the SLA search tried (loadgen/sla.py)."""
+
+    rate_rps: float
+    started_s: float  # from the run's start; its first --sla-warmup-s not judged
+    judged_s: float  # how long it was judged before its verdict
+    failed: int  # requests that failed (each counted over every limit)
+    claims: list[Judged]  # one per objective
+    verdict: str  # PASS, FAIL or NOT VALID (undecided within --sla-probe-max-s: a fail)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlaResult:
+    rate_rps: float | None  # the highest rate that passed; None: none did
+    failed_rps: float | None  # the lowest rate that failed; None: none did
+    resolution: float  # --sla-resolution: the search stops when these are this close
+    probes: list[SlaProbe]
+    stopped_because: str
+    search_s: float  # from the first probe's start to the last verdict
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerFigures:
     worker: int
     sent: int
@@ -215,6 +238,7 @@ class Summary:
     classes: dict[str, ClassFigures]  # empty without request classes
     server: ServerSnapshots = field(default_factory=ServerSnapshots)
     stress: StressResult | None = field(None, omit=None)
+    sla: SlaResult | None = field(None, omit=None)
     workers: list[WorkerFigures] | None = field(None, omit=None)
     # what the requests sent asked for; absent where not known (a distributed run: each
     # worker sees its own prompts only)

@@ -14,6 +14,7 @@ from analysis.slo_claims import claim
 from records.declare import SettingsError, build
 from records.early_stopping import min_passing, rank_interval, validity
 from records.load_settings import LoadSettings
+from records.scenarios import with_scenario
 from tests.cli import analysis
 from tests.rundirs import encoded, request_row, write_rows, write_summary
 
@@ -84,3 +85,33 @@ def test_the_report_states_each_claim_and_ends_with_the_verdict(tmp_path, reques
     assert json.loads(lines[-1])  # the headline stays the last line
     compared = analysis("compare", run_dir, run_dir, "--out", tmp_path / "cmp").stdout
     assert f"objectives: {run_dir}: {expected}: TTFT p99" in compared  # the same name twice
+
+
+def test_a_scenario_preset_sets_the_objectives_and_judges_duration_and_queries(tmp_path):
+    settings = with_scenario(build(LoadSettings, {"scenario": "mlperf-server:mixtral-8x7b",
+                                                  "arrival": "constant", "slo_e2e_ms": 5.0}))
+    assert (settings.slo.slo_ttft_ms, settings.slo.slo_tpot_ms, settings.slo.slo_e2e_ms,
+            settings.traffic.arrival) == (2000, 200, None, "poisson")
+    with pytest.raises(SettingsError, match="--scenario: must be mlperf-server:MODEL"):
+        build(LoadSettings, {"scenario": "mlperf-server:gpt-5"})
+    run_dir = tmp_path / "run"
+    ttft = [100.0] * 3000
+    write_summary(run_dir, config={"scenario": "mlperf-server:mixtral-8x7b",
+                                   "scenario_quick": True, "slo_ttft_ms": 2000.0,
+                                   "slo_tpot_ms": 200.0},
+                  requests={"sent": 3000, "ok": 3000, "failed": 0, "not_sent": 0,
+                            "failed_by_code": {}, "warmup": 0})
+    write_rows(run_dir / "requests.jsonl", [request_row(i, ms, 10.0, 500.0)
+                                            for i, ms in enumerate(ttft)])
+    (run_dir / "histograms.json").write_text(json.dumps({"ttft": encoded(ttft)}))
+    out = analysis("report", run_dir).stdout.splitlines()
+    # 30.2 s of the 30 s a quick run needs, 3,000 queries of 100: PASS, but not conformant
+    assert "met: mlperf-server:mixtral-8x7b: ran 30 s of the 30 s needed (--scenario-quick)" in out
+    assert out[-4] == "verdict: PASS (--scenario-quick: not rule-conformant)"
+    write_summary(run_dir, config={"scenario": "mlperf-server:mixtral-8x7b",
+                                   "slo_ttft_ms": 2000.0, "slo_tpot_ms": 200.0},
+                  requests={"sent": 3000, "ok": 3000, "failed": 0, "not_sent": 0,
+                            "failed_by_code": {}, "warmup": 0})
+    out = analysis("report", run_dir).stdout.splitlines()
+    assert "NOT met: mlperf-server:mixtral-8x7b: ran 30 s of the 600 s needed" in out
+    assert out[-4] == "verdict: NOT VALID"

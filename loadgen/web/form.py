@@ -20,6 +20,7 @@ from records.load_settings import (
     LoadSettings,
     Recording,
     Sender,
+    Sla,
     Slo,
     Stress,
     TargetSettings,
@@ -29,7 +30,8 @@ from records.load_settings import (
 
 FIRST = ("mode", "rate", "prompt_tokens", "prompt_tokens_max", "max_tokens", "run_dir")
 FIRST_TITLE = "The test"
-GROUPS = (Traffic, Workload, Stress, Slo, TargetSettings, Sender, Recording)  # then, in this order
+# then, in this order
+GROUPS = (Traffic, Workload, Stress, Sla, Slo, TargetSettings, Sender, Recording)
 TITLE = "moe-loadlab settings"  # the form section Locust calls "Custom parameters"
 GIVEN_JS = "given"  # `when`'s GIVEN in the page: the field applies where that one is not empty
 
