@@ -27,6 +27,7 @@ from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
+from analysis.repeats import repeats, repeats_markdown, repeats_text
 from analysis.report_scraped import headline_figures
 from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
@@ -205,9 +206,11 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
 
 
 def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float = 0.95,
-            resamples: int = 2000, seed: int = 0) -> tuple[str, dict]:
+            resamples: int = 2000, seed: int = 0,
+            groups: list[list[Run]] | None = None) -> tuple[str, dict]:
     """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the
-    headline."""
+    headline. groups: each configuration's repeat runs (runs: their first ones), for the
+    run-to-run intervals."""
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
     comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
@@ -237,6 +240,8 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                 text_table(["metric", "best", "against the second best"], best_rows), how]
     judged = runs_lines(names, runs)
     sections += ["\n".join(f"objectives: {line}" for line in judged)] if judged else []
+    repeated = repeats(groups, confidence) if groups else None
+    sections += [repeats_text(repeated, confidence)] if repeated else []
     sections += ["\n".join(f"note: {n}" for n in extra)] if extra else []
     sections += ["\n".join(f"warning: {w}" for w in warnings)] if warnings else []
     text = "\n\n".join(sections)
@@ -251,6 +256,7 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float
                       markdown_table(ci_header, confidence_rows(comparisons)),
                       *(["## Objectives (MLPerf's server-scenario verdict)",
                          "\n".join(f"- {line}" for line in judged)] if judged else []),
+                      *(repeats_markdown(repeated, confidence) if repeated else []),
                       "## Best per metric",
                       markdown_table(["metric", "best", "against the second best"], best_rows),
                       how + ". Each interval holds at its confidence on its own: over many "
@@ -288,7 +294,11 @@ def add_command(commands) -> None:
     parser = commands.add_parser(
         "compare", help="runs side by side (e.g. one per batching policy), with bootstrap "
                         "confidence intervals against a baseline run")
-    parser.add_argument("run_dirs", nargs="+", help="run directories")
+    parser.add_argument("run_dirs", nargs="*", help="run directories")
+    parser.add_argument("--runs", action="append", default=[], metavar="DIR,DIR,...",
+                        help="one configuration's repeat runs, comma-separated; give it per "
+                        "configuration (runs of two run interleaved, A B A B: their paired "
+                        "difference too) for run-to-run intervals beside the within-run ones")
     parser.add_argument("--out", help="where compare.md and compare.png go (default: the runs' "
                         "common parent)")
     parser.add_argument("--baseline", help="run every other is compared with, by directory or name "
@@ -303,7 +313,12 @@ def add_command(commands) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    runs = [load_run(d) for d in args.run_dirs]
+    if bool(args.run_dirs) == bool(args.runs):
+        args.parser.error("give run directories, or --runs per configuration, not both")
+    groups = [[load_run(d) for d in group.split(",") if d] for group in args.runs] or None
+    if groups and min(map(len, groups)) < 2:
+        args.parser.error("--runs: each configuration needs at least two runs")
+    runs = [g[0] for g in groups] if groups else [load_run(d) for d in args.run_dirs]
     baseline = baseline_index(runs, run_names(runs), args.baseline)
     if baseline is None:
         args.parser.error(f"--baseline {args.baseline!r} is none of the run directories given")
@@ -311,7 +326,7 @@ def main(args: argparse.Namespace) -> None:
                else Path(os.path.commonpath([r.path.resolve() for r in runs])))
     try:
         text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples,
-                                 args.seed)
+                                 args.seed, groups)
         (out_dir / COMPARE_JSON).write_text(dumps(headline) + "\n")
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
