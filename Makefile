@@ -30,7 +30,7 @@ COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --
 COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
 	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-routing bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-routing bench-sla bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -175,7 +175,11 @@ bench-prefix: install
 bench-routing: install
 	$(PY) -m loadgen.bench_routing
 
-bench: bench-engine bench-loadgen bench-routing bench-prefix
+# the SLA search against the M/D/20 oracle in three seeds (make test runs one)
+bench-sla: install
+	MOE_SLA_SEEDS=1,2,3 $(PY) -m pytest -q tests/test_sla.py
+
+bench: bench-engine bench-loadgen bench-routing bench-sla bench-prefix
 
 # The GPU path in one short run (server/tools/gpu_check.py). Here: the project's environment, where the
 # parts a CPU can run do. On a GPU machine with its own CUDA PyTorch, GPU_PY names that Python; what

@@ -11,11 +11,12 @@ A probe sends Poisson arrivals (--arrival) at its rate; its first --sla-warmup-s
 It is judged every JUDGE_S over the requests scheduled since: those that finished (a failed one
 counts over every limit), and those still waiting, at their age so far, where that is already
 over a TTFT or E2E limit (a stalled server cannot hide behind requests that have not answered).
-It passes once every claim is met and supported by enough requests (MLPerf's early-stopping
-rule); it fails once a claim is not met with at least the requests that would support a claim
-with none over its limit (459 for p99), or once more requests are over a limit than the
-longest probe could carry at the percentile; not decided after --sla-probe-max-s, it counts as
-failed (NOT VALID). Then its arrivals stop, its requests drain, and the next probe starts.
+After --sla-probe-min-s (a queue's excursions outlast a second: a shorter probe misses them) it
+passes once every claim is met and supported by enough requests (MLPerf's early-stopping rule),
+and fails once a claim is not met with at least the requests that would support a claim with
+none over its limit (459 for p99). It fails at once where more requests are over a limit than
+the longest probe could carry at the percentile; not decided after --sla-probe-max-s, it counts
+as failed (NOT VALID). Then its arrivals stop, its requests drain, and the next probe starts.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class SlaSearch:
             gevent.sleep(JUDGE_S)
             claims, failed = self.judge(judged_from_s)
             elapsed = self.now_s() - judged_from_s
-            verdict = decide(claims, self.percentile, longest)
+            verdict = decide(claims, self.percentile, longest,
+                             settled=elapsed >= c.sla_probe_min_s)
             if verdict or elapsed >= c.sla_probe_max_s:
                 break
         self._cut_s = self.now_s()  # the schedule's zero is the run's start
@@ -179,14 +181,16 @@ class SlaSearch:
                          search_s=self._last_s - (self._first_s or 0.0))
 
 
-def decide(claims: list[Judged], percentile: float, longest: float) -> str:
-    """PASS, FAIL, or "" (not yet): see the module's docstring."""
+def decide(claims: list[Judged], percentile: float, longest: float, settled: bool) -> str:
+    """PASS, FAIL, or "" (not yet): see the module's docstring. settled: the probe has run its
+    shortest length, so its percentile may be judged."""
+    if any(c.over > (1 - percentile / 100) * max(longest, 1) for c in claims):
+        return "FAIL"  # the longest probe could not bring the percentile under its limit
+    if not settled:
+        return ""
     if all(c.verdict == "PASS" for c in claims):
         return "PASS"
     least = validity(0, 0, percentile).needed  # the sample that could support any claim
-    for c in claims:
-        if c.verdict == "FAIL" and c.requests >= least:
-            return "FAIL"
-        if c.over > (1 - percentile / 100) * max(longest, 1):
-            return "FAIL"  # the longest probe could not bring the percentile under its limit
+    if any(c.verdict == "FAIL" and c.requests >= least for c in claims):
+        return "FAIL"
     return ""

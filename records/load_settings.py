@@ -331,6 +331,11 @@ class Sla(Settings):
     sla_warmup_s: float = setting(1.0, "sla: each probe's first seconds are sent, not judged",
                                   check=at_least(0), compared=False,
                                   label="Probe warm-up (s)", when=SLA)
+    sla_probe_min_s: float = setting(10.0, "sla: a probe is judged for at least this long (past "
+                                     "its warm-up) before it passes or fails on its percentile: "
+                                     "a queue's excursions last longer than a second, and a "
+                                     "short probe misses them", check=above(0), compared=False,
+                                     label="Shortest probe (s)", when=SLA)
     sla_probe_max_s: float = setting(120.0, "sla: a probe not decided (too few requests to "
                                      "support its claims) after this long counts as failed",
                                      check=above(0), compared=False,

@@ -2,10 +2,12 @@
 35 ms in its slot (first token after 20 ms, then 3 more 5 ms apart), first come first served,
 Poisson arrivals: an M/D/20 queue. The rate at which E2E p99 crosses the objective is found
 here from that queueing model (by simulation); the search must bracket it within its
-resolution, in each of three seeds, every probe's verdict supported by MLPerf's rule."""
+resolution (in each of three seeds with make bench-sla), every probe's verdict supported by
+MLPerf's rule."""
 
 import heapq
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from tests.test_end_to_end import locust
 SLOTS, SERVICE_S = 20, 0.035
 SLO_E2E_MS = 80.0
 RESOLUTION = 0.05
+# make test runs one seed; make bench-sla the three (MOE_SLA_SEEDS=1,2,3)
+SEEDS = [int(s) for s in os.environ.get("MOE_SLA_SEEDS", "1").split(",")]
 
 
 def p99_wait_s(rate: float, n: int = 200_000) -> float:
@@ -43,18 +47,19 @@ def true_rate(budget_s: float) -> float:
 
 @pytest.mark.slow
 @pytest.mark.timing
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
                               "--ttft-ms", "20", "--itl-ms", "5") as (_, port):
-        done = locust(port, run_dir, "--mode", "sla", "--rate", "300", "--seed", str(seed),
+        done = locust(port, run_dir, "--mode", "sla", "--rate", "400", "--seed", str(seed),
+                      "--sla-growth", "1.5", "--sla-warmup-s", "0.5", "--sla-probe-min-s", "3",
                       "--slo-e2e-ms", str(SLO_E2E_MS), "--sla-resolution", str(RESOLUTION),
                       "--max-tokens", "4", "--prompt-tokens", "8", "-t", "200")
     assert done.returncode == 0, done.stdout
     sla = json.loads((run_dir / "summary.json").read_text())["sla"]
-    # the time outside the slot (the network, both loops), from the first probe's unloaded
-    # requests (at 300/s the model's p99 wait is under a millisecond)
+    # the time outside the slot (the network, both loops), from the first probe's requests (at
+    # 400/s the model's median wait is nought)
     second_s = sla["probes"][1]["started_s"]
     first = [r["e2e_ms"] for r in map(json.loads, open(run_dir / "requests.jsonl"))
              if r["e2e_ms"] is not None and r["scheduled_ms"] < 1000 * second_s]
