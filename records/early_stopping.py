@@ -18,16 +18,56 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy.special import betainc
-from scipy.stats import binom
-
 CONFIDENCE = 0.99  # MLPerf's
 TOLERANCE = 0.0  # MLPerf's server scenario
 
 
 def passes(h: int, t: int, p: float, d: float = TOLERANCE, c: float = CONFIDENCE) -> bool:
     """Whether h requests under the bound beside t over it support the p-th percentile claim."""
-    return h > 0 and float(betainc(h, t + 1, p - d)) < 1 - c
+    return h > 0 and binomial_cdf(t, h + t, 1 - p + d) < 1 - c
+
+
+def binomial_cdf(k: int, n: int, q: float) -> float:
+    """P(Binomial(n, q) <= k), exact to float precision. By hand, not scipy's: this module runs in
+    the Locust process, where importing scipy costs half a second a start (docs/measured.md).
+    The terms are summed from the side of k away from the mode, where they fall geometrically,
+    until they stop adding: a few hundred terms for a tail of a million requests."""
+    if k < 0:
+        return 0.0
+    if k >= n or q <= 0.0:
+        return 1.0
+    if q >= 1.0:
+        return 0.0
+    if k < n * q:  # below the mean: the lower tail, k down to 0
+        return _tail(k, n, q, -1)
+    return 1.0 - _tail(k + 1, n, q, 1)
+
+
+def _tail(start: int, n: int, q: float, step: int) -> float:
+    """Sum of the binomial's terms from `start` outwards (step -1: down to 0; +1: up to n)."""
+    log_term = (math.lgamma(n + 1) - math.lgamma(start + 1) - math.lgamma(n - start + 1)
+                + start * math.log(q) + (n - start) * math.log1p(-q))
+    term, total, k = math.exp(log_term), 0.0, start
+    odds = q / (1 - q)
+    while 0 <= k <= n and term > 0.0:
+        total += term
+        if term < total * 1e-17:
+            break
+        term *= ((k / (n - k + 1)) / odds) if step < 0 else ((n - k) / (k + 1)) * odds
+        k += step
+    return total
+
+
+def binomial_ppf(alpha: float, n: int, q: float) -> int:
+    """The smallest k with P(Binomial(n, q) <= k) >= alpha."""
+    low, high = 0, n
+    while low < high:
+        mid = (low + high) // 2
+        if binomial_cdf(mid, n, q) >= alpha:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def min_passing(t: int, p: float, d: float = TOLERANCE, c: float = CONFIDENCE) -> int:
@@ -116,6 +156,6 @@ def rank_interval(n: int, percentile: float, confidence: float = 0.95) -> tuple[
     if n < 1:
         raise ValueError("no sample")
     p, alpha = percentile / 100, 1 - confidence
-    low = int(binom.ppf(alpha / 2, n, p))  # P(B <= low - 1) <= alpha / 2: x_(low) is below
-    high = int(binom.ppf(1 - alpha / 2, n, p)) + 1
+    low = binomial_ppf(alpha / 2, n, p)  # P(B <= low - 1) <= alpha / 2: x_(low) is below
+    high = binomial_ppf(1 - alpha / 2, n, p) + 1
     return max(low, 1), (high if high <= n else None)

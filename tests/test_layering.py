@@ -121,6 +121,12 @@ def test_loadgen_never_imports_the_server_and_its_rooms_import_downwards(name):
             f"{name} reaches out of its room: {sorted(n for n in reached if not room(n, allowed))}"
 
 
+@pytest.mark.parametrize("name", of("loadgen") + of("records"))
+def test_the_load_generators_modules_never_import_scipy(name):
+    # importing it into the Locust process slows its sends (docs/measured.md, Locust)
+    assert "scipy" not in top(IMPORTS[name])
+
+
 @pytest.mark.parametrize("name", of("server"))
 def test_server_rooms_import_downwards(name):
     names = IMPORTS[name]
