@@ -33,7 +33,7 @@ from analysis.report_server import (
     server_text,
 )
 from analysis.report_sessions import sessions_markdown, sessions_text
-from analysis.report_sla import SLA_PNG, found, sla_markdown, sla_text
+from analysis.report_sla import SLA_PNG, found, sla_markdown, sla_text, sla_verdict
 from analysis.routing.section import (
     ROUTING_PNG,
     RoutingReport,
@@ -198,6 +198,8 @@ def render_text(report: Report) -> str:
         parts.append("\n".join(claims_lines(report.claims, run.summary.requests.rows_omitted,
                                             conditions(run)))
                      + "\n" + final_word(run, report.claims))
+    elif run.summary.sla is not None:
+        parts.append(sla_verdict(run.summary.sla))
     return "\n\n".join(parts)
 
 

@@ -12,7 +12,7 @@ from loadgen.recording.rundir import write_json, write_run_dir
 from loadgen.recording.summary import histogram_encodings, summarize
 from records.load_settings import LoadSettings
 from records.rundir import WORKERS
-from records.summary import ServerSnapshots, Summary, WorkerFigures
+from records.summary import ServerSnapshots, SlaResult, Summary, WorkerFigures
 
 # worker -> master: {"worker", "export", "started_at", "duration_s", "window_s", ...}
 MESSAGE = "moe_results"
@@ -38,7 +38,7 @@ def merged_window_s(parts: list[dict], warmup_s: float) -> float:
 
 
 def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
-                server: ServerSnapshots) -> tuple[Summary, Recorder]:
+                server: ServerSnapshots, sla: SlaResult | None = None) -> tuple[Summary, Recorder]:
     """The run's summary and merged recorder from the workers' messages."""
     merged = Recorder.for_settings(settings, 0)
     for part in parts:
@@ -55,12 +55,13 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
                         max(p["cpu_percent"] for p in parts), (*missing, *warnings), tuple(notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
-    return dataclasses.replace(summary, server=server, workers=workers), merged
+    return dataclasses.replace(summary, server=server, workers=workers, sla=sla), merged
 
 
 def write_merged(settings: LoadSettings, parts: list[dict], expected: int,
-                 server: ServerSnapshots) -> tuple[Summary, Path]:
-    summary, merged = merge_parts(settings, parts, expected, server)
+                 server: ServerSnapshots, sla: SlaResult | None = None) -> tuple[Summary, Path]:
+    """sla: the master's SLA search (--mode sla)."""
+    summary, merged = merge_parts(settings, parts, expected, server, sla)
     path = write_run_dir(settings.recording.run_dir, summary, histogram_encodings(merged),
                          merged.rows)
     # Each worker's own histograms and counts, so anyone can check the merge.

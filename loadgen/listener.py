@@ -31,6 +31,8 @@ from loadgen.recording.timing import StreamTiming
 from loadgen.run import Run
 from loadgen.server_metrics import ServerMetrics, start_server_metrics
 from loadgen.settings import check, with_run_dir
+from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
+from loadgen.sla.search import LocalProbes, SlaSearch
 from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target, target_of
 from loadgen.web.html_report import add_to_report
@@ -78,6 +80,11 @@ class RunListener:
         self.timeline: Timeline | None = None  # ... and its periods so far
         self.written: tuple[Summary, Path] | None = None  # the last test's summary and run dir
         self.master: MasterState | None = None
+        # --mode sla: the search, where this process decides (one process, or the master) ...
+        self.sla: SlaSearch | None = None
+        self.sla_watch: gevent.Greenlet | None = None
+        self.sla_remote: RemoteProbes | None = None  # ... the master's view of its workers
+        self.sla_samples: SampleSender | None = None  # ... a worker's reports to its master
         self.rank = 0  # a worker's place among the workers
         self.server_start: ServerStats | None = None
         self.request_type = ""  # Locust's statistics name requests by the target's protocol
@@ -93,8 +100,14 @@ class RunListener:
         runner = environment.runner
         if isinstance(runner, MasterRunner):
             runner.register_message(MESSAGE, lambda msg, **_: self.receive_part(msg.data))
+            runner.register_message(SAMPLE, lambda msg, **_: self.sla_remote
+                                    and self.sla_remote.receive(msg.data))
         if isinstance(runner, WorkerRunner):
             runner.register_message(STOP_MESSAGE, lambda msg, **_: gevent.spawn(self.finish))
+            runner.register_message(START, lambda msg, **_: self.sla_samples
+                                    and self.sla_samples.started(msg.data))
+            runner.register_message(CUT, lambda msg, **_: self.sla_samples
+                                    and self.sla_samples.cut(msg.data))
         options = environment.parsed_options
         # A headless run's -t is timed from its schedule's time zero, not from Locust's start:
         # the aio sender's start-up (0.3-0.7 s) would eat into it (loadgen/run.py, begin)
@@ -173,6 +186,9 @@ class RunListener:
                            f"{settings.recording.run_dir}/worker-{self.rank}")
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
+            if self.run.probe_part is not None:
+                self.sla_samples = SampleSender(runner, self.rank, self.run.probe_part,
+                                                self.run.inflight)
             say_headroom(settings, len(ranks))
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test,
@@ -180,14 +196,21 @@ class RunListener:
             self.run.scraping = start_server_metrics(settings, self.run.started_at)
             log.info("%s", describe(settings))
             say_headroom(settings)
+            if self.run.probe_part is not None:
+                self.start_search(settings, LocalProbes(self.run.probe_part, self.run.inflight,
+                                                        self.end_test))
         self.recorder, self.timeline = self.run.recorder, self.run.timeline
+
+    def start_search(self, settings: LoadSettings, probes) -> None:
+        self.sla = SlaSearch(settings, probes)
+        self.sla_watch = gevent.spawn(self.sla.watch)
 
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
         # a refused test must not pass on the last one's
         self.environment.parsed_options.moe_ranks = None
-        if settings.traffic.mode in ("stress", "sla"):
-            self.refuse(f"--mode {settings.traffic.mode} runs in one process (it judges each "
-                        "step or probe as it ends); drop --master/--processes")
+        if settings.traffic.mode == "stress":
+            self.refuse("--mode stress runs in one process (it judges each step as it ends); "
+                        "drop --master/--processes")
             return
         if runner.target_user_count < runner.worker_count:
             self.refuse(f"{runner.worker_count} workers need at least {runner.worker_count} users "
@@ -205,6 +228,9 @@ class RunListener:
             return
         self.master = MasterState(settings, target, len(ranks), stats,
                                   start_server_metrics(settings, time.time()))
+        if settings.traffic.mode == "sla":
+            self.sla_remote = RemoteProbes(runner, len(ranks), self.end_test)
+            self.start_search(settings, self.sla_remote)
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:
         """Each request once into Locust's own statistics, so its request rate and failures are
@@ -227,6 +253,11 @@ class RunListener:
             context={})
 
     def stop_schedule(self, **_) -> None:
+        if self.sla_watch is not None:  # stopped from outside (-t, the web UI) or by itself
+            self.sla_watch.kill()
+        if self.sla_samples is not None:
+            self.sla_samples.stop()
+            self.sla_samples = None
         if self.run is not None:
             self.run.stop()
         if self.master is not None:
@@ -253,7 +284,7 @@ class RunListener:
             return
         server = ServerSnapshots(start=self.server_start,
                                  end=run.target.stats(run.settings.sender.host))
-        summary = dataclasses.replace(run.summary(), server=server)
+        summary = dataclasses.replace(run.summary(), server=server, sla=self.sla_result())
         path = write_run_dir(run.settings.recording.run_dir, summary,
                              histogram_encodings(run.recorder), run.recorder.rows)
         if run.stress is not None:
@@ -277,6 +308,11 @@ class RunListener:
         html_file = getattr(self.environment.parsed_options, "html_file", None)
         if html_file and self.written is not None and Path(html_file).exists():
             add_to_report(Path(html_file), *self.written, self.timeline)
+
+    def sla_result(self):
+        """The SLA search's result, once, where this process ran one."""
+        sla, self.sla, self.sla_watch, self.sla_remote = self.sla, None, None, None
+        return sla.result() if sla is not None else None
 
     # --- a distributed master ---
 
@@ -302,7 +338,7 @@ class RunListener:
         server = ServerSnapshots(start=master.server_start,
                                  end=master.target.stats(master.settings.sender.host))
         summary, path = write_merged(master.settings, list(master.parts.values()), master.expected,
-                                     server)
+                                     server, self.sla_result())
         self.ended(summary, path)
 
 

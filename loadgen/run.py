@@ -27,7 +27,7 @@ from loadgen.recording.summary import summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.server_metrics import ServerMetrics
-from loadgen.sla import SlaSearch
+from loadgen.sla.part import ProbePart
 from loadgen.stress import Stress
 from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_request
 from loadgen.targets.routed_experts import reader_for
@@ -119,10 +119,13 @@ class Run:
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
             self._schedule = self.stress.arrivals(settings.traffic.seed)
-        self.sla = SlaSearch(settings, self) if settings.traffic.mode == "sla" else None
-        if self.sla is not None:
-            self._schedule = self.sla.arrivals(settings.traffic.seed)
-        self._stress_watcher: gevent.Greenlet | None = None  # stress's or sla's
+        # sla: this process's part of each probe, started and cut by the search (the
+        # listener's, or its master's: loadgen/sla/)
+        self.probe_part = (ProbePart(settings.traffic, workers, index)
+                           if settings.traffic.mode == "sla" else None)
+        if self.probe_part is not None:
+            self._schedule = self.probe_part.arrivals()
+        self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
         self._place = (workers, index)
         self.failure: str | None = None  # why the run failed, where a part of it died
@@ -149,8 +152,8 @@ class Run:
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
         if self.stress is not None:
             self._stress_watcher = gevent.spawn(self.stress.watch)
-        if self.sla is not None:
-            self._stress_watcher = gevent.spawn(self.sla.watch)
+        if self.probe_part is not None:
+            self.probe_part.begin(self.start_ns)
         if self.expert_recorder is not None:  # over the measured window only
             self.expert_recorder.starting = gevent.spawn_later(
                 self.settings.recording.warmup_s, self.expert_recorder.start)
@@ -324,8 +327,8 @@ class Run:
                                  result.scheduled_ns < self.recorder.warmup_end_ns)
         if self.stress is not None:
             self.stress.observe(result)
-        if self.sla is not None:
-            self.sla.observe(result)
+        if self.probe_part is not None:
+            self.probe_part.observe(result)
         self.on_result(result, timing)
 
     def stop(self) -> None:
@@ -409,7 +412,5 @@ class Run:
                             self.recorder.window_s, self.cpu_percent, self.warnings, self.notes)
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())
-        if self.sla is not None:
-            summary = dataclasses.replace(summary, sla=self.sla.result())
         return (summary if self.stress is None
                 else dataclasses.replace(summary, stress=self.stress.result()))

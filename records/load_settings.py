@@ -190,7 +190,7 @@ class Traffic(Settings):
                         "history with the server's replies (--session-turns, --think-time-s). "
                         "sla: the highest rate holding the objectives (--slo-*-ms at "
                         "--slo-percentile), probe by probe, each judged by MLPerf's early-"
-                        "stopping rule; docs/sla.md (one process only)",
+                        "stopping rule (distributed: the master decides, workers send); docs/sla.md",
                         choices=MODES,
                         label="Mode")
     rate: float = setting(1.0, "offered requests/s (sessions/s in sessions mode), total across "
@@ -342,6 +342,11 @@ class Sla(Settings):
                                      label="Longest probe (s)", when=SLA)
     sla_max_probes: int = setting(16, "sla: most probes before giving up", check=at_least(2),
                                   compared=False, label="Most probes", when=SLA)
+    sla_confirm: int = setting(0, "sla: probes repeated at the rate found, each judged as the "
+                               "search's: the answer is confirmed when every one passes, and "
+                               "the report gives each percentile's interval over them",
+                               check=at_least(0), compared=False, label="Confirming probes",
+                               when=SLA)
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,12 @@ class StressResult:
 
 @dataclass(frozen=True, kw_only=True)
 class SlaProbe:
-    """One rate the SLA search tried (loadgen/sla.py)."""
+    """One rate the SLA search tried (loadgen/sla/search.py)."""
 
     rate_rps: float
-    started_s: float  # from the run's start; its first --sla-warmup-s not judged
+    # from the first probe's start (one process: the schedule's time zero); its first
+    # --sla-warmup-s not judged
+    started_s: float
     judged_s: float  # how long it was judged before its verdict
     failed: int  # requests that failed (each counted over every limit)
     claims: list[Judged]  # one per objective
@@ -206,6 +208,15 @@ class SlaResult:
     probes: list[SlaProbe]
     stopped_because: str
     search_s: float  # from the first probe's start to the last verdict
+    # --sla-confirm: probes repeated at rate_rps after the search, each judged alike
+    confirmations: list[SlaProbe] = field(default_factory=list, omit=[])
+
+    @property
+    def confirmed(self) -> bool | None:
+        """Every confirmation passed; None: none was run."""
+        if not self.confirmations:
+            return None
+        return all(p.verdict == "PASS" for p in self.confirmations)
 
 
 @dataclass(frozen=True, kw_only=True)

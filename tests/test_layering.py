@@ -28,7 +28,8 @@ SERVER_LEVELS = {"server.errors": 0, "server.parallel": 1, "server.engine": 2,
 # loadgen: what each lower room may import of the load generator besides itself
 LOADGEN_ROOMS = {"loadgen.reference": set(), "loadgen.targets": set(), "loadgen.scraping": set(),
                  "loadgen.traffic": {"loadgen.targets"},
-                 "loadgen.recording": {"loadgen.targets"}}
+                 "loadgen.recording": {"loadgen.targets"},
+                 "loadgen.sla": {"loadgen.recording", "loadgen.targets", "loadgen.traffic"}}
 GRPC = {"grpc", "grpc_health", "grpc_reflection"}
 GRPC_IN_SERVER = {"server.frontends.grpc_service", "server.frontends.getstats",
                   "server.frontends.security", "server.app"}

@@ -77,3 +77,36 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     out = analysis("report", run_dir).stdout
     assert f"{passed:.4g} requests/s holds the objectives" in out
     assert (run_dir / "sla.png").exists()
+
+
+@pytest.mark.slow
+def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_path):
+    # two workers send, the master judges: above the oracle's 571 requests/s of capacity no
+    # probe can pass, well below it every one does; the rate found is probed once more
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
+                              "--ttft-ms", "20", "--itl-ms", "5") as (_, port):
+        done = locust(port, run_dir, "--processes", "2", "-u", "2", "--mode", "sla",
+                      "--rate", "300", "--sla-growth", "2", "--sla-warmup-s", "0.5",
+                      "--sla-probe-min-s", "1", "--sla-resolution", "0.5", "--sla-confirm", "1",
+                      "--slo-e2e-ms", str(SLO_E2E_MS), "--max-tokens", "4",
+                      "--prompt-tokens", "8", "-t", "120")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    sla = summary["sla"]
+    assert [p["rate_rps"] for p in sla["probes"]] == [300, 600, 450], sla
+    assert [p["verdict"] for p in sla["probes"]][:2] == ["PASS", "FAIL"]
+    assert sla["rate_rps"] in (300, 450) and len(sla["confirmations"]) == 1
+    assert sla["confirmations"][0]["rate_rps"] == sla["rate_rps"]
+    # every probe's judged requests came from both workers, which sent half each
+    sent = [w["sent"] for w in summary["workers"]]
+    assert len(sent) == 2 and min(sent) > 0.4 * sum(sent)
+    judged = sum(p["claims"][0]["requests"] for p in sla["probes"] + sla["confirmations"])
+    assert 0 < judged <= summary["requests"]["sent"]
+    first = sla["probes"][0]["claims"][0]
+    assert first["requests"] >= 300 * 1 * 0.7  # a second of both workers' 150/s, judged
+    out = analysis("report", run_dir).stdout.rstrip().splitlines()
+    last = next(line for line in reversed(out) if line.startswith("verdict: "))
+    confirmed = sla["confirmations"][0]["verdict"] == "PASS"
+    assert last.startswith("verdict: PASS at" if confirmed else "verdict: NOT CONFIRMED"), last
+    assert not any(line.startswith("SLO ") for line in out)  # no claim over mixed rates

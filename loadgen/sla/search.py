@@ -17,34 +17,87 @@ and fails once a claim is not met with at least the requests that would support 
 none over its limit (459 for p99). It fails at once where more requests are over a limit than
 the longest probe could carry at the percentile; not decided after --sla-probe-max-s, it counts
 as failed (NOT VALID). Then its arrivals stop, its requests drain, and the next probe starts.
+With --sla-confirm N, the rate found is probed N times more, each judged alike: the answer is
+confirmed when every one passes.
+
+The search only decides; the requests are sent by a `Probes` (one process: the run itself,
+loadgen/sla/part.py; distributed: the workers, loadgen/sla/remote.py).
 """
 
 from __future__ import annotations
 
 import math
-import random
 import time
-from collections.abc import Iterator
+from typing import Protocol
 
 import gevent
-from gevent.event import Event
 
-from loadgen.recording.timing import stream_timing
-from loadgen.traffic.arrivals import gap_s
+from loadgen.sla.part import Done, ProbePart, Waiting
 from records.early_stopping import Judged, judge, validity
 from records.load_settings import LoadSettings
 from records.summary import SlaProbe, SlaResult
 
 JUDGE_S = 0.25  # how often a probe is judged
 DRAIN_S = 30.0  # the longest a probe's requests are waited for after its arrivals stop
+READY_S = 60.0  # the longest the first probe waits for the sending to begin
 MIN_RATE = 0.01  # requests/s: below this no rate meets the objectives
-OBJECTIVES = (("TTFT", "ttft_us", "slo_ttft_ms"), ("TPOT", "tpot_us", "slo_tpot_ms"),
-              ("E2E", "e2e_us", "slo_e2e_ms"))
+OBJECTIVES = (("TTFT", "ttft_ms", "slo_ttft_ms"), ("TPOT", "tpot_ms", "slo_tpot_ms"),
+              ("E2E", "e2e_ms", "slo_e2e_ms"))
+
+
+class NotStarted(Exception):
+    """A probe could not start: the sending never began."""
+
+
+class Probes(Protocol):
+    """What sends the search's probes."""
+
+    def start(self, probe: int, rate: float) -> str:
+        """Probe `probe` starts now at `rate` requests/s; or why it cannot."""
+
+    def collect(self) -> tuple[list[Done], list[Waiting]]:
+        """The current probe's requests that ended since the last call, and those in flight."""
+
+    def cut(self) -> None:
+        """The current probe's arrivals stop."""
+
+    def drained(self) -> bool:
+        """No request of any probe is in flight."""
+
+    def end(self) -> None:
+        """The search is over: the run stops."""
+
+
+class LocalProbes:
+    """The probes of a run in one process: its own ProbePart, its requests in flight."""
+
+    def __init__(self, part: ProbePart, inflight: dict, request_stop):
+        self.part, self.inflight, self.request_stop = part, inflight, request_stop
+
+    def start(self, probe: int, rate: float) -> str:
+        if not self.part.begun.wait(READY_S):
+            return f"the schedule did not begin within {READY_S:g} s"
+        self.part.start(probe, rate)
+        return ""
+
+    def collect(self) -> tuple[list[Done], list[Waiting]]:
+        sample = self.part.sample(self.inflight.values())
+        return sample.done, sample.waiting
+
+    def cut(self) -> None:
+        self.part.stop_arrivals()
+
+    def drained(self) -> bool:
+        return not self.inflight
+
+    def end(self) -> None:
+        self.part.end()
+        self.request_stop()
 
 
 class SlaSearch:
-    def __init__(self, settings: LoadSettings, run):
-        self.settings, self.run = settings, run
+    def __init__(self, settings: LoadSettings, probes: Probes):
+        self.settings, self.probes = settings, probes
         slo = settings.slo
         self.objectives = [(name, key, getattr(slo, limit)) for name, key, limit in OBJECTIVES
                            if getattr(slo, limit) is not None]
@@ -52,48 +105,29 @@ class SlaSearch:
         self.rate = settings.traffic.rate
         self.passed: float | None = None  # the highest rate that passed
         self.failed: float | None = None  # the lowest rate that failed
-        self.probes: list[SlaProbe] = []
+        self.probes_run: list[SlaProbe] = []
+        self.confirmations: list[SlaProbe] = []  # --sla-confirm's, at the rate found
         self.stopped_because = ""
-        self._probe_from_s = 0.0  # the current probe's start, s from the run's start
-        self._cut_s = math.inf  # its arrivals stop here
-        self._next = Event()  # set when the next probe may start
-        self._results: list = []  # requests of the current probe that finished
-        self._first_s: float | None = None
-        self._last_s = 0.0
-
-    # --- the schedule ---
-
-    def arrivals(self, seed: int) -> Iterator[tuple[int, float]]:
-        """(request index, send time s): each probe's arrivals at its rate, until the watcher
-        cuts them; then it waits for the next probe."""
-        rng, index, traffic = random.Random(seed), 0, self.settings.traffic
-        while True:
-            self._next.wait()  # each probe's start, once
-            self._next.clear()
-            if self.stopped_because:
-                return
-            t = self._probe_from_s
-            while True:
-                t += gap_s(rng, self.rate, traffic.arrival, traffic.burstiness)
-                if t >= self._cut_s:
-                    break
-                yield index, t
-                index += 1
-
-    def observe(self, result) -> None:
-        self._results.append(result)
-
-    # --- the watcher ---
+        self._zero = time.monotonic()  # the first probe's start, once there is one
+        self._last_s = 0.0  # the search's last verdict (confirmations apart)
 
     def now_s(self) -> float:
-        return (time.monotonic_ns() - self.run.start_ns) / 1e9
+        return time.monotonic() - self._zero
 
     def watch(self) -> None:
-        """Runs beside the dispatch: judges each probe, moves the rate, stops the run."""
+        """Runs beside the sending: judges each probe, moves the rate, ends the run."""
+        try:
+            self.search()
+        except NotStarted as e:
+            self.stopped_because = f"no probe could start: {e}"
+        self.probes.end()
+
+    def search(self) -> None:
         c = self.settings.sla
-        while len(self.probes) < c.sla_max_probes:
+        while len(self.probes_run) < c.sla_max_probes:
             probe = self.probe()
-            self.probes.append(probe)
+            self.probes_run.append(probe)
+            self._last_s = self.now_s()
             if probe.verdict == "PASS":
                 self.passed = max(self.passed or 0.0, probe.rate_rps)
             else:
@@ -104,28 +138,33 @@ class SlaSearch:
             self.rate = self.next_rate()
         else:
             self.stopped_because = f"no answer within {c.sla_max_probes} probes (--sla-max-probes)"
-        self._next.set()
-        self.run.request_stop()
+        if self.passed is not None:
+            self.rate = self.passed
+            for _ in range(c.sla_confirm):
+                self.confirmations.append(self.probe())
 
     def probe(self) -> SlaProbe:
         c = self.settings.sla
-        start_s = self._probe_from_s = self.now_s()
-        self._first_s = start_s if self._first_s is None else self._first_s
-        self._cut_s, self._results = math.inf, []
-        self._next.set()  # the schedule goes on at the new rate
-        judged_from_s = start_s + c.sla_warmup_s
+        number = len(self.probes_run) + len(self.confirmations)
+        if (problem := self.probes.start(number, self.rate)):
+            raise NotStarted(problem)
+        if number == 0:  # times are from here
+            self._zero = time.monotonic()
+        start_s = self.now_s()
+        done: list[Done] = []
         longest = self.rate * c.sla_probe_max_s
         while True:
             gevent.sleep(JUDGE_S)
-            claims, failed = self.judge(judged_from_s)
-            elapsed = self.now_s() - judged_from_s
+            new, waiting = self.probes.collect()
+            done += new
+            claims, failed = self.judge(done, waiting)
+            elapsed = self.now_s() - start_s - c.sla_warmup_s
             verdict = decide(claims, self.percentile, longest,
                              settled=elapsed >= c.sla_probe_min_s)
             if verdict or elapsed >= c.sla_probe_max_s:
                 break
-        self._cut_s = self.now_s()  # the schedule's zero is the run's start
+        self.probes.cut()
         self.drain()
-        self._last_s = self.now_s()
         return SlaProbe(rate_rps=self.rate, started_s=start_s, judged_s=elapsed, failed=failed,
                         claims=claims, verdict=verdict or "NOT VALID")
 
@@ -133,25 +172,24 @@ class SlaSearch:
         """Until the probe's requests have ended (or DRAIN_S), so the next probe starts on an
         idle server."""
         deadline = time.monotonic() + DRAIN_S
-        while self.run.inflight and time.monotonic() < deadline:
+        while not self.probes.drained() and time.monotonic() < deadline:
             gevent.sleep(0.05)
 
-    def judge(self, from_s: float) -> tuple[list[Judged], int]:
-        start_ns = self.run.start_ns + int(from_s * 1e9)
-        mine = [r for r in self._results if r.scheduled_ns >= start_ns]
-        failed = sum(not r.ok for r in mine)
-        timings = [stream_timing(r.scheduled_ns, r.sent_ns, r.recv_ns, r.tokens)
-                   for r in mine if r.ok]
-        now_ns = time.monotonic_ns()
-        waiting = [r for r in self.run.inflight.values() if r.scheduled_ns >= start_ns]
+    def judge(self, done: list[Done], waiting: list[Waiting]) -> tuple[list[Judged], int]:
+        """Each objective's claim over the requests scheduled past the probe's warm-up: those
+        that ended (a failed one over every limit), and those still waiting whose age is
+        already over a TTFT or E2E limit."""
+        warmup_s = self.settings.sla.sla_warmup_s
+        mine = [d for d in done if d.since_s >= warmup_s]
+        waiting = [w for w in waiting if w.since_s >= warmup_s]
+        failed = sum(not d.ok for d in mine)
         claims = []
         for name, key, limit_ms in self.objectives:
-            values = [getattr(t, key) / 1000 for t in timings if getattr(t, key) is not None]
+            values = [getattr(d, key) for d in mine if d.ok and getattr(d, key) is not None]
             late = 0
             if name in ("TTFT", "E2E"):  # still waiting, already past the limit
-                late = sum(1 for r in waiting
-                           if (now_ns - r.scheduled_ns) / 1e6 > limit_ms
-                           and (name == "E2E" or not r.recv_ns))
+                late = sum(1 for w in waiting
+                           if w.age_ms > limit_ms and (name == "E2E" or not w.answered))
             claims.append(judge(name, values, limit_ms, self.percentile, failed + late))
         return claims, failed
 
@@ -176,9 +214,10 @@ class SlaSearch:
 
     def result(self) -> SlaResult:
         return SlaResult(rate_rps=self.passed, failed_rps=self.failed,
-                         resolution=self.settings.sla.sla_resolution, probes=list(self.probes),
+                         resolution=self.settings.sla.sla_resolution,
+                         probes=list(self.probes_run), confirmations=list(self.confirmations),
                          stopped_because=self.stopped_because or "stopped before it settled",
-                         search_s=self._last_s - (self._first_s or 0.0))
+                         search_s=self._last_s)
 
 
 def decide(claims: list[Judged], percentile: float, longest: float, settled: bool) -> str:

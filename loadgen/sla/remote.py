@@ -1,0 +1,95 @@
+"""The SLA search in a distributed run: the master decides, the workers send. The master's
+search drives `RemoteProbes`, which tells every worker each probe's start (its number and the
+whole run's rate: a worker sends its share) and its cut; each worker's `SampleSender` sends
+the master its part of the current probe every JUDGE_S (loadgen/sla/part.py's Sample), times
+from the probe's start as the worker saw it, so no clock is shared."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gevent
+
+from loadgen.sla.part import Done, ProbePart, Sample, Waiting
+from loadgen.sla.search import JUDGE_S, READY_S
+
+log = logging.getLogger("loadgen")
+START = "moe_sla_start"  # master -> workers: {"probe", "rate"}
+CUT = "moe_sla_cut"  # master -> workers: {"probe"}
+SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **Sample.to_message()}
+
+
+class RemoteProbes:
+    """The master's side: the workers' samples as they arrive."""
+
+    def __init__(self, runner, workers: int, request_stop):
+        """runner: Locust's master runner (its send_message); workers: how many will report."""
+        self.runner, self.workers, self.request_stop = runner, workers, request_stop
+        self.probe = -1
+        self._latest: dict[int, Sample] = {}  # each worker's last sample
+        self._done: list[Done] = []  # the current probe's, not collected yet
+
+    def receive(self, data: dict) -> None:
+        sample = Sample.from_message(data)
+        self._latest[data["worker"]] = sample
+        if sample.probe == self.probe:
+            self._done += sample.done
+
+    def _send(self, kind: str, data: dict) -> None:
+        for client in self.runner.clients.all:
+            self.runner.send_message(kind, data, client_id=client.id)
+
+    def start(self, probe: int, rate: float) -> str:
+        if self.probe < 0:  # the first probe waits for every worker's schedule to begin
+            deadline = time.monotonic() + READY_S
+            while len(self._latest) < self.workers and time.monotonic() < deadline:
+                gevent.sleep(0.05)
+            if len(self._latest) < self.workers:
+                return (f"only {len(self._latest)} of {self.workers} workers began within "
+                        f"{READY_S:g} s")
+        self.probe, self._done = probe, []
+        self._send(START, {"probe": probe, "rate": rate})
+        return ""
+
+    def collect(self) -> tuple[list[Done], list[Waiting]]:
+        done, self._done = self._done, []
+        waiting = [w for s in self._latest.values() if s.probe == self.probe for w in s.waiting]
+        return done, waiting
+
+    def cut(self) -> None:
+        self._send(CUT, {"probe": self.probe})
+
+    def drained(self) -> bool:
+        """Every worker has said, since the cut, that none of its requests is in flight."""
+        return len(self._latest) == self.workers and all(
+            s.probe == self.probe and s.cut and not s.inflight for s in self._latest.values())
+
+    def end(self) -> None:
+        self.request_stop()
+
+
+class SampleSender:
+    """A worker's side: takes the master's starts and cuts, sends its samples."""
+
+    def __init__(self, runner, rank: int, part: ProbePart, inflight: dict):
+        self.runner, self.rank, self.part, self.inflight = runner, rank, part, inflight
+        self._greenlet = gevent.spawn(self._send_every_judgement)
+
+    def started(self, data: dict) -> None:
+        self.part.start(data["probe"], data["rate"])
+
+    def cut(self, data: dict) -> None:
+        if data["probe"] == self.part.probe:
+            self.part.stop_arrivals()
+
+    def _send_every_judgement(self) -> None:
+        self.part.begun.wait()
+        while True:
+            sample = self.part.sample(self.inflight.values())
+            self.runner.send_message(SAMPLE, {"worker": self.rank, **sample.to_message()})
+            gevent.sleep(JUDGE_S)
+
+    def stop(self) -> None:
+        self.part.end()
+        self._greenlet.kill(block=False)
