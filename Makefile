@@ -175,9 +175,11 @@ bench-prefix: install
 bench-routing: install
 	$(PY) -m loadgen.bench_routing
 
-# the SLA search against the M/D/20 oracle in three seeds (make test runs one)
+# the SLA search against the M/D/20 oracle in three seeds (make test runs one), then its time
+# against a stress run's to the same resolution
 bench-sla: install
 	MOE_SLA_SEEDS=1,2,3 $(PY) -m pytest -q tests/test_sla.py
+	$(PY) -m loadgen.bench_sla
 
 bench: bench-engine bench-loadgen bench-routing bench-sla bench-prefix
 
