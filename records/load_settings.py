@@ -190,7 +190,8 @@ class Traffic(Settings):
                         "history with the server's replies (--session-turns, --think-time-s). "
                         "sla: the highest rate holding the objectives (--slo-*-ms at "
                         "--slo-percentile), probe by probe, each judged by MLPerf's early-"
-                        "stopping rule (distributed: the master decides, workers send); docs/sla.md",
+                        "stopping rule (distributed: the master decides, workers send); "
+                        "docs/sla.md",
                         choices=MODES,
                         label="Mode")
     rate: float = setting(1.0, "offered requests/s (sessions/s in sessions mode), total across "
