@@ -32,7 +32,7 @@ from loadgen.run import Run
 from loadgen.server_metrics import ServerMetrics, start_server_metrics
 from loadgen.settings import check, with_run_dir
 from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
-from loadgen.sla.search import LocalProbes, SlaSearch
+from loadgen.sla.search import LocalProbes, Probes, SlaSearch
 from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target, target_of
 from loadgen.web.html_report import add_to_report
@@ -187,8 +187,8 @@ class RunListener:
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
             if self.run.probe_part is not None:
-                self.sla_samples = SampleSender(runner, self.rank, self.run.probe_part,
-                                                self.run.inflight)
+                self.sla_samples = SampleSender(runner.send_message, self.rank,
+                                                self.run.probe_part, self.run.inflight)
             say_headroom(settings, len(ranks))
         else:
             self.run = Run(settings, target, self.report, request_stop=self.end_test,
@@ -201,7 +201,12 @@ class RunListener:
                                                         self.end_test))
         self.recorder, self.timeline = self.run.recorder, self.run.timeline
 
-    def start_search(self, settings: LoadSettings, probes) -> None:
+    def to_workers(self, kind: str, data: dict) -> None:
+        runner = self.environment.runner
+        for client in runner.clients.all:
+            runner.send_message(kind, data, client_id=client.id)
+
+    def start_search(self, settings: LoadSettings, probes: Probes) -> None:
         self.sla = SlaSearch(settings, probes)
         self.sla_watch = gevent.spawn(self.sla.watch)
 
@@ -229,7 +234,7 @@ class RunListener:
         self.master = MasterState(settings, target, len(ranks), stats,
                                   start_server_metrics(settings, time.time()))
         if settings.traffic.mode == "sla":
-            self.sla_remote = RemoteProbes(runner, len(ranks), self.end_test)
+            self.sla_remote = RemoteProbes(self.to_workers, len(ranks), self.end_test)
             self.start_search(settings, self.sla_remote)
 
     def report(self, result: StreamResult, timing: StreamTiming | None) -> None:

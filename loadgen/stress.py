@@ -24,13 +24,15 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import gevent
 
 from loadgen.recording import slo
 from loadgen.recording.timing import stream_timing
+from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
@@ -67,8 +69,21 @@ def slope(samples: list[tuple[float, int]]) -> float:
     return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
 
 
+class SteppedRun(Protocol):
+    """What stress mode reads of the run it steps (loadgen/run.py): the schedule's time zero,
+    the requests in flight, and how to end the run."""
+
+    @property
+    def start_ns(self) -> int: ...
+
+    @property
+    def inflight(self) -> Mapping[object, StreamResult]: ...
+
+    def request_stop(self) -> None: ...
+
+
 class Stress:
-    def __init__(self, settings: LoadSettings, run):
+    def __init__(self, settings: LoadSettings, run: SteppedRun):
         self.settings = settings
         self.run = run
         self.rows: list[StepRow] = []
@@ -97,7 +112,7 @@ class Stress:
                 self._sent.append(t)
                 yield next(index), t
 
-    def observe(self, result) -> None:
+    def observe(self, result: StreamResult) -> None:
         """Every finished request counts, warm-up included (the steps are the measurement)."""
         timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens) \
             if result.ok else None
@@ -140,7 +155,7 @@ class Stress:
         # at least this
         ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]
         tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
-        good = sum(slo.met(self.run.recorder.slo, t) for _, t in ok)
+        good = sum(slo.met(objectives, t) for _, t in ok)
         offered = self.rate(step)
         # Compare completions with the arrivals one typical latency earlier, which they answer.
         self._lag_s = lag_s = percentile([t.e2e_us / 1e6 for _, t in ok], 50) or self._lag_s

@@ -15,7 +15,7 @@ from server.engine.checkpoint import open_checkpoint
 from server.engine.distributed import DistributedEngine, follow
 from server.engine.interface import Engine
 from server.engine.local import LocalEngine
-from server.engine.model import DTYPES
+from server.engine.model_args import DTYPES
 from server.parallel.exchange import ExpertSpread
 from server.parallel.group import EpGroup, launched, spawn
 from server.parallel.link import Link

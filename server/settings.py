@@ -13,7 +13,7 @@ from records.declare import Registry, SettingsError, check_names, require
 from records.server_settings import Model, ServerSettings
 from server.engine import expert_cache, kernels, routing
 from server.engine.checkpoint import open_checkpoint
-from server.engine.model import DTYPES, PRESETS, ModelArgs
+from server.engine.model_args import DTYPES, PRESETS, ModelArgs
 from server.frontends.security import check_exposure, guard_of
 from server.parallel.group import launched
 from server.scheduling.policies import POLICIES, build_policy

@@ -16,7 +16,8 @@ from server.engine.decode_attention import GatheredDecode, flash_decode_unsuppor
 from server.engine.decode_graphs import bucket_sizes, fixed_shape_problem
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine
-from server.engine.model import PRESETS, causal_attention
+from server.engine.model import causal_attention
+from server.engine.model_args import PRESETS
 from server.engine.stages import NullTimer
 from tests.checkpoints import ARCHITECTURES, write_checkpoint
 from tests.dispatch import DeviceWaits, Dispatched

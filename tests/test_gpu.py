@@ -16,7 +16,8 @@ from records.server_settings import MoE
 from server.engine.host_transfer import cuda_waits
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine
-from server.engine.model import PRESETS, Transformer
+from server.engine.model import Transformer
+from server.engine.model_args import PRESETS
 from server.engine.moe import Experts
 from tests.conftest import running_server
 

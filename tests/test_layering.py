@@ -172,3 +172,78 @@ def test_no_folder_holds_more_than_twenty_modules():
     crowded = {str(folder.relative_to(REPO)): n for folder, n in folders.items()
                if n > MAX_MODULES}
     assert not crowded
+
+
+# Where a room hands an object to another, the parameter is typed: a read of `moe.experts.held`
+# through an untyped parameter is a dependency neither the import rules above nor a reader can
+# see. In these rooms a parameter whose attributes are read is annotated (with a type its
+# imports, checked above, may name), and so is one that __init__ keeps and methods read through
+# `self.x.y`.
+TYPED_ROOMS = ("server.parallel", "server.engine", "server.telemetry", "server.scheduling",
+               "loadgen.stress", "loadgen.sla")
+
+
+def _untyped(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = fn.args
+    return {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
+            if p.annotation is None and p.arg not in ("self", "cls")}
+
+
+def _kept(init: ast.FunctionDef, untyped: set[str]) -> set[str]:
+    """The attributes __init__ sets from its untyped parameters: self.run = run (or in a tuple)."""
+    kept = set()
+    for node in ast.walk(init):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = (zip(target.elts, node.value.elts, strict=False)
+                     if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                     else [(target, node.value)])
+            for t, v in pairs:
+                if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                        and t.value.id == "self" and isinstance(v, ast.Name) and v.id in untyped):
+                    kept.add(t.attr)
+    return kept
+
+
+def untyped_reads(source: str) -> list[str]:
+    """"function: name.attribute" for each read through an untyped parameter, or through what
+    __init__ kept of one (self.name.attribute)."""
+    tree = ast.parse(source)
+    found = []
+    kept_by_method: dict[ast.AST, set[str]] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                     and f.name == "__init__"), None)
+        kept = _kept(init, _untyped(init)) if init is not None else set()
+        for f in cls.body:
+            kept_by_method[f] = kept
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        untyped, kept = _untyped(fn), kept_by_method.get(fn, set())
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Attribute):
+                continue
+            v = node.value
+            if isinstance(v, ast.Name) and v.id in untyped:
+                found.append(f"{fn.name}: {v.id}.{node.attr}")
+            elif (isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name)
+                  and v.value.id == "self" and v.attr in kept):
+                found.append(f"{fn.name}: self.{v.attr}.{node.attr}")
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if room(m, TYPED_ROOMS)])
+def test_objects_handed_across_a_room_are_typed(name):
+    assert not untyped_reads(MODULES[name].read_text())
+
+
+def test_an_untyped_reach_into_another_rooms_object_is_caught():
+    # the exchange reaching into the layer it serves, as it once did
+    exchange = MODULES["server.parallel.exchange"].read_text()
+    mutated = exchange.replace("experts: LocalExperts,", "moe,").replace(
+        "experts.slots", "len(moe.experts.held)")
+    assert mutated != exchange
+    assert "run: moe.experts" in untyped_reads(mutated)
+    kept = "class S:\n    def __init__(self, run):\n        self.run = run\n" \
+           "    def f(self):\n        return self.run.recorder.slo\n"
+    assert untyped_reads(kept) == ["f: self.run.recorder"]

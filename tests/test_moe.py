@@ -18,7 +18,8 @@ from server.engine.expert_cache import LayerCache
 from server.engine.interface import SeqInput
 from server.engine.kernels import KERNELS, grouped_mm_unsupported, linear, resolve_kernel
 from server.engine.local import LocalEngine
-from server.engine.model import PRESETS, Transformer
+from server.engine.model import Transformer
+from server.engine.model_args import PRESETS
 from server.engine.moe import StepContext, expert_capacity
 from server.engine.routing import (
     BalancedRouter,

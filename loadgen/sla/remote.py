@@ -6,15 +6,14 @@ from the probe's start as the worker saw it, so no clock is shared."""
 
 from __future__ import annotations
 
-import logging
 import time
+from collections.abc import Callable
 
 import gevent
 
 from loadgen.sla.part import Done, ProbePart, Sample, Waiting
 from loadgen.sla.search import JUDGE_S, READY_S
 
-log = logging.getLogger("loadgen")
 START = "moe_sla_start"  # master -> workers: {"probe", "rate"}
 CUT = "moe_sla_cut"  # master -> workers: {"probe"}
 SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **Sample.to_message()}
@@ -23,9 +22,10 @@ SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **Sample.to_message()}
 class RemoteProbes:
     """The master's side: the workers' samples as they arrive."""
 
-    def __init__(self, runner, workers: int, request_stop):
-        """runner: Locust's master runner (its send_message); workers: how many will report."""
-        self.runner, self.workers, self.request_stop = runner, workers, request_stop
+    def __init__(self, to_workers: Callable[[str, dict], None], workers: int,
+                 request_stop: Callable[[], None]):
+        """to_workers: sends a message to every worker; workers: how many will report."""
+        self.to_workers, self.workers, self.request_stop = to_workers, workers, request_stop
         self.probe = -1
         self._latest: dict[int, Sample] = {}  # each worker's last sample
         self._done: list[Done] = []  # the current probe's, not collected yet
@@ -36,10 +36,6 @@ class RemoteProbes:
         if sample.probe == self.probe:
             self._done += sample.done
 
-    def _send(self, kind: str, data: dict) -> None:
-        for client in self.runner.clients.all:
-            self.runner.send_message(kind, data, client_id=client.id)
-
     def start(self, probe: int, rate: float) -> str:
         if self.probe < 0:  # the first probe waits for every worker's schedule to begin
             deadline = time.monotonic() + READY_S
@@ -49,7 +45,7 @@ class RemoteProbes:
                 return (f"only {len(self._latest)} of {self.workers} workers began within "
                         f"{READY_S:g} s")
         self.probe, self._done = probe, []
-        self._send(START, {"probe": probe, "rate": rate})
+        self.to_workers(START, {"probe": probe, "rate": rate})
         return ""
 
     def collect(self) -> tuple[list[Done], list[Waiting]]:
@@ -58,7 +54,7 @@ class RemoteProbes:
         return done, waiting
 
     def cut(self) -> None:
-        self._send(CUT, {"probe": self.probe})
+        self.to_workers(CUT, {"probe": self.probe})
 
     def drained(self) -> bool:
         """Every worker has said, since the cut, that none of its requests is in flight."""
@@ -72,8 +68,9 @@ class RemoteProbes:
 class SampleSender:
     """A worker's side: takes the master's starts and cuts, sends its samples."""
 
-    def __init__(self, runner, rank: int, part: ProbePart, inflight: dict):
-        self.runner, self.rank, self.part, self.inflight = runner, rank, part, inflight
+    def __init__(self, to_master: Callable[[str, dict], None], rank: int, part: ProbePart,
+                 inflight: dict):
+        self.to_master, self.rank, self.part, self.inflight = to_master, rank, part, inflight
         self._greenlet = gevent.spawn(self._send_every_judgement)
 
     def started(self, data: dict) -> None:
@@ -87,7 +84,7 @@ class SampleSender:
         self.part.begun.wait()
         while True:
             sample = self.part.sample(self.inflight.values())
-            self.runner.send_message(SAMPLE, {"worker": self.rank, **sample.to_message()})
+            self.to_master(SAMPLE, {"worker": self.rank, **sample.to_message()})
             gevent.sleep(JUDGE_S)
 
     def stop(self) -> None:

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from records.declare import SettingsError
 from records.jsonform import RecordError, read_object
-from server.engine.model import DTYPES, ModelArgs
+from server.engine.model_args import DTYPES, ModelArgs
 from server.engine.tokenizer import CheckpointTokenizer
 
 INDEX = "model.safetensors.index.json"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from server.engine.expert_cache import LayerCache
-from server.engine.model import ModelArgs
+from server.engine.model_args import ModelArgs
 from server.engine.slots import Slots
 from server.engine.tokenizer import Tokenizer
 from server.parallel.exchange import Exchanged

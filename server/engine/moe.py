@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import HostTransfers
 from server.engine.kernels import Kernel, for_rows, gated, grouped_mm_experts, project, swiglu
+from server.engine.model_args import ModelArgs
 from server.engine.stages import StageTimer
+from server.parallel.exchange import Exchange, Exchanged
 
 
 def tally(ids: Tensor, n: int, weights: Tensor | None = None) -> Tensor:
@@ -63,6 +65,16 @@ class StepContext:
     # (--enable-return-routed-experts); None: not kept
     token_experts: list[Tensor] | None = None
     _pairs: tuple[Tensor, Tensor] | None = None
+
+    # what an exchange records (server/parallel/exchange.py, ExchangeLog)
+    def mark(self, stage: str) -> None:
+        self.timer.mark(stage)
+
+    def computed(self, experts: int) -> None:
+        self.active.append(experts)
+
+    def exchanged(self, record: Exchanged) -> None:
+        self.comm.append(record)
 
     def pairs(self, k: int) -> tuple[Tensor, Tensor]:
         """Each (token, expert) pair's sequence [N x k] and a one per pair (int64) to count it,
@@ -107,7 +119,7 @@ class Experts(nn.Module):
     order, unless the experts are spread over ranks). With an expert cache they stay in host
     memory (pinned on CUDA) and the cache holds the resident ones."""
 
-    def __init__(self, args, device, dtype, on_host: bool = False,
+    def __init__(self, args: ModelArgs, device, dtype, on_host: bool = False,
                  held: list[int] | None = None):
         super().__init__()
         self.held = list(range(args.n_experts)) if held is None else held
@@ -122,6 +134,21 @@ class Experts(nn.Module):
     @property
     def weights(self) -> tuple[Tensor, Tensor]:
         return self.w13, self.w2
+
+
+class HeldExperts:
+    """The experts held here through the layer's kernel, as an exchange calls them
+    (server/parallel/exchange.py, LocalExperts): rows sorted by slot."""
+
+    def __init__(self, experts: Experts, kernel: Kernel):
+        self.experts, self.kernel = experts, kernel
+
+    @property
+    def slots(self) -> int:
+        return len(self.experts.held)
+
+    def __call__(self, rows: Tensor, counts: list[int]) -> Tensor:
+        return self.kernel(rows, counts, range(len(counts)), *self.experts.weights)
 
 
 class SharedExpert(nn.Module):
@@ -148,7 +175,7 @@ class MoELayer(nn.Module):
     def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
                  kernel: Kernel, capacity_factor: float | None = None,
                  skew_bias: Tensor | None = None, cache: LayerCache | None = None,
-                 shared: SharedExpert | None = None, exchange=None,
+                 shared: SharedExpert | None = None, exchange: Exchange | None = None,
                  n_experts: int | None = None):
         super().__init__()
         self.layer = layer
@@ -163,6 +190,7 @@ class MoELayer(nn.Module):
         self.cache = cache
         self.shared = shared
         self.exchange = exchange
+        self.held_experts = HeldExperts(experts, kernel)
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)
@@ -175,16 +203,17 @@ class MoELayer(nn.Module):
         if step.token_experts is not None:
             step.token_experts.append(experts)
         if self.exchange is None:
-            out = self.here(x, weights, flat, step)
+            out = self.local_experts(x, weights, flat, step)
         else:
             step.routed.append(tally(flat, self.n_experts))
-            out = self.exchange.run(self, x, weights, flat, step)
+            out = self.exchange.run(x, weights, flat, self.held_experts, step)
         if self.shared is not None:
             out += self.shared(x)
             step.timer.mark("expert_compute")
         return out
 
-    def here(self, x: Tensor, weights: Tensor, flat: Tensor, step: StepContext) -> Tensor:
+    def local_experts(self, x: Tensor, weights: Tensor, flat: Tensor,
+                      step: StepContext) -> Tensor:
         """Every expert in this process: sort the pairs by expert, drop what is over capacity,
         compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity

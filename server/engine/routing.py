@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from server.engine.model_args import ModelArgs
+
 AFFINITY_FLOOR = 1e-6  # smallest preference an affinity bias expresses (log: about -14)
 
 
@@ -37,7 +39,8 @@ class TopKRouter(nn.Module):
     """Softmax over a linear gate in fp32, top-k, renormalised over the chosen k or not
     (Mixtral does, Qwen1.5-MoE does not: the preset decides unless --[no-]renormalize)."""
 
-    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None):
+    def __init__(self, args: ModelArgs, layer: int, seed: int, device, dtype,
+                 renormalize: bool | None = None):
         super().__init__()
         self.top_k = args.top_k
         self.renormalize = args.renormalize if renormalize is None else renormalize
@@ -62,8 +65,8 @@ class NoisyTopKRouter(TopKRouter):
     """Shazeer et al. 2017: gate logits plus Gaussian noise whose per-expert scale is a
     learned softplus(x W_noise), times --noise-scale. Seeded per layer."""
 
-    def __init__(self, args, layer: int, seed: int, device, dtype, renormalize: bool | None = None,
-                 noise_scale: float = 1.0):
+    def __init__(self, args: ModelArgs, layer: int, seed: int, device, dtype,
+                 renormalize: bool | None = None, noise_scale: float = 1.0):
         super().__init__(args, layer, seed, device, dtype, renormalize)
         self.noise_scale = noise_scale
         self.w_noise = nn.Linear(args.dim, args.n_experts, bias=False, device=device, dtype=dtype)

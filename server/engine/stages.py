@@ -58,7 +58,7 @@ class Clock:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def elapsed_ms(self, start, end) -> float:
+    def elapsed_ms(self, start: torch.cuda.Event | int, end: torch.cuda.Event | int) -> float:
         """Call only after the work between start and end has completed (on CUDA)."""
         return start.elapsed_time(end) if self.cuda else (end - start) / 1e6
 

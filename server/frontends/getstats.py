@@ -9,7 +9,7 @@ from proto import moe_pb2
 from records import engine_telemetry as declared
 from records.declare import flat, text
 from records.server_settings import ServerSettings
-from server.engine.model import ModelArgs
+from server.engine.model_args import ModelArgs
 
 
 def histogram_message(h) -> moe_pb2.Histogram:

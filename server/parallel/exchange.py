@@ -19,11 +19,16 @@ the link (server/parallel/link.py), which --link-emulate makes it last at least.
 
 Shape letters: N tokens here, D model dim, k experts per token, P = N k pairs, W ranks,
 S expert slots here.
+
+The exchange moves tensors; it reaches into no object of the engine's. The layer hands it the
+experts held here as `LocalExperts` (their slots and their compute) and the step's record as
+`ExchangeLog` (stage marks, experts that computed, what was exchanged).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -54,6 +59,30 @@ class Exchanged:
         self.modelled_ms[phase] += modelled
 
 
+class LocalExperts(Protocol):
+    """The experts held here, as the exchange uses them."""
+
+    @property
+    def slots(self) -> int:
+        """S: how many expert slots this rank holds."""
+
+    def __call__(self, rows: Tensor, counts: list[int]) -> Tensor:
+        """The outputs of rows sorted by slot, counts[j] of them for slot j."""
+
+
+class ExchangeLog(Protocol):
+    """What a step records of a layer's exchange."""
+
+    def mark(self, stage: str) -> None:
+        """The stage that just ended (routing, dispatch, expert_compute, combine)."""
+
+    def computed(self, experts: int) -> None:
+        """How many experts here computed in the layer."""
+
+    def exchanged(self, record: Exchanged) -> None:
+        """The layer's exchange as this rank saw it."""
+
+
 class Exchange:
     """What both backends share: the group, this layer's placement tables, the link."""
 
@@ -81,12 +110,12 @@ class Exchange:
         return pending.wait(modelled if self.emulate else 0.0), modelled
 
 
-def compute(moe, rows: Tensor, slots: Tensor) -> Tensor:
+def compute(experts: LocalExperts, rows: Tensor, slots: Tensor) -> Tensor:
     """This rank's experts on the rows sent to them, each row's output in its place."""
     by_slot = slots.argsort(stable=True)
-    counts = torch.bincount(slots, minlength=len(moe.experts.held)).tolist()
+    counts = torch.bincount(slots, minlength=experts.slots).tolist()
     ys = torch.empty_like(rows)
-    ys[by_slot] = moe.kernel(rows[by_slot], counts, range(len(counts)), *moe.experts.weights)
+    ys[by_slot] = experts(rows[by_slot], counts)
     return ys
 
 
@@ -96,9 +125,12 @@ class AllToAll(Exchange):
         super().__init__(group, placement, layer, link, emulate)
         self.overlap = overlap
 
-    def run(self, moe, x: Tensor, weights: Tensor, flat: Tensor, step) -> Tensor:
+    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: LocalExperts,
+            log: ExchangeLog) -> Tensor:
+        """x [N, D] and its routing, weights and flat [N, k] experts flattened: the layer's
+        output [N, D] from the experts wherever they are."""
         n, d = x.shape
-        k, world, me = moe.top_k, self.group.world, self.group.rank
+        k, world, me = weights.shape[1], self.group.world, self.group.rank
         token = torch.arange(flat.numel(), device=x.device) // k  # [P]
         dest, slot = self.destinations(flat, token, me)
         halves = [(0, n // 2), (n // 2, n)] if self.overlap else [(0, n)]
@@ -112,7 +144,7 @@ class AllToAll(Exchange):
         record = Exchanged([[0] * world for _ in range(world)], [[0] * world for _ in range(world)],
                            [sum(counts[s][b][r] for s in range(world) for b in range(len(halves)))
                             for r in range(world)])
-        step.timer.mark("routing")
+        log.mark("routing")
         dispatched = []
         for b, order in enumerate(orders):
             sent = [counts[me][b][r] for r in range(world)]
@@ -123,16 +155,16 @@ class AllToAll(Exchange):
                                self.group.all_to_all(ids, slot[order], received, sent),
                                sent, received))
         combined = []
-        used = torch.zeros(len(moe.experts.held), dtype=torch.long, device=x.device)
+        used = torch.zeros(experts.slots, dtype=torch.long, device=x.device)
         for b, (rows, ids, sent, received) in enumerate(dispatched):
             matrix = [[counts[s][b][r] * row_bytes if s != r else 0 for r in range(world)]
                       for s in range(world)]
             record.add("dispatch", *self.wait(rows, matrix))
             ids.work.wait()  # sent with the rows: here by now
-            step.timer.mark("dispatch")
-            ys = compute(moe, rows.output, ids.output)
+            log.mark("dispatch")
+            ys = compute(experts, rows.output, ids.output)
             used += torch.bincount(ids.output, minlength=len(used))
-            step.timer.mark("expert_compute")
+            log.mark("expert_compute")
             back = x.new_empty(sum(sent), d)
             combined.append((self.group.all_to_all(back, ys, sent, received), matrix))
             for s in range(world):
@@ -145,16 +177,17 @@ class AllToAll(Exchange):
             transposed = [[matrix[s][r] for s in range(world)] for r in range(world)]
             record.add("combine", *self.wait(back, transposed))
             out.index_add_(0, token[order], back.output * flat_weights[order][:, None].to(x.dtype))
-            step.timer.mark("combine")
-        step.active.append(int((used > 0).sum()))
-        step.comm.append(record)
+            log.mark("combine")
+        log.computed(int((used > 0).sum()))
+        log.exchanged(record)
         return out
 
 
 class AllGatherReduceScatter(Exchange):
-    def run(self, moe, x: Tensor, weights: Tensor, flat: Tensor, step) -> Tensor:
+    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: LocalExperts,
+            log: ExchangeLog) -> Tensor:
         n, d = x.shape
-        k, world, me = moe.top_k, self.group.world, self.group.rank
+        k, world, me = weights.shape[1], self.group.world, self.group.rank
         sizes = self.group.all_gather(torch.tensor([n], device=x.device)).flatten().tolist()
         width = max(sizes)
         padded = x.new_zeros(width, d)
@@ -162,7 +195,7 @@ class AllGatherReduceScatter(Exchange):
         routing = torch.full((width, 2 * k), -1.0, device=x.device)  # experts, then weights
         routing[:n, :k] = flat.view(n, k).float()
         routing[:n, k:] = weights
-        step.timer.mark("routing")
+        log.mark("routing")
         matrix = [[width * d * x.element_size() if s != r else 0 for r in range(world)]
                   for s in range(world)]
         rows = self.group.gather_rows(padded)
@@ -170,27 +203,27 @@ class AllGatherReduceScatter(Exchange):
         routes.wait()
         record = Exchanged([row[:] for row in matrix], [row[:] for row in matrix], [0] * world)
         record.add("dispatch", *self.wait(rows, matrix))
-        step.timer.mark("dispatch")
+        log.mark("dispatch")
         every = routes.output.view(world, width, 2 * k)
         valid = torch.arange(width, device=x.device)[None, :] < torch.tensor(
             sizes, device=x.device)[:, None]  # [W, width]
-        experts = every[..., :k].long().clamp(min=0).flatten()  # [W width k]
+        chosen = every[..., :k].long().clamp(min=0).flatten()  # [W width k]
         pair_token = torch.arange(world * width * k, device=x.device) // k  # in the gather
         source = pair_token // width
-        dest, slot = self.destinations(experts, pair_token % width, source)
+        dest, slot = self.destinations(chosen, pair_token % width, source)
         keep = valid.flatten().repeat_interleave(k)
         record.computed = torch.bincount(dest[keep], minlength=world).tolist()
         mine = keep & (dest == me)
         token_of = pair_token[mine]
-        ys = compute(moe, rows.output[token_of], slot[mine])
+        ys = compute(experts, rows.output[token_of], slot[mine])
         partial = torch.zeros_like(rows.output)
         partial.index_add_(0, token_of, ys * every[..., k:].flatten()[mine][:, None].to(x.dtype))
-        step.active.append(len(torch.unique(slot[mine])))
-        step.timer.mark("expert_compute")
+        log.computed(len(torch.unique(slot[mine])))
+        log.mark("expert_compute")
         summed = self.group.reduce_rows(partial)
         record.add("combine", *self.wait(summed, matrix))
-        step.timer.mark("combine")
-        step.comm.append(record)
+        log.mark("combine")
+        log.exchanged(record)
         return summed.output[:n]
 
 

@@ -49,7 +49,7 @@ def spawn(world: int, argv: list[str]) -> tuple[list[subprocess.Popen], str]:
 class Pending:
     """An exchange under way: its output, when it started, and how to wait for it."""
 
-    def __init__(self, work, output: Tensor):
+    def __init__(self, work: dist.Work, output: Tensor):
         self.work, self.output = work, output
         self.started_ns = time.perf_counter_ns()
 

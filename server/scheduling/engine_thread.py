@@ -19,7 +19,7 @@ from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, Unavai
 from server.scheduling.batching_loop import BatchingLoop
 from server.scheduling.faults import InjectedFault, Injector
 from server.scheduling.heap import HeapTrimmer
-from server.scheduling.policies import Policy
+from server.scheduling.policies import Policy, StepPlan
 from server.scheduling.prefix_cache import PrefixCache
 from server.scheduling.requests import Request
 from server.telemetry.process import GpuStats, gpu_stats
@@ -149,7 +149,7 @@ class EngineThread:
             self.before = self.before.plus(self.batching.telemetry)
             self.batching.telemetry = self.batching.new_telemetry()
 
-    def _out_of_memory(self, plan, exc: RuntimeError) -> None:
+    def _out_of_memory(self, plan: StepPlan, exc: RuntimeError) -> None:
         prompt = sum(n for _, n in plan.prefill)
         ran = len(plan.prefill) + len(plan.decode)
         log.warning("engine step out of memory (%d sequences, %d prompt tokens); failing them "

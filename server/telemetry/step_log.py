@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from server.engine.interface import StepResult
+
 
 class StepLog:
     """One JSON line per engine step (--step-log): wall and monotonic timestamps, so steps
@@ -13,7 +15,7 @@ class StepLog:
     def __init__(self, path: str):
         self.file = open(path, "a", buffering=1)
 
-    def write(self, step: int, result, batch: int, admitted: int) -> None:
+    def write(self, step: int, result: StepResult, batch: int, admitted: int) -> None:
         record = {"t_unix_s": time.time(), "t_monotonic_s": time.monotonic(), "step": step,
                   "batch": batch, "admitted": admitted, "tokens": result.tokens,
                   "stage_ms": result.stage_ms and {k: round(v, 4)

@@ -25,6 +25,7 @@ from records.engine_telemetry import (
     zeros,
 )
 from server.engine.expert_cache import CacheCounters
+from server.engine.interface import StepResult
 from server.engine.stages import STAGES
 from server.telemetry.exchange import ExchangeTotals
 from server.telemetry.histogram import Histogram
@@ -78,7 +79,7 @@ class Telemetry:
         self.counts["requests_admitted"] += len(prompt_lengths)
         self.counts["prompt_tokens"] += sum(prompt_lengths)
 
-    def record_step(self, result, batch: int, generated: int, step_ms: float,
+    def record_step(self, result: StepResult, batch: int, generated: int, step_ms: float,
                     expert_bytes: int) -> None:
         """batch: sequences in the step; generated: tokens it produced (a prompt chunk that
         does not end its prompt produces none)."""

@@ -36,7 +36,7 @@ import torch
 from records.cli import Parser
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine, indexed
-from server.engine.model import PRESETS
+from server.engine.model_args import PRESETS
 from server.scheduling.policies import POLICIES
 from server.settings import device_problem
 from server.tools import gpu_check

@@ -36,7 +36,7 @@ from server.engine.host_transfer import cuda_waits
 from server.engine.interface import SeqInput
 from server.engine.kernels import BATCHED_MAX_ROWS, KERNELS, grouped_mm_unsupported, median_ms
 from server.engine.local import LocalEngine, indexed
-from server.engine.model import PRESETS
+from server.engine.model_args import PRESETS
 from server.settings import device_problem
 
 REPO = Path(__file__).resolve().parents[2]
