@@ -15,15 +15,16 @@ from records.server_settings import ServerSettings
 from server.app import start
 from server.build import follow_rank_0
 from server.parallel.group import launched
-from server.settings import REGISTRIES, check
+from server.settings import REGISTRIES, Startup, prepare
 
 log = logging.getLogger("server")
 
 
-def parse_args(argv: list[str] | None = None) -> ServerSettings:
-    """The settings from the command line, checked before anything is built; a bad value exits 2
-    naming its flag. A rank other than 0 of an expert-parallel engine (started by --ep or
-    torchrun) logs as that rank and does not check the ports, which only rank 0 opens."""
+def parse_args(argv: list[str] | None = None) -> Startup:
+    """The settings from the command line, checked and resolved once before anything is built
+    (server/settings.py prepare); a bad value exits 2 naming its flag. A rank other than 0 of
+    an expert-parallel engine (started by --ep or torchrun) logs as that rank and does not
+    check the ports, which only rank 0 opens."""
     p = Parser(prog="python -m server", description=__doc__)
     add_arguments(p, ServerSettings, REGISTRIES)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -32,19 +33,18 @@ def parse_args(argv: list[str] | None = None) -> ServerSettings:
     logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s "
                         + (f"rank {rank} " if rank else "") + "%(name)s: %(message)s")
     try:
-        settings = from_options(ServerSettings, options)
-        check(settings, ports=rank == 0)
+        return prepare(from_options(ServerSettings, options), ports=rank == 0)
     except SettingsError as exc:
         p.error(str(exc))
-    return settings
 
 
-async def serve(settings: ServerSettings) -> int:
+async def serve(startup: Startup) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    app = await start(settings)
+    settings = startup.settings
+    app = await start(startup)
     write_port(settings.serving.http_port_file, app.http_port)
     write_port(settings.serving.port_file, app.port)  # last: once it exists, both serve
 
@@ -67,12 +67,12 @@ def write_port(path: str | None, port: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = parse_args(argv)
+    startup = parse_args(argv)
     try:
         if (launched() or (0, 1))[0]:
-            follow_rank_0(settings)
+            follow_rank_0(startup)
             return 0
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(startup))
     except SettingsError as exc:  # a port taken between the check and the bind
         print(f"python -m server: error: {exc}", file=sys.stderr)
         return 2

@@ -14,8 +14,7 @@ import torch
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2
 
-from records.declare import SettingsError, argv_of
-from records.server_settings import ServerSettings
+from records.declare import SettingsError
 from server.build import build_engine
 from server.engine.interface import Engine
 from server.frontends.admission import Admission, RequestLimits
@@ -27,7 +26,7 @@ from server.scheduling.engine_thread import EngineThread
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import build_policy
 from server.scheduling.prefix_cache import PrefixCache
-from server.settings import check, resolve
+from server.settings import Startup
 from server.telemetry.step_log import StepLog
 
 log = logging.getLogger(__name__)
@@ -75,17 +74,16 @@ class App:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
 
 
-async def start(settings: ServerSettings) -> App:
-    """Builds the model and starts serving; call from the event loop that will serve."""
-    check(settings)
-    as_given = argv_of(settings)  # what the other ranks are started with
-    settings = resolve(settings)
+async def start(startup: Startup) -> App:
+    """Builds the model and starts serving (startup: server/settings.py prepare's); call from
+    the event loop that will serve."""
+    settings = startup.settings
     model, serving = settings.model, settings.serving
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
     name = model.checkpoint or model.preset
     log.info("building %s on %s (%s), seed %d", name, model.device, model.dtype, model.seed)
-    engine = build_engine(settings, as_given)
+    engine = build_engine(startup)
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
     step_log = StepLog(serving.step_log) if serving.step_log else None

@@ -10,8 +10,6 @@ import subprocess
 
 import torch
 
-from records.server_settings import ServerSettings
-from server.engine.checkpoint import open_checkpoint
 from server.engine.distributed import DistributedEngine, follow
 from server.engine.interface import Engine
 from server.engine.local import LocalEngine
@@ -20,72 +18,71 @@ from server.parallel.exchange import ExpertSpread
 from server.parallel.group import EpGroup, launched, spawn
 from server.parallel.link import Link
 from server.parallel.placement import Placement, balanced, contiguous
-from server.settings import model_args, resolve
+from server.settings import Startup
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(settings: ServerSettings, argv: list[str]) -> Engine:
-    """The server's engine; argv: the command line the other ranks start with, if any."""
-    ep = settings.parallel.ep
+def build_engine(startup: Startup) -> Engine:
+    """The server's engine; the other ranks, if any, start with the command line as given."""
+    ep = startup.settings.parallel.ep
     if ep == 1:
-        return local_engine(settings, settings.kv_slots)
-    ranks, meet = ([], "env://") if launched() else spawn(ep, argv)
-    return distributed_engine(settings, ranks, meet)
+        return local_engine(startup, startup.settings.kv_slots)
+    ranks, meet = ([], "env://") if launched() else spawn(ep, startup.argv)
+    return distributed_engine(startup, ranks, meet)
 
 
-def local_engine(settings: ServerSettings, kv_slots: int, spread: ExpertSpread | None = None
+def local_engine(startup: Startup, kv_slots: int, spread: ExpertSpread | None = None
                  ) -> LocalEngine:
     """The model in this process: the checkpoint's (--model) or the preset's shapes with random
     weights (--preset, --experts, --max-seq-len); with spread, this rank's share of the experts
     (the ranks warm up together)."""
+    settings = startup.settings
     model = settings.model
     common = (kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
     options = {"spread": spread, "warm_up": spread is None,
                "graphs": "auto" if model.cuda_graphs else "off",
                "sample_steps": model.gpu_sample_steps,
                "keep_routing": settings.serving.enable_return_routed_experts}
-    if model.checkpoint:
-        return LocalEngine.from_checkpoint(open_checkpoint(model.checkpoint, model.context_len),
-                                           *common, **options)
-    return LocalEngine(model_args(model), *common, **options)
+    if startup.checkpoint is not None:
+        return LocalEngine.from_checkpoint(startup.checkpoint, *common, **options)
+    return LocalEngine(startup.args, *common, **options)
 
 
-def rank_engine(settings: ServerSettings, rank: int, world: int, init_method: str = "env://"
+def rank_engine(startup: Startup, rank: int, world: int, init_method: str = "env://"
                 ) -> tuple[LocalEngine, EpGroup, Placement]:
     """This rank's engine, holding its share of the experts (balanced placement starts as if
     every expert had the same load), and the process group (joined first: every rank waits
     for all of them)."""
-    model, p = settings.model, settings.parallel
+    model, p, args = startup.settings.model, startup.settings.parallel, startup.args
     group = EpGroup(rank, world, p.ep_timeout_s, torch.device(model.device), init_method)
-    args = model_args(model)
     placement = (contiguous(args.n_layers, args.n_experts, world) if p.ep_placement == "contiguous"
                  else balanced(torch.ones(args.n_layers, args.n_experts), world, p.ep_redundant))
     link = Link(p.link_gbps, p.link_latency_us) if p.link_gbps else None
     spread = ExpertSpread(group, placement, p.ep_comm, p.ep_overlap == "two-batch", link,
                           p.link_emulate)
-    engine = local_engine(settings, -(-settings.kv_slots // world), spread)
+    engine = local_engine(startup, -(-startup.settings.kv_slots // world), spread)
     return engine, group, placement
 
 
-def distributed_engine(settings: ServerSettings, ranks: list[subprocess.Popen],
+def distributed_engine(startup: Startup, ranks: list[subprocess.Popen],
                        init_method: str = "env://") -> DistributedEngine:
     """Rank 0's engine over all the ranks (ranks: the processes this one started, if any, and
     init_method where it meets them)."""
+    settings = startup.settings
     p = settings.parallel
-    local, group, placement = rank_engine(settings, 0, p.ep, init_method)
+    local, group, placement = rank_engine(startup, 0, p.ep, init_method)
     every = p.ep_rebalance_steps if p.ep_placement == "balanced" else 0
     return DistributedEngine(local, group, settings.kv_slots, placement, every, p.ep_redundant,
                              ranks)
 
 
-def follow_rank_0(settings: ServerSettings) -> None:
+def follow_rank_0(startup: Startup) -> None:
     """The life of a rank other than 0: build its share, follow rank 0 until it says stop."""
-    settings = resolve(settings)
-    if settings.model.torch_threads:
-        torch.set_num_threads(settings.model.torch_threads)
+    if startup.settings.model.torch_threads:
+        torch.set_num_threads(startup.settings.model.torch_threads)
     rank, world = launched()
-    engine, group, _ = rank_engine(settings, rank, world)
+    engine, group, _ = rank_engine(startup, rank, world)
     log.info("rank %d of %d holds experts %s of layer 0", rank, world,
              engine.model.layers[0].moe.experts.held)
     try:

@@ -1,18 +1,22 @@
 """The server's side of its settings (declared in records/server_settings.py): the names its
 registries know, the checks that need the model or the device, and the values it resolves at
-start-up (the device, dtype, KV slots and router normalisation a default leaves open)."""
+start-up (the device, dtype, KV slots and router normalisation a default leaves open).
+
+`prepare` does all of it once, opening a checkpoint once, and hands the rest of the start-up a
+`Startup`: the settings resolved, the model's shapes, the checkpoint."""
 
 from __future__ import annotations
 
 import dataclasses
 import socket
+from dataclasses import dataclass
 
 import torch
 
-from records.declare import Registry, SettingsError, check_names, require
+from records.declare import Registry, SettingsError, argv_of, check_names, require
 from records.server_settings import Model, ServerSettings
 from server.engine import expert_cache, kernels, routing
-from server.engine.checkpoint import open_checkpoint
+from server.engine.checkpoint import Checkpoint, open_checkpoint
 from server.engine.model_args import DTYPES, PRESETS, ModelArgs
 from server.frontends.security import check_exposure, guard_of
 from server.parallel.group import launched
@@ -45,16 +49,38 @@ def device_problem(name: str) -> str | None:
     return None
 
 
-def check(settings: ServerSettings, ports: bool = True) -> None:
-    """Everything the declaration cannot check alone; raises SettingsError naming the flag.
-    ports: the listeners are free (not for a rank that only follows rank 0)."""
+@dataclass(frozen=True)
+class Startup:
+    """What the server starts from: its settings checked and resolved, the model's shapes, and
+    with --model the checkpoint, opened once."""
+
+    settings: ServerSettings  # resolved (see resolve)
+    args: ModelArgs
+    checkpoint: Checkpoint | None
+    argv: list[str]  # the command line as given, for the ranks this process starts
+
+
+def prepare(settings: ServerSettings, ports: bool = True) -> Startup:
+    """Checks the settings (SettingsError naming the flag), opens the checkpoint, works out the
+    shapes and resolves the defaults, each once. ports: the listeners are free (not for a rank
+    that only follows rank 0)."""
     check_names(settings, REGISTRIES)
-    model, moe = settings.model, settings.moe
+    model = settings.model
     require(settings.serving.http_port is not None or not settings.serving.http_port_file,
             "http-port-file", "needs --http-port (the HTTP API is off without it)")
     if model.device and (problem := device_problem(model.device)):
         raise SettingsError(f"--device: {problem}")
-    args = model_args(model)
+    require(not (model.checkpoint and model.n_experts), "experts",
+            "sets a preset's expert count; a checkpoint has its own")
+    checkpoint = open_checkpoint(model.checkpoint, model.context_len) if model.checkpoint else None
+    args = checkpoint.args if checkpoint is not None else preset_args(model)
+    check(settings, args, ports)
+    return Startup(resolve(settings, args, checkpoint), args, checkpoint, argv_of(settings))
+
+
+def check(settings: ServerSettings, args: ModelArgs, ports: bool) -> None:
+    """What needs the model's shapes, or reaches outside the process."""
+    moe = settings.moe
     try:
         routing.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
     except ValueError as e:
@@ -144,14 +170,8 @@ def try_bind(flag: str, host: str, port: int) -> None:
                             f"it, or pick another --{flag} (0 = any free port)") from None
 
 
-def model_args(model: Model) -> ModelArgs:
-    """The shapes the server builds: the preset's (with --max-seq-len and --experts), or the
-    checkpoint's (its config read and checked; the weights are read when the engine is
-    built)."""
-    require(not (model.checkpoint and model.n_experts), "experts",
-            "sets a preset's expert count; a checkpoint has its own")
-    if model.checkpoint:
-        return open_checkpoint(model.checkpoint, model.context_len).args
+def preset_args(model: Model) -> ModelArgs:
+    """The preset's shapes, with --max-seq-len and --experts."""
     args = PRESETS[model.preset]
     changes = {"max_seq_len": model.context_len, "n_experts": model.n_experts}
     try:
@@ -160,13 +180,12 @@ def model_args(model: Model) -> ModelArgs:
         raise SettingsError(f"--experts: {e}") from None
 
 
-def resolve(settings: ServerSettings) -> ServerSettings:
+def resolve(settings: ServerSettings, args: ModelArgs,
+            checkpoint: Checkpoint | None) -> ServerSettings:
     """The settings with the defaults that depend on the machine or the model filled in, as
     the server runs them and GetStats reports them (no preset when it serves a checkpoint)."""
     model, batching, moe = settings.model, settings.batching, settings.moe
     device = model.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = open_checkpoint(model.checkpoint) if model.checkpoint else None
-    args = model_args(model)
     own = next(name for name, kind in DTYPES.items()
                if kind == (checkpoint.dtype if checkpoint else torch.bfloat16))
     dtype = model.dtype or ("float32" if device == "cpu" else own)

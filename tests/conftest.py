@@ -20,6 +20,7 @@ from proto import moe_pb2_grpc
 from records.declare import build
 from records.server_settings import ServerSettings
 from server.app import App, start
+from server.settings import prepare
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,7 +52,7 @@ def running_server(**overrides):
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    app = asyncio.run_coroutine_threadsafe(start(settings), loop).result(timeout=60)
+    app = asyncio.run_coroutine_threadsafe(start(prepare(settings)), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{app.port}")
     try:
         yield Served(app.port, moe_pb2_grpc.MoEInferenceStub(channel), app)

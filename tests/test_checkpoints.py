@@ -14,14 +14,17 @@ import threading
 import pytest
 import torch
 
+import server.__main__
+import server.settings
 from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
+from server.build import build_engine
 from server.engine.checkpoint import CheckpointError, open_checkpoint
 from server.engine.local import LocalEngine
 from server.engine.model import StepLayout
 from server.engine.moe import StepContext
-from server.settings import check, resolve
+from server.settings import prepare, resolve
 from tests.checkpoints import ARCHITECTURES, shard, write_checkpoint
 from tests.conftest import REPO, running_server
 
@@ -159,9 +162,13 @@ def settings(**values) -> ServerSettings:
 
 def test_dtype_is_the_checkpoint_s_on_cuda_and_float32_on_cpu(tmp_path):
     write_checkpoint(tmp_path, "qwen3_moe", dtype=torch.bfloat16)
-    on_cpu = resolve(settings(checkpoint=str(tmp_path), device="cpu"))
-    on_cuda = resolve(settings(checkpoint=str(tmp_path), device="cuda"))
-    asked = resolve(settings(checkpoint=str(tmp_path), device="cpu", dtype="bfloat16"))
+    checkpoint = open_checkpoint(str(tmp_path))
+
+    def resolved(**values) -> ServerSettings:
+        return resolve(settings(checkpoint=str(tmp_path), **values), checkpoint.args, checkpoint)
+
+    on_cpu, on_cuda = resolved(device="cpu"), resolved(device="cuda")
+    asked = resolved(device="cpu", dtype="bfloat16")
     assert (on_cpu.model.dtype, on_cuda.model.dtype, asked.model.dtype) == (
         "float32", "bfloat16", "bfloat16")
     assert on_cpu.model.preset == "" and on_cpu.moe.renormalize is True  # norm_topk_prob
@@ -203,7 +210,7 @@ def test_a_bad_config_is_refused_before_anything_is_built(tmp_path, how, message
     write_checkpoint(tmp_path, "qwen3_moe")
     damage(tmp_path, how)
     with pytest.raises(SettingsError, match=f"^--model: .*{message}"):
-        check(settings(checkpoint=str(tmp_path)))
+        prepare(settings(checkpoint=str(tmp_path)))
 
 
 @pytest.mark.parametrize("how, message", [
@@ -236,3 +243,21 @@ def test_the_command_line_refuses_a_bad_checkpoint_in_one_line(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(
         "python -m server: error: --model: architecture 'LlamaForCausalLM'")
+
+
+def test_a_checkpoint_is_opened_once_from_the_command_line_to_the_engine(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path, "qwen3_moe")
+    opened = []
+
+    def counted(*args, **kwargs):
+        opened.append(args)
+        return open_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(server.settings, "open_checkpoint", counted)
+    startup = server.__main__.parse_args(["--model", str(tmp_path), "--device", "cpu",
+                                          "--port", "0", "--kv-slots", "2"])
+    engine = build_engine(startup)
+    try:
+        assert len(opened) == 1 and engine.args == startup.args == startup.checkpoint.args
+    finally:
+        engine.stop()

@@ -25,7 +25,7 @@ from records.server_settings import ServerSettings
 from server.parallel.link import Link
 from server.parallel.placement import balanced, contiguous, imbalance, rank_loads
 from server.scheduling.policies import POLICIES
-from server.settings import check
+from server.settings import prepare
 from tests.conftest import REPO, running_server, server_process, stop_process
 
 PROMPTS = ["hello experts", "a", "mixture of experts at scale", "xyz", "q", "the end"]
@@ -226,7 +226,7 @@ def test_torchrun_starts_the_ranks(tmp_path):
 ])
 def test_settings_expert_parallelism_refuses(values, message):
     with pytest.raises(SettingsError, match=message):
-        check(build(ServerSettings, {"preset": "tiny", "port": 0} | values), ports=False)
+        prepare(build(ServerSettings, {"preset": "tiny", "port": 0} | values), ports=False)
 
 
 def ep_snapshot(uptime_s: float, bytes_each: int, exposed_ms: float, step_ms: float,

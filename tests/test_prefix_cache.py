@@ -21,7 +21,7 @@ from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
 from server.engine.slots import RankSlots, SlotPool
 from server.scheduling.prefix_cache import PrefixCache, block_keys
-from server.settings import check
+from server.settings import prepare
 from tests.conftest import running_server
 from tests.test_diagnosis import finding
 from tests.test_end_to_end import locust
@@ -105,7 +105,7 @@ def test_with_ranks_a_copy_stays_on_the_rank_holding_the_prefix():
 ])
 def test_bad_prefix_cache_flags_are_refused_naming_the_flag(flags, message):
     with pytest.raises(SettingsError, match=message):
-        check(build(ServerSettings, {"preset": "tiny", "device": "cpu", **flags}), ports=False)
+        prepare(build(ServerSettings, {"preset": "tiny", "device": "cpu", **flags}), ports=False)
 
 
 def generate(stub, prompt: list[int], out: dict, key) -> None:

@@ -30,7 +30,7 @@ from records.load_settings import LoadSettings
 from records.server_settings import ServerSettings
 from records.server_stats import ServerStats
 from server.__main__ import parse_args
-from server.settings import check, resolve
+from server.settings import prepare
 from tests.conftest import REPO
 
 
@@ -77,15 +77,16 @@ def test_locust_web_form_text_becomes_settings():
 
 def test_command_line_flags_and_the_server_registries():
     settings = parse_args(["--preset", "tiny", "--no-renormalize", "--capacity-factor", "1.5",
-                           "--kv-slots", "6"])
+                           "--kv-slots", "6"]).settings  # resolved
     assert settings.moe.renormalize is False and settings.moe.capacity_factor == 1.5
-    assert resolve(settings).model.device == "cpu" and resolve(settings).model.dtype == "float32"
+    assert settings.model.device == "cpu" and settings.model.dtype == "float32"
     # the preset's
-    assert resolve(build(ServerSettings, {"preset": "tiny"})).moe.renormalize is True
+    tiny = prepare(build(ServerSettings, {"preset": "tiny"}), ports=False)
+    assert tiny.settings.moe.renormalize is True
     with pytest.raises(SettingsError, match="--policy: unknown 'lifo'; choose from fcfs, static"):
-        check(build(ServerSettings, {"policy": "lifo"}))
+        prepare(build(ServerSettings, {"policy": "lifo"}))
     with pytest.raises(SettingsError, match="--max-step-tokens: must be at least --max-batch-size"):
-        check(build(ServerSettings, {"policy": "latency_sensitive", "max_batch_size": 64,
+        prepare(build(ServerSettings, {"policy": "latency_sensitive", "max_batch_size": 64,
                                      "max_step_tokens": 32}))
 
 
