@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
@@ -273,3 +274,49 @@ def window_counters() -> list[Metric]:
     """The engine's own counters over a GetStats window: what a run's analysis reads as growth
     between two snapshots."""
     return [m for m in metrics_of(ENGINE) if m.kind == COUNTER and m.window]
+
+
+class Count(StrEnum):
+    """The counters the server adds to by name, as symbols: a misspelt one fails where it is
+    read, and in a type check, not as a new key on its own path. Declared beside METRICS and
+    checked against them when this module is imported: every window counter of the engine
+    has one, and each names a declared counter."""
+
+    REQUESTS_ADMITTED = "requests_admitted"
+    REQUESTS_FINISHED = "requests_finished"
+    REQUESTS_ABORTED = "requests_aborted"
+    REQUESTS_REJECTED = "requests_rejected"
+    STEPS = "steps"
+    TOKENS_GENERATED = "tokens_generated"
+    PROMPT_TOKENS = "prompt_tokens"
+    KV_POSITIONS_USEFUL = "kv_positions_useful"
+    KV_POSITIONS_COMPUTED = "kv_positions_computed"
+    PREFILL_TOKENS = "prefill_tokens"
+    PREFILL_PADDED_TOKENS = "prefill_padded_tokens"
+    EXPERT_BYTES_READ = "expert_bytes_read"
+    EXPERT_COMPUTE_MS = "expert_compute_ms"
+    PREFIX_CACHE_QUERIES = "prefix_cache_queries"
+    PREFIX_CACHE_HITS = "prefix_cache_hits"
+    PREFIX_CACHE_COPIED = "prefix_cache_copied"
+    PREFIX_CACHE_EVICTIONS = "prefix_cache_evictions"
+    GPU_BUSY_MS = "gpu_busy_ms"
+    GPU_TIMED_MS = "gpu_timed_ms"
+    GPU_TIMED_STEPS = "gpu_timed_steps"
+    PLANS_HELD_BACK = "plans_held_back"
+    # the expert-parallel exchange's (ExpertParallelStats)
+    EXCHANGES = "exchanges"
+    PLACEMENTS = "placements"
+    EXPERTS_MOVED = "experts_moved"
+
+
+def _check_counts() -> None:
+    declared = {m.name for m in METRICS if m.kind == COUNTER and m.message in (ENGINE, EXCHANGE)}
+    symbols = {c.value for c in Count}
+    missing = {m.name for m in window_counters()} - symbols
+    unknown = symbols - declared
+    if missing or unknown:
+        raise ImportError(f"records/engine_telemetry.py: Count lacks {sorted(missing)} and "
+                          f"names undeclared counters {sorted(unknown)}")
+
+
+_check_counts()

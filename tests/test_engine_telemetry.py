@@ -5,10 +5,14 @@ fields; the server has a reading for every metric, on one rank and on several; a
 /metrics shows every declared family it has values for and nothing undeclared; and the analysis
 reads every declared window counter over a run and over time."""
 
+import ast
 import collections
 import dataclasses
+import sys
+import types
 import typing
 import urllib.request
+from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as D
@@ -35,6 +39,8 @@ from tests.conftest import running_server
 from tests.test_records import FIXTURES
 
 INTEGERS = {D.TYPE_UINT64, D.TYPE_UINT32, D.TYPE_INT64, D.TYPE_INT32}
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_names_are_unique_and_families_agree_on_kind_and_labels():
@@ -116,3 +122,25 @@ def test_the_analysis_reads_every_window_counter_over_a_run_and_over_time():
     assert series.steps.sum() == pytest.approx(
         run.samples[-1].stats.steps - run.samples[0].stats.steps)
     assert series.counters["prompt_tokens"].min() >= 0
+
+
+def test_the_server_adds_to_its_counters_by_symbol():
+    # counts["steps"] += 1 would make a misspelt name a new key, found only on its own path
+    by_name = []
+    for path in (REPO / "server").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                    and isinstance(node.slice.value, str)
+                    and getattr(node.value, "attr", getattr(node.value, "id", "")) == "counts"):
+                by_name.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not by_name
+
+
+def test_a_misspelt_counter_symbol_fails_at_import(monkeypatch):
+    source = (REPO / "records" / "engine_telemetry.py").read_text()
+    misspelt = source.replace('STEPS = "steps"', 'STEPS = "stpes"')
+    assert misspelt != source
+    module = types.ModuleType("mutated_engine_telemetry")
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # its dataclasses look it up
+    with pytest.raises(ImportError, match=r"lacks \['steps'\].*undeclared counters \['stpes'\]"):
+        exec(compile(misspelt, "engine_telemetry.py", "exec"), module.__dict__)

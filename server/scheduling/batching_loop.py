@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from records.engine_telemetry import Count
 from server.engine.expert_cache import CacheCounters
 from server.engine.interface import Engine, SeqInput, StepResult
 from server.engine.routing import request_key
@@ -105,7 +106,7 @@ class BatchingLoop:
         # a cached prefix shortened the prompt left
         plan.prefill = [(req, min(n, req.prompt_left)) for req, n in plan.prefill]
         if self.holds_back(plan):
-            self.telemetry.counts["plans_held_back"] += 1
+            self.telemetry.counts[Count.PLANS_HELD_BACK] += 1
         return plan
 
     def holds_back(self, plan: StepPlan) -> bool:
@@ -120,16 +121,16 @@ class BatchingLoop:
         """A KV slot for a new request: where the prefix cache places it (its cached prefix
         then counts as prefilled), or the pool's next."""
         cache, counts = self.prefix_cache, self.telemetry.counts
-        counts["prefix_cache_queries"] += req.prompt_len  # without a cache: none of it hits
+        counts[Count.PREFIX_CACHE_QUERIES] += req.prompt_len  # without a cache: none of it hits
         if cache is None:
             req.slot = self.engine.slots.take()
             return
         placement, evicted = cache.place(self.keys_of(req), req.prompt_len)
         req.slot, req.prefilled = placement.slot, placement.cached
         req.prefix_from = placement.source
-        counts["prefix_cache_hits"] += placement.cached
-        counts["prefix_cache_copied"] += placement.cached * (placement.source != placement.slot)
-        counts["prefix_cache_evictions"] += evicted
+        counts[Count.PREFIX_CACHE_HITS] += placement.cached
+        counts[Count.PREFIX_CACHE_COPIED] += placement.cached * (placement.source != placement.slot)
+        counts[Count.PREFIX_CACHE_EVICTIONS] += evicted
 
     def cached(self, req: Request) -> int:
         """The prompt tokens a waiting request would find in the prefix cache now."""
@@ -151,7 +152,7 @@ class BatchingLoop:
                                                 cache.block, self.keys_of(req)))
         self.engine.slots.give(req.slot)
         if cache is not None:
-            self.telemetry.counts["prefix_cache_evictions"] += cache.freed()
+            self.telemetry.counts[Count.PREFIX_CACHE_EVICTIONS] += cache.freed()
 
     def run(self, plan: StepPlan) -> tuple[StepResult, int, int]:
         """One engine step for the plan; returns the result and its start and end times."""
@@ -217,11 +218,12 @@ class BatchingLoop:
                     usage.decode_us / 1000 / (n - 1) if n > 1 else None)
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
-        self.telemetry.counts["requests_finished"] += finished
+        self.telemetry.counts[Count.REQUESTS_FINISHED] += finished
         self.telemetry.record_step(result, len(ran), len(deliveries), (t1 - t0) / 1e6,
                                    self.engine.expert_bytes)
         if self.step_log is not None:
-            self.step_log.write(self.telemetry.counts["steps"], result, len(ran), len(plan.prefill))
+            self.step_log.write(self.telemetry.counts[Count.STEPS], result, len(ran),
+                                len(plan.prefill))
         for sink, event in deliveries:
             sink(event)
 
@@ -230,7 +232,7 @@ class BatchingLoop:
             if req.done:
                 continue
             req.done = True
-            self.telemetry.counts["requests_aborted"] += 1
+            self.telemetry.counts[Count.REQUESTS_ABORTED] += 1
             if req.slot is None:
                 self.waiting.remove(req)
             else:
@@ -251,7 +253,7 @@ class BatchingLoop:
         failing = set(map(id, pending))
         self.waiting = collections.deque(r for r in self.waiting if id(r) not in failing)
         self.resident = [r for r in self.resident if id(r) not in failing]
-        self.telemetry.counts["requests_aborted"] += len(pending)
+        self.telemetry.counts[Count.REQUESTS_ABORTED] += len(pending)
         for req in pending:
             req.done = True
             if req.slot is not None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from records.engine_telemetry import Count
 from records.server_settings import Faults
 from server.engine.interface import Engine
 from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
@@ -113,7 +114,7 @@ class EngineThread:
 
     def count_rejected(self) -> None:
         with self._cond:
-            self.batching.telemetry.counts["requests_rejected"] += 1
+            self.batching.telemetry.counts[Count.REQUESTS_REJECTED] += 1
 
     def readings(self) -> dict[str, object]:
         """Every declared metric over the GetStats window (server/telemetry/readings.py)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from records.engine_telemetry import COUNTER, EXCHANGE, metrics_of, zeros
+from records.engine_telemetry import COUNTER, EXCHANGE, Count, metrics_of, zeros
 
 PHASES = ("dispatch", "combine")
 # where each phase's times go, by the exchange's own name for them
@@ -47,9 +47,9 @@ class ExchangeTotals:
                                 ("modelled", x.modelled_ms)):
                 for phase in PHASES:
                     self.counts[TIMES[kind].format(phase=phase)] += times[phase]
-        self.counts["exchanges"] += len(comm)
-        self.counts["placements"] += moved > 0
-        self.counts["experts_moved"] += moved
+        self.counts[Count.EXCHANGES] += len(comm)
+        self.counts[Count.PLACEMENTS] += moved > 0
+        self.counts[Count.EXPERTS_MOVED] += moved
 
     def copy(self) -> ExchangeTotals:
         return replace(self, bytes=self.bytes.clone(), computed=self.computed.clone(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from records.engine_telemetry import CACHE, EXCHANGE, FAULTS, PAIR, metrics_of
+from records.engine_telemetry import CACHE, EXCHANGE, FAULTS, PAIR, Count, metrics_of
 from records.server_stats import FaultCounts
 from server.engine.expert_cache import CacheCounters
 from server.telemetry.process import GpuStats, process_rss_bytes
@@ -54,7 +54,7 @@ def readings(t: Telemetry, cache: list[CacheCounters], now: Now) -> dict[str, ob
     counts, hists, gpu = t.counts, t.histograms, now.gpu
     tokens = t.expert_tokens.tolist()
     balance = [imbalance(row) for row in tokens]
-    compute_ms = counts["expert_compute_ms"]
+    compute_ms = counts[Count.EXPERT_COMPUTE_MS]
     return {
         **counts, **hists,
         "uptime_s": now.uptime_s, "window_s": t.window_s,

@@ -20,6 +20,7 @@ from records.engine_telemetry import (
     ENGINE,
     HISTOGRAM,
     STAGE,
+    Count,
     metrics_of,
     window_counters,
     zeros,
@@ -76,37 +77,37 @@ class Telemetry:
         self.cpu_start_s = process_cpu_s()
 
     def record_admitted(self, prompt_lengths: list[int]) -> None:
-        self.counts["requests_admitted"] += len(prompt_lengths)
-        self.counts["prompt_tokens"] += sum(prompt_lengths)
+        self.counts[Count.REQUESTS_ADMITTED] += len(prompt_lengths)
+        self.counts[Count.PROMPT_TOKENS] += sum(prompt_lengths)
 
     def record_step(self, result: StepResult, batch: int, generated: int, step_ms: float,
                     expert_bytes: int) -> None:
         """batch: sequences in the step; generated: tokens it produced (a prompt chunk that
         does not end its prompt produces none)."""
         counts, hists = self.counts, self.histograms
-        counts["steps"] += 1
-        counts["tokens_generated"] += generated
+        counts[Count.STEPS] += 1
+        counts[Count.TOKENS_GENERATED] += generated
         hists["batch_size"].record(batch)
         hists["tokens_per_step"].record(result.tokens)
         hists["step_ms"].record(step_ms)
         if result.stage_ms is not None:  # on CUDA, a sampled step (server/engine/stages.py)
             for stage, ms in result.stage_ms.items():
                 self.stage_ms[stage].record(ms)
-            counts["expert_compute_ms"] += result.stage_ms.get("expert_compute", 0.0)
+            counts[Count.EXPERT_COMPUTE_MS] += result.stage_ms.get("expert_compute", 0.0)
             self.timed_expert_bytes += sum(result.active) * expert_bytes
         if result.gpu_timed_ms:
-            counts["gpu_busy_ms"] += result.gpu_busy_ms
-            counts["gpu_timed_ms"] += result.gpu_timed_ms
-            counts["gpu_timed_steps"] += 1
-        counts["kv_positions_useful"] += result.kv_useful
-        counts["kv_positions_computed"] += result.kv_computed
-        counts["prefill_tokens"] += result.prefill_tokens
-        counts["prefill_padded_tokens"] += result.prefill_padded
+            counts[Count.GPU_BUSY_MS] += result.gpu_busy_ms
+            counts[Count.GPU_TIMED_MS] += result.gpu_timed_ms
+            counts[Count.GPU_TIMED_STEPS] += 1
+        counts[Count.KV_POSITIONS_USEFUL] += result.kv_useful
+        counts[Count.KV_POSITIONS_COMPUTED] += result.kv_computed
+        counts[Count.PREFILL_TOKENS] += result.prefill_tokens
+        counts[Count.PREFILL_PADDED_TOKENS] += result.prefill_padded
         self.expert_tokens += result.routed
         if result.dropped is not None:
             self.dropped += result.dropped
         self.active_steps[torch.arange(self.n_layers), torch.tensor(result.active)] += 1
-        counts["expert_bytes_read"] += sum(result.active) * expert_bytes
+        counts[Count.EXPERT_BYTES_READ] += sum(result.active) * expert_bytes
         if self.exchange is not None:
             self.exchange.record(result.comm, result.moved)
 
