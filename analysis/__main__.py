@@ -4,9 +4,10 @@ adds its parser with `add_command(subparsers)` and runs from `main(args)`."""
 import os
 import sys
 
-from analysis import capacity, compare, diagnosis, report, soak, sweep
+from analysis import capacity, compare, diagnosis, report, sweep
 from analysis.readers.files import RunDirError
 from analysis.routing import import_stats, section
+from analysis.soak import command as soak
 from records.cli import Parser
 
 COMMANDS = (report, compare, soak, capacity, diagnosis, sweep, section, import_stats)

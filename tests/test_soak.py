@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.soak import Series, fit_trend, sentence, soak, soak_figure
+from analysis.soak.render import sentence, soak_figure
+from analysis.soak.series import Series, soak
+from analysis.soak.trend import fit_trend
 from tests.cli import Done, analysis
 from tests.rundirs import (
     png_size,

@@ -1,0 +1,234 @@
+"""The series a soak follows, window by window: p99 TTFT and TPOT from the interval
+histograms, the server's RSS and queue depth from its GetStats samples, what its /metrics
+gave, and the load generator's RSS; each with its trend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from analysis.readers.files import RunDirError
+from analysis.readers.intervals import Interval, load_intervals, merged
+from analysis.readers.latency import US_PER_MS
+from analysis.readers.rundir import Run, read_rows, read_samples, read_summary
+from analysis.readers.server_metrics import source_series
+from analysis.rules.faults import open_windows
+from analysis.soak.trend import MIN_WINDOWS, Horizon, Trend, fit_trend
+from records.hdr import percentile_us
+from records.rundir import SAMPLES, SERVER_METRICS, SUMMARY
+from records.server_metrics import NVML
+from records.server_stats import ServerSample
+
+MB = 2**20
+# Gauges of server_stats.jsonl trended: key -> title, unit, reader of a sample.
+SAMPLED = {"rss_mb": ("server RSS", "MB", lambda s: s.stats.process_rss_bytes / MB),
+           "waiting": ("queue depth", "requests", lambda s: s.stats.waiting),
+           "generator_rss_mb": ("load generator RSS", "MB", lambda s: s.generator_rss_bytes / MB)}
+# the load generator's --interval-s default, for summaries that do not carry it
+DEFAULT_INTERVAL_S = 1.0
+UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
+
+
+
+@dataclass(frozen=True)
+class Series:
+    key: str  # JSON name
+    title: str
+    unit: str
+    # usable windows: centre (latency) or samples' mean time (gauges), s after the start
+    t_s: np.ndarray
+    values: np.ndarray
+    skipped: int  # windows left out (too few requests, or no samples)
+    source: str  # the file it came from
+    trend: Trend | None  # None: fewer than 3 usable windows, or no data
+    excluded: int = 0  # windows left out on purpose: a fault rehearsal's, or the row cap's
+    note: str = ""  # why they were left out
+
+    @property
+    def verdict(self) -> str:
+        if not len(self.values) and not self.skipped:
+            return "no data"
+        if self.trend is None:
+            return "too short"
+        return "drift" if self.trend.drift else "no drift"
+
+
+@dataclass(frozen=True)
+class Windows:
+    start_s: float  # warm-up end
+    window_s: float
+    count: int
+    end_s: float  # the last window stretches to here
+
+    def index(self, t_s: np.ndarray) -> np.ndarray:
+        """Window of each time; -1 before the first window."""
+        k = np.floor((t_s - self.start_s) / self.window_s).astype(int)
+        return np.where(t_s < self.start_s, -1, np.minimum(k, self.count - 1))
+
+    def centres(self) -> np.ndarray:
+        lo = self.start_s + self.window_s * np.arange(self.count)
+        hi = np.append(lo[1:], self.end_s)
+        return (lo + hi) / 2
+
+
+def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
+         skip_s: float | None, horizon: Horizon | None = None) -> tuple[Windows, list[Series]]:
+    """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth, each judged over
+    the run and projected over the horizon (24 h and the default budgets unless given)."""
+    horizon = horizon or Horizon()
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory")
+    summary = read_summary(run_dir)  # None while the run is still going
+    interval_s = summary.config.recording.interval_s if summary else DEFAULT_INTERVAL_S
+    # windows narrower than the logs' intervals are mostly empty, and countless
+    if window_s < interval_s:
+        raise RunDirError(f"{run_dir}: --window-s {window_s:g} is shorter than the run's "
+                          f"{interval_s:g} s logging interval (interval_s in {SUMMARY}, "
+                          f"{DEFAULT_INTERVAL_S:g} s when absent); use --window-s {interval_s:g} "
+                          f"or more")
+    if skip_s is None:
+        skip_s = summary.config.recording.warmup_s if summary else 0.0
+    latency = {metric: load_intervals(run_dir, metric) for metric in ("ttft", "tpot")}
+    samples = read_samples(run_dir)
+    ends = ([i.end_s for intervals in latency.values() for i in intervals]
+            + [s.t_run_s for s in samples])
+    if not ends:
+        raise RunDirError(f"{run_dir}: no ttft.hlog, tpot.hlog or {SAMPLES} to follow over time")
+    span_s = max(ends) - skip_s
+    # a last part under half a window joins the one before
+    count = int(math.floor(span_s / window_s + 0.5))
+    if count < MIN_WINDOWS:
+        raise RunDirError(f"{run_dir}: too short for a soak verdict: {max(span_s, 0):.0f} s after "
+                          f"the {skip_s:g} s warm-up is fewer than {MIN_WINDOWS} windows of "
+                          f"{window_s:g} s; use a smaller --window-s")
+    windows = Windows(skip_s, window_s, count, max(ends))
+    faulted = faulted_windows(samples, windows, interval_s)
+    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change, faulted,
+                              horizon) for metric in latency]
+    series += [_sample_series(key, samples, windows, min_change, horizon)
+               for key in ("rss_mb", "waiting")]
+    series += scraped_series(run_dir, windows, min_change, horizon,
+                             {x.key for x in series if len(x.values)})
+    cap_s = row_cap_s(run_dir, summary)
+    series.append(_sample_series("generator_rss_mb", samples, windows, min_change, horizon,
+                                 after_s=cap_s or 0.0))
+    return windows, series
+
+
+def faulted_windows(samples: list[ServerSample], windows: Windows,
+                    interval_s: float) -> set[int]:
+    """The windows a fault rehearsal touched: those overlapping the time the server's fault
+    window was open (one logging interval either side, as samples see it) and the window right
+    after each, in which the server recovers."""
+    hit: set[int] = set()
+    for first, last in open_windows(samples):
+        lo, hi = windows.index(np.asarray([first - interval_s, last + interval_s]))
+        hit.update(range(max(lo, 0), min(hi + 1, windows.count - 1) + 1))
+    return hit
+
+
+def row_cap_s(run_dir: Path, summary) -> float | None:
+    """When requests.jsonl's row cap (--max-request-rows) filled: the load generator's memory
+    grows with the rows it keeps until then, by design. None when it never filled."""
+    if summary is None or not summary.requests.rows_omitted:
+        return None
+    rows = read_rows(run_dir)
+    return max((r.scheduled_ms for r in rows), default=0.0) / 1000
+
+
+def _latency_series(metric: str, intervals: list[Interval], windows: Windows, min_samples: int,
+                    min_change: float, faulted: set[int], horizon: Horizon) -> Series:
+    index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
+    t_s, values, skipped = [], [], 0
+    for k, centre in enumerate(windows.centres()):
+        if k in faulted:
+            continue
+        hist = merged([i for i, w in zip(intervals, index, strict=True) if w == k])
+        if hist is None or hist.get_total_count() < min_samples:
+            skipped += bool(intervals)
+            continue
+        t_s.append(centre)
+        values.append(percentile_us(hist, 99.0) / US_PER_MS)
+    series = _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
+                     f"{metric}.hlog", min_change, horizon)
+    note = "touched by the fault rehearsal or recovering from it (--fault-window)"
+    return replace(series, excluded=len(faulted), note=note) if faulted else series
+
+
+def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
+                   min_change: float, horizon: Horizon, after_s: float = 0.0) -> Series:
+    """A gauge's mean per window; with after_s, only the windows that start after it."""
+    title, unit, read = SAMPLED[key]
+    # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
+    # read as a real, flat figure.
+    kept = [(s.t_run_s, read(s)) for s in samples if s.stats.ok
+            and (key not in UNREPORTED_AS_ZERO or read(s))]
+    return _window_means(key, title, unit, kept, SAMPLES, windows, min_change, horizon, after_s)
+
+
+def scraped_series(run_dir: Path, windows: Windows, min_change: float, horizon: Horizon,
+                   getstats: set[str]) -> list[Series]:
+    """From the server's own /metrics (server_metrics.jsonl), for any target: KV-cache usage,
+    preemptions per minute, and the server's RSS and queue depth where GetStats did not give
+    them (getstats: the keys it gave)."""
+    out = []
+    for source in source_series(Run(run_dir).scrapes):
+        if source.source == NVML or len(source.t_s) < 2:
+            continue
+        t = np.asarray(source.t_s)
+        found = source.sources()
+        if "kv_usage" in found:
+            kv = source.values("kv_usage") * 100
+            kept = [(ti, v) for ti, v in zip(t, kv, strict=True) if not np.isnan(v)]
+            out.append(_window_means("kv_usage_percent", "KV-cache usage", "%", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        if "preemptions" in found:
+            grown_ = source.values("preemptions")
+            rates = np.diff(grown_) / np.diff(t) * 60
+            kept = [(ti, v) for ti, v in zip(t[1:], rates, strict=True) if not np.isnan(v)]
+            out.append(_window_means("preemptions_per_min", "preemptions", "per min", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        if "rss_bytes" in found and "rss_mb" not in getstats:
+            rss = source.values("rss_bytes") / MB
+            kept = [(ti, v) for ti, v in zip(t, rss, strict=True) if v > 0]
+            out.append(_window_means("scraped_rss_mb", "server RSS", "MB", kept, SERVER_METRICS,
+                                     windows, min_change, horizon))
+        if "waiting" in found and "waiting" not in getstats:
+            waiting = source.values("waiting")
+            kept = [(ti, v) for ti, v in zip(t, waiting, strict=True) if not np.isnan(v)]
+            out.append(_window_means("scraped_waiting", "queue depth", "requests", kept,
+                                     SERVER_METRICS, windows, min_change, horizon))
+        break  # the first source holding the server's figures
+    return out
+
+
+def _window_means(key: str, title: str, unit: str, kept: list[tuple[float, float]], source: str,
+                  windows: Windows, min_change: float, horizon: Horizon,
+                  after_s: float = 0.0) -> Series:
+    """Values at times, as their mean per window; with after_s, only the windows that start
+    after it."""
+    first = int(windows.index(np.asarray([after_s]))[0]) + 1 if after_s else 0
+    index = windows.index(np.asarray([t for t, _ in kept], dtype=float))
+    values = np.asarray([v for _, v in kept], dtype=float)
+    times = np.asarray([t for t, _ in kept], dtype=float)
+    usable = [k for k in range(first, windows.count) if (index == k).any()]
+    skipped = windows.count - first - len(usable) if kept else 0
+    # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
+    t_s = [float(times[index == k].mean()) for k in usable]
+    means = [float(values[index == k].mean()) for k in usable]
+    series = _series(key, title, unit, t_s, means, skipped, source, min_change, horizon)
+    if not first:
+        return series
+    note = f"before the request rows' cap filled at {after_s:.0f} s (--max-request-rows)"
+    return replace(series, excluded=min(first, windows.count), note=note)
+
+
+def _series(key, title, unit, t_s, values, skipped, source, min_change, horizon) -> Series:
+    t_s, values = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
+    trend = (fit_trend(t_s, values, min_change, horizon.seconds, horizon.budgets.get(unit))
+             if len(t_s) >= MIN_WINDOWS else None)
+    return Series(key, title, unit, t_s, values, skipped, source, trend)
+
