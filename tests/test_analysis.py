@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.__main__ import main as analysis_main
 from analysis.readers.server_stats import server_view
 from tests.cli import Done, analysis
 from tests.rundirs import encoded, snapshots, step_row, summary_json
@@ -202,3 +203,12 @@ def test_report_shows_slo_shares_classes_stress_steps_and_delivery_lag(tmp_path)
     md = (run_dir / "report.md").read_text()
     assert ("## Request classes (ms)" in md and "| chat | 750 | 750 |" in md
             and "## Stress steps" in md)
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "soak", "capacity", "diagnose",
+                                     "sweep", "what-if", "import-expert-stats"])
+def test_every_commands_help_prints(command, capsys):
+    # a help string with a bare % (soak's "(%)" budget once) breaks only --help
+    with pytest.raises(SystemExit) as done:
+        analysis_main([command, "--help"])
+    assert done.value.code == 0 and command in capsys.readouterr().out

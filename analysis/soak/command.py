@@ -56,7 +56,8 @@ def add_command(commands) -> None:
                              ("per min", "--budget-preemptions", "preemptions per minute from "
                               "/metrics")):
         parser.add_argument(flag, type=number(float, 0), default=DEFAULT_BUDGETS[unit],
-                            help=f"rise of {what} ({unit}) allowed over the horizon: drift when "
+                            help=f"rise of {what} ({unit.replace('%', '%%')}) allowed over the "
+                                 "horizon: drift when "
                                  "the slope's CI rises past it even at its slow end (default "
                                  f"{DEFAULT_BUDGETS[unit]:g})")
     parser.add_argument("--fail-on-drift", action="store_true",
