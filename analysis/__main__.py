@@ -4,8 +4,9 @@ adds its parser with `add_command(subparsers)` and runs from `main(args)`."""
 import os
 import sys
 
-from analysis import capacity, compare, diagnosis, report, sweep
+from analysis import capacity, compare, diagnosis, sweep
 from analysis.readers.files import RunDirError
+from analysis.report import command as report
 from analysis.routing import import_stats, section
 from analysis.soak import command as soak
 from records.cli import Parser

@@ -28,7 +28,7 @@ from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
 from analysis.repeats import repeats, repeats_markdown, repeats_text
-from analysis.report_scraped import headline_figures
+from analysis.report.scraped import headline_figures
 from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
@@ -41,7 +41,7 @@ HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99",
 COMPARE_MD, COMPARE_PNG, COMPARE_JSON = "compare.md", "compare.png", "compare.json"
 HELD_BACK = ("the server's plans that left work out (a request kept waiting, one not run, a "
              "prompt cut), where a policy chooses; 0: it had nothing to choose")
-# the server side from each run's scraped /metrics (analysis/report_scraped.py), where any has it
+# the server side from each run's scraped /metrics (analysis/report/scraped.py), where any has it
 SCRAPED_HEADER = ["run", "engine", "waiting mean", "waiting max", "KV mean", "KV max",
                   "preempt/min", "prefix hits", "balance", "server TTFT", "client - server",
                   "J/token"]

@@ -69,7 +69,7 @@ def claim(metric: str, values: np.ndarray, limit_ms: float, percentile: float) -
 
 def claims(run: Run) -> list[Claim]:
     """One per objective the run set (--slo-ttft-ms, ...), at --slo-percentile; none for an
-    SLA search, whose probes at different rates are each judged alone (analysis/report_sla.py)."""
+    SLA search, whose probes at different rates are each judged alone (analysis/report/sla.py)."""
     if run.summary.sla is not None:
         return []
     slo = run.summary.config.slo

@@ -8,7 +8,7 @@ import json
 from analysis.diagnosis import diagnose
 from analysis.readers.rundir import load_run
 from analysis.readers.server_stats import server_view
-from analysis.report_server import server_text
+from analysis.report.server import server_text
 from tests.test_analysis import snapshot, write_run
 
 

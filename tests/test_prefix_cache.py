@@ -15,7 +15,7 @@ from analysis.readers.rundir import load_run, read_samples
 from analysis.readers.samples import server_series
 from analysis.readers.server_stats import server_view
 from analysis.readers.timeseries import client_series
-from analysis.report_server import prefix_over_time, server_text
+from analysis.report.server import prefix_over_time, server_text
 from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.server_settings import ServerSettings

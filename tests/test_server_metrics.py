@@ -373,7 +373,7 @@ def test_the_rules_fire_on_a_saturated_server_with_a_full_kv_cache_and_a_slow_fr
         tmp_path):
     from analysis.diagnosis import diagnose
     from analysis.readers.server_metrics import server_side
-    from analysis.report_scraped import headline_figures
+    from analysis.report.scraped import headline_figures
 
     nvml = [Scrape(t_unix_s=t, t_run_s=t, source="nvml", ok=True, families=[
         counter("nvml_gpu_energy_joules", 1000.0 + 50 * t, gpu="0")]) for t in range(7)]

@@ -9,7 +9,7 @@ import numpy as np
 from analysis.readers.samples import ServerSeries
 from analysis.readers.server_stats import ServerView, expert_shares
 from analysis.readers.timeseries import ClientSeries
-from analysis.report_scraped import OVER_TIME_ROWS, client_mean
+from analysis.report.scraped import OVER_TIME_ROWS, client_mean
 from analysis.tables import (
     STAT_COLUMNS,
     fmt_ms,
