@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -22,7 +23,9 @@ from server.frontends.grpc_service import SERVICE_NAME, MoEService, create_serve
 from server.frontends.http_api import start_http
 from server.frontends.prometheus import metrics_registry, serve_metrics
 from server.frontends.security import guard_of
+from server.scheduling.batching_loop import BatchingLoop
 from server.scheduling.engine_thread import EngineThread
+from server.scheduling.faults import Injector
 from server.scheduling.heap import HeapTrimmer
 from server.scheduling.policies import build_policy
 from server.scheduling.prefix_cache import PrefixCache
@@ -40,11 +43,19 @@ class App:
     service: MoEService
     health: health.aio.HealthServicer
     engine: Engine  # stopped after the drain; over ranks, a failed one stops the server
+    step_failed: asyncio.Event  # set when an engine step raised: health goes NOT_SERVING
     metrics_server: object | None = None  # the Prometheus HTTP server, when on
     metrics_port: int | None = None
     http: web.AppRunner | None = None  # the OpenAI-compatible API, when on
     http_port: int | None = None
     failed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self):
+        self._watch = asyncio.get_running_loop().create_task(self._on_step_failure())
+
+    async def _on_step_failure(self) -> None:
+        await self.step_failed.wait()
+        await self.not_serving()
 
     async def not_serving(self) -> None:
         """Tells health checks the engine is gone, so load balancers stop sending here; an
@@ -72,6 +83,7 @@ class App:
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+        self._watch.cancel()
 
 
 async def start(startup: Startup) -> App:
@@ -90,9 +102,15 @@ async def start(startup: Startup) -> App:
     batching = settings.batching
     prefix_cache = (PrefixCache(batching.prefix_block_tokens, engine.slots,
                                 batching.prefix_cache_tokens) if batching.prefix_cache else None)
-    engine_thread = EngineThread(engine, build_policy(batching), serving.max_queue,
-                                 step_log, settings.faults, HeapTrimmer(model.heap_trim_s),
-                                 batching.max_prefill_tokens, prefix_cache)
+    loop = asyncio.get_running_loop()
+    step_failed = asyncio.Event()  # set from the engine thread when a step raises
+    faults = Injector(settings.faults, engine.seed, time.monotonic_ns())
+    loop_of_steps = BatchingLoop(engine, build_policy(batching), serving.max_queue,
+                                 step_log=step_log, faults=faults,
+                                 max_prefill_tokens=batching.max_prefill_tokens,
+                                 prefix_cache=prefix_cache)
+    engine_thread = EngineThread(loop_of_steps, HeapTrimmer(model.heap_trim_s),
+                                 lambda: loop.call_soon_threadsafe(step_failed.set))
     engine_thread.start()
     limits = RequestLimits(engine.args.vocab_size, engine.args.max_seq_len,
                            serving.max_tokens_limit, serving.max_streams_per_client)
@@ -102,10 +120,7 @@ async def start(startup: Startup) -> App:
     server, port, health_servicer = await create_server(
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)
-    app = App(server, port, service, health_servicer, engine)
-    loop = asyncio.get_running_loop()
-    engine_thread.on_failure = lambda: loop.call_soon_threadsafe(loop.create_task,
-                                                                 app.not_serving())
+    app = App(server, port, service, health_servicer, engine, step_failed)
     metrics_host = settings.security.metrics_host or serving.host
     registry = metrics_registry(engine_thread, settings)
     try:

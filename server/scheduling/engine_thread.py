@@ -14,18 +14,14 @@ from collections.abc import Callable
 import torch
 
 from records.engine_telemetry import Count
-from records.server_settings import Faults
-from server.engine.interface import Engine
 from server.errors import QueueFullError, ShutdownError, StepOutOfMemory, UnavailableError
 from server.scheduling.batching_loop import BatchingLoop
-from server.scheduling.faults import InjectedFault, Injector
+from server.scheduling.faults import InjectedFault
 from server.scheduling.heap import HeapTrimmer
-from server.scheduling.policies import Policy, StepPlan
-from server.scheduling.prefix_cache import PrefixCache
+from server.scheduling.policies import StepPlan
 from server.scheduling.requests import Request
 from server.telemetry.process import GpuStats, gpu_stats
 from server.telemetry.readings import Now, readings
-from server.telemetry.step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +39,21 @@ def out_of_memory(exc: RuntimeError) -> bool:
 
 
 class EngineThread:
-    def __init__(self, engine: Engine, policy: Policy, max_queue: int,
-                 step_log: StepLog | None = None, faults: Faults | None = None,
-                 heap: HeapTrimmer | None = None, max_prefill_tokens: int | None = None,
-                 prefix_cache: PrefixCache | None = None):
-        self.engine = engine
-        self.heap = heap or HeapTrimmer(0)  # returns freed memory between steps
-        self.policy = policy
+    def __init__(self, batching: BatchingLoop, heap: HeapTrimmer,
+                 on_failure: Callable[[], None] = lambda: None):
+        """batching: the loop this thread runs, built with its faults (app.start builds it);
+        heap: returns freed memory between steps; on_failure: called on this thread if a step
+        raises."""
+        self.batching = batching
+        self.engine, self.policy = batching.engine, batching.policy
+        if batching.faults is None:
+            raise ValueError("the engine thread reports its batching loop's faults: build the "
+                             "loop with an Injector")
+        self.faults = batching.faults
+        self.heap = heap
+        self.on_failure = on_failure
         self.started_ns = time.monotonic_ns()
-        self.faults = Injector(faults or Faults(), engine.seed, self.started_ns)
-        self.batching = BatchingLoop(engine, policy, max_queue, step_log=step_log,
-                                     faults=self.faults, max_prefill_tokens=max_prefill_tokens,
-                                     prefix_cache=prefix_cache)
         self.before = self.batching.new_telemetry()  # the windows ResetStats ended, added up
-        # called on the engine thread if a step raises
-        self.on_failure: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._stopping = False
         self._failure: Exception | None = None
@@ -198,5 +194,4 @@ class EngineThread:
             with self._cond:
                 self._failure = exc
                 b.fail_all(exc)
-            if self.on_failure is not None:
-                self.on_failure()
+            self.on_failure()
