@@ -28,7 +28,7 @@ from loadgen.recording.recorder import Recorder
 from loadgen.recording.rundir import write_run_dir
 from loadgen.recording.summary import histogram_encodings
 from loadgen.recording.timing import StreamTiming
-from loadgen.run import Run
+from loadgen.run import Hooks, Place, Run
 from loadgen.server_metrics import ServerMetrics, start_server_metrics
 from loadgen.settings import check, with_run_dir
 from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
@@ -182,8 +182,9 @@ class RunListener:
                 self.run = None  # refused by the master (its log says why), or joined mid-test
                 return
             self.rank = ranks[runner.client_id]
-            self.run = Run(settings, target, self.report, len(ranks), self.rank,
-                           f"{settings.recording.run_dir}/worker-{self.rank}")
+            self.run = Run(settings, target, Hooks(self.report),
+                           Place(time.time(), len(ranks), self.rank,
+                                 f"{settings.recording.run_dir}/worker-{self.rank}"))
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
             if self.run.probe_part is not None:
@@ -191,9 +192,10 @@ class RunListener:
                                                 self.run.probe_part, self.run.inflight)
             say_headroom(settings, len(ranks))
         else:
-            self.run = Run(settings, target, self.report, request_stop=self.end_test,
-                           run_time_s=self.run_time_s)
-            self.run.scraping = start_server_metrics(settings, self.run.started_at)
+            started_at = time.time()
+            scraping = start_server_metrics(settings, started_at)
+            self.run = Run(settings, target, Hooks(self.report, self.end_test, scraping),
+                           Place(started_at), self.run_time_s)
             log.info("%s", describe(settings))
             say_headroom(settings)
             if self.run.probe_part is not None:

@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gevent
@@ -65,27 +66,41 @@ def generator_rss_bytes() -> int:
     return total
 
 
+@dataclass(frozen=True)
+class Place:
+    """This process's place in the run: among the sending processes, and in time."""
+
+    started_at: float  # wall clock, s
+    workers: int = 1  # Locust worker processes sending the run
+    index: int = 0  # this one's
+    run_dir: str | None = None  # where its logs go (a worker's own directory); None: the run's
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the run calls in the Locust process around it."""
+
+    on_result: Callable[[StreamResult, StreamTiming | None], None]  # each request, once
+    request_stop: Callable[[], None] = lambda: None  # ends the Locust test (stress, the trace)
+    # the server-metrics collector (a worker has none: its master scrapes); its first scrapes
+    # come before the first send, its last after the drain
+    scraping: ServerMetrics | None = None
+
+
 class Run:
-    def __init__(self, settings: LoadSettings, target: Target,
-                 on_result: Callable[[StreamResult, StreamTiming | None], None],
-                 workers: int = 1, index: int = 0, run_dir: str | None = None,
-                 request_stop: Callable[[], None] = lambda: None,
+    def __init__(self, settings: LoadSettings, target: Target, hooks: Hooks, place: Place,
                  run_time_s: float | None = None):
-        """target: the server's protocol; workers, index: this process's place among Locust
-        worker processes; run_dir: where its interval logs go (a worker's own directory;
-        default the run's); request_stop: ends the Locust test (stress mode calls it when it
-        is done); run_time_s: -t, counted from the schedule's time zero (see begin)."""
-        self.request_stop = request_stop
+        """target: the server's protocol; run_time_s: -t, counted from the schedule's time
+        zero (see begin)."""
+        self.request_stop, self.scraping = hooks.request_stop, hooks.scraping
         self.run_time_s = run_time_s
-        # the server-metrics collector, set by the listener (a worker has none: its master
-        # scrapes); its first scrapes come before the first send, its last after the drain
-        self.scraping: ServerMetrics | None = None
         self.settings = settings
         self.sender = settings.sender
         self.target = target
         self.count = TextCounter(settings.target.tokenizer)
-        self.on_result = on_result
-        self.started_at = time.time()
+        self.on_result = hooks.on_result
+        self.started_at = place.started_at
+        workers, index = place.workers, place.index
         self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
         self.workload = Workload(settings)
         self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
@@ -99,7 +114,7 @@ class Run:
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
         self._cpu_start_s = time.process_time()
-        run_dir = Path(run_dir or settings.recording.run_dir)
+        run_dir = Path(place.run_dir or settings.recording.run_dir)
         self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
         self.timeline = Timeline(settings.recording.interval_s)  # the web UI's chart
         self.server_log = open(run_dir / SAMPLES, "w")
