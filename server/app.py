@@ -128,10 +128,9 @@ async def start(startup: Startup) -> App:
             app.metrics_server, app.metrics_port = serve_metrics(registry, metrics_host,
                                                                  serving.metrics_port)
         if serving.http_port is not None:
-            app.http, app.http_port = await start_http(admission, name, serving.host,
-                                                       serving.http_port, serving.grace_s,
+            app.http, app.http_port = await start_http(admission, name, serving,
                                                        settings.limits.max_message_bytes, guard,
-                                                       serving.reasoning_tokens, registry)
+                                                       registry)
     except OSError as exc:  # taken since server/settings.py checked the ports
         await app.drain(0)
         flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"

@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from records.server_settings import Serving
 from server.errors import InvalidRequestError, ServerError, ShutdownError
 from server.frontends.admission import Admission, Ask, Batch
 from server.frontends.security import Guard, Tokens, client_of
@@ -368,19 +369,18 @@ async def send(response: web.StreamResponse, event: dict) -> None:
     await response.write(f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode())
 
 
-async def start_http(admission: Admission, model: str, host: str, port: int,
-                     grace_s: float, max_body_bytes: int, guard: Guard = OPEN,
-                     reasoning_tokens: int = 0, metrics: CollectorRegistry | None = None
+async def start_http(admission: Admission, model: str, serving: Serving, max_body_bytes: int,
+                     guard: Guard = OPEN, metrics: CollectorRegistry | None = None
                      ) -> tuple[web.AppRunner, int]:
-    """The API listening on host:port (0 = any free port), over TLS and checking tokens where
-    the guard says, with metrics' families at /metrics; returns its runner and bound port.
-    Cleaning the runner up gives open streams grace_s to finish."""
+    """The API listening on --host:--http-port (0 = any free port), over TLS and checking
+    tokens where the guard says, with metrics' families at /metrics; returns its runner and
+    bound port. Cleaning the runner up gives open streams --grace-s to finish."""
     # handler_cancellation: a client that leaves cancels its request at once, as over gRPC
-    api = OpenAIApi(admission, model, guard.tokens, reasoning_tokens, metrics)
-    runner = web.AppRunner(api.app(max_body_bytes),
-                           shutdown_timeout=grace_s, access_log=None, handler_cancellation=True)
+    api = OpenAIApi(admission, model, guard.tokens, serving.reasoning_tokens, metrics)
+    runner = web.AppRunner(api.app(max_body_bytes), shutdown_timeout=serving.grace_s,
+                           access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=guard.ssl_context)
+    site = web.TCPSite(runner, serving.host, serving.http_port, ssl_context=guard.ssl_context)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, bound
