@@ -16,7 +16,7 @@ from proto import moe_pb2
 from records.declare import build
 from records.load_settings import LoadSettings
 from server.frontends.admission import Batch
-from server.frontends.http_api import Answer, call_of
+from server.frontends.http_api import CompletionResponse, call_of
 from tests.conftest import running_server, server_process
 from tests.test_service import stats, wait_until
 
@@ -184,7 +184,7 @@ def test_reasoning_tokens_stream_first_as_reasoning_content_on_chat_only():
 def test_a_reasoning_batch_whose_character_is_held_back_is_still_reasoning():
     call = call_of({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
                     "stream": True, "return_token_ids": True}, True, "m")
-    answer = Answer(call, "m", 0, reasoning_tokens=2)
+    answer = CompletionResponse(call, "m", 0, reasoning_tokens=2)
     held = Batch([195], "")  # the first byte of a two-byte character: no text yet
     thinking = answer.thinking(held)
     delta = answer.choice(held, first=True, streamed=True, thinking=thinking)["delta"]

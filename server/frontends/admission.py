@@ -1,7 +1,8 @@
 """Admission, what the server's two front ends share (gRPC, server/frontends/grpc_service.py;
-OpenAI-compatible HTTP, server/frontends/http_api.py): a request in neither's terms (`Ask`), its
-validation against the model's limits, its submission to the engine thread as a `Request`
-(server/scheduling/requests.py), and the stream of its tokens as they come.
+OpenAI-compatible HTTP, server/frontends/http_api.py): a request in neither's terms
+(`GenerationRequest`), its validation against the model's limits, its submission to the engine
+thread as a `Request` (server/scheduling/requests.py), and the stream of its tokens as they
+come.
 
 Both front ends therefore accept and refuse the same requests with the same messages, and a
 request counts the same in the telemetry whichever door it came in by.
@@ -36,7 +37,7 @@ class RequestLimits:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Ask:
+class GenerationRequest:
     """One generation request, whichever protocol it came in."""
 
     request_id: str = ""  # a fresh id when empty
@@ -61,7 +62,7 @@ class Batch:
     error: Exception | None = None  # the request failed: a ServerError, or the engine's own
 
 
-def prompt_ids_of(ask: Ask, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
+def prompt_ids_of(ask: GenerationRequest, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
     """The request's prompt as token ids, or InvalidRequestError saying what to change. A
     prompt too long for the context is refused before any work on it where the tokenizer can
     tell (the byte-level one: every character is at least one token)."""
@@ -88,7 +89,7 @@ def prompt_ids_of(ask: Ask, limits: RequestLimits, tokenizer: Tokenizer) -> list
     return ids
 
 
-def validate(ask: Ask, prompt_len: int, limits: RequestLimits) -> None:
+def validate(ask: GenerationRequest, prompt_len: int, limits: RequestLimits) -> None:
     ctx = limits.max_seq_len
     if ask.max_tokens < 1:
         raise InvalidRequestError("max_tokens must be at least 1")
@@ -202,7 +203,8 @@ class Admission:
             error.retry_after_s = self.engine_thread.retry_after_s()
             raise error
 
-    def admit(self, ask: Ask, received_ns: int | None = None, client: str = "") -> Stream:
+    def admit(self, ask: GenerationRequest, received_ns: int | None = None,
+              client: str = "") -> Stream:
         """The request's stream; a request that cannot be served raises ServerError (and
         counts as rejected). client: who sent it, for the quota and fair admission."""
         received_ns = received_ns or time.monotonic_ns()

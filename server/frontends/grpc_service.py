@@ -21,7 +21,7 @@ from proto import moe_pb2, moe_pb2_grpc
 from records.declare import SettingsError
 from records.server_settings import Limits, ServerSettings
 from server.errors import ServerError, ShutdownError
-from server.frontends.admission import Admission, Ask
+from server.frontends.admission import Admission, GenerationRequest
 from server.frontends.getstats import settings_fields, stats_message
 from server.frontends.security import Guard, Tokens, client_of, metadata_value, peer_host
 from server.frontends.statuses import retry_after_s, status_of
@@ -76,11 +76,12 @@ async def refuse(context, error: ServerError) -> None:
                         trailing_metadata=((RETRY_PUSHBACK, str(ms)),))
 
 
-def ask_of(request: moe_pb2.GenerateRequest) -> Ask:
-    return Ask(request_id=request.request_id, prompt=request.prompt,
-               prompt_ids=tuple(request.prompt_token_ids), max_tokens=request.max_tokens,
-               ignore_eos=request.ignore_eos, temperature=request.temperature, seed=request.seed,
-               priority=request.priority)
+def ask_of(request: moe_pb2.GenerateRequest) -> GenerationRequest:
+    return GenerationRequest(request_id=request.request_id, prompt=request.prompt,
+                             prompt_ids=tuple(request.prompt_token_ids),
+                             max_tokens=request.max_tokens, ignore_eos=request.ignore_eos,
+                             temperature=request.temperature, seed=request.seed,
+                             priority=request.priority)
 
 
 class MoEService(moe_pb2_grpc.MoEInferenceServicer):

@@ -31,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from records.server_settings import Serving
 from server.errors import InvalidRequestError, ServerError, ShutdownError
-from server.frontends.admission import Admission, Ask, Batch
+from server.frontends.admission import Admission, Batch, GenerationRequest
 from server.frontends.security import Guard, Tokens, client_of
 from server.frontends.statuses import retry_after_s, status_of
 
@@ -62,10 +62,10 @@ def response_of(error: Exception) -> web.Response:
 
 
 @dataclass(frozen=True)
-class Call:
+class CompletionRequest:
     """One completions request, read from its body: what to generate and how to answer."""
 
-    ask: Ask
+    ask: GenerationRequest
     chat: bool
     stream: bool
     include_usage: bool
@@ -118,7 +118,7 @@ def _chat_prompt(body: dict) -> dict:
     return {"prompt": "".join(lines) + "assistant: "}
 
 
-def call_of(body: Any, chat: bool, model: str) -> Call:
+def call_of(body: Any, chat: bool, model: str) -> CompletionRequest:
     """The request in a body, or InvalidRequestError naming the field; LookupError for another
     model than this server's."""
     if not isinstance(body, dict):
@@ -134,15 +134,16 @@ def call_of(body: Any, chat: bool, model: str) -> Call:
         max_tokens = _field(body, "max_completion_tokens", int, max_tokens)
     options = _field(body, "stream_options", dict, {})
     prompt = _chat_prompt(body) if chat else _prompt(body)
-    ask = Ask(request_id=_field(body, "request_id", str, ""),
-              max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-              ignore_eos=_field(body, "ignore_eos", bool, False),
-              min_tokens=_field(body, "min_tokens", int, 0),
-              temperature=float(_field(body, "temperature", (int, float), 1.0)),
-              seed=_field(body, "seed", int, 0), priority=_field(body, "priority", int, 0),
-              **prompt)
-    return Call(ask, chat, _field(body, "stream", bool, False),
-                bool(options.get("include_usage")), _field(body, "return_token_ids", bool, False))
+    ask = GenerationRequest(request_id=_field(body, "request_id", str, ""),
+                            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                            ignore_eos=_field(body, "ignore_eos", bool, False),
+                            min_tokens=_field(body, "min_tokens", int, 0),
+                            temperature=float(_field(body, "temperature", (int, float), 1.0)),
+                            seed=_field(body, "seed", int, 0),
+                            priority=_field(body, "priority", int, 0), **prompt)
+    return CompletionRequest(ask, chat, _field(body, "stream", bool, False),
+                             bool(options.get("include_usage")),
+                             _field(body, "return_token_ids", bool, False))
 
 
 class OpenAIApi:
@@ -238,17 +239,17 @@ class OpenAIApi:
             return response_of(exc)
         async with stream:
             record_write = self.admission.engine_thread.record_write
-            answer = Answer(call, self.model, received_ns, record_write,
-                            self.reasoning_tokens if chat else 0)
+            answer = CompletionResponse(call, self.model, received_ns, record_write,
+                                        self.reasoning_tokens if chat else 0)
             if call.stream:
                 return await answer.streamed(request, stream.batches())
             return await answer.whole(stream.batches())
 
 
-class Answer:
+class CompletionResponse:
     """The response to one call: chunks as server-sent events, or one JSON body."""
 
-    def __init__(self, call: Call, model: str, received_ns: int,
+    def __init__(self, call: CompletionRequest, model: str, received_ns: int,
                  written: Callable[[float], None] = lambda ms: None, reasoning_tokens: int = 0):
         """written: told each token chunk's write delay, stamped -> the transport took it;
         reasoning_tokens: a chat answer's first this many tokens are reasoning (a batch that
