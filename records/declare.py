@@ -42,19 +42,22 @@ class Names:
 
 @dataclass(frozen=True)
 class Spec:
+    """What a setting declares beside its default (setting() takes these by name)."""
+
     help: str
-    flag: str  # without the leading dashes; "" = the field's name with dashes
+    flag: str = ""  # without the leading dashes; "" = the field's name with dashes
     # False: the flag belongs to another program (Locust's --host) and is not added here
-    option: bool
-    choices: tuple[str, ...] | Names | None
-    check: Check | None
-    compared: bool  # runs whose values differ measure different things (the comparison warns)
-    secret: bool  # an API key or the like: masked wherever the settings are written down
-    label: str  # a few plain words for a form; "" = the flag
+    option: bool = True
+    choices: tuple[str, ...] | Names | None = None
+    check: Check | None = None
+    # runs whose values differ measure different things (the comparison warns)
+    compared: bool = True
+    secret: bool = False  # an API key or the like: masked wherever the settings are written down
+    label: str = ""  # a few plain words for a form; "" = the flag
     # The setting applies only where each named setting holds one of its values (or, GIVEN,
     # any value but its empty one); the form hides it otherwise, reports leave it out; () =
     # always.
-    when: tuple[tuple[str, tuple | Given], ...]
+    when: tuple[tuple[str, tuple | Given], ...] = ()
 
 
 class Given:
@@ -71,18 +74,15 @@ class Given:
 GIVEN = Given()
 
 
-def setting(default, help: str, *, flag: str = "", option: bool = True,
-            choices: tuple[str, ...] | Names | None = None, check: Check | None = None,
-            compared: bool = True, secret: bool = False, label: str = "",
-            when: Mapping[str, Any] | None = None):
-    """A settings field: `default` as the dataclass default, the rest as its metadata. A setting
-    of type tuple[str, ...] is a repeatable flag (`--header A --header B`). when: other
-    settings by name -> the value, or a tuple of the values, under which this one applies (or
-    GIVEN: any value but an empty one)."""
+def setting(default, help: str, *, when: Mapping[str, Any] | None = None, **spec):
+    """A settings field: `default` as the dataclass default, the rest as its metadata (spec:
+    Spec's other fields, by name). A setting of type tuple[str, ...] is a repeatable flag
+    (`--header A --header B`). when: other settings by name -> the value, or a tuple of the
+    values, under which this one applies (or GIVEN: any value but an empty one)."""
     conditions = tuple((name, allowed if isinstance(allowed, tuple | Given) else (allowed,))
                        for name, allowed in (when or {}).items())
-    spec = Spec(help, flag, option, choices, check, compared, secret, label, conditions)
-    return dataclasses.field(default=default, metadata={"spec": spec})
+    return dataclasses.field(default=default,
+                             metadata={"spec": Spec(help, when=conditions, **spec)})
 
 
 def group(kind: type):

@@ -12,7 +12,7 @@ import torch
 
 from server.engine.distributed import DistributedEngine, follow
 from server.engine.interface import Engine
-from server.engine.local import LocalEngine
+from server.engine.local import EngineOptions, LocalEngine
 from server.engine.model_args import DTYPES
 from server.parallel.exchange import ExpertSpread
 from server.parallel.group import EpGroup, launched, spawn
@@ -39,14 +39,13 @@ def local_engine(startup: Startup, kv_slots: int, spread: ExpertSpread | None = 
     (the ranks warm up together)."""
     settings = startup.settings
     model = settings.model
-    common = (kv_slots, model.device, DTYPES[model.dtype], model.seed, settings.moe)
-    options = {"spread": spread, "warm_up": spread is None,
-               "graphs": "auto" if model.cuda_graphs else "off",
-               "sample_steps": model.gpu_sample_steps,
-               "keep_routing": settings.serving.enable_return_routed_experts}
-    if startup.checkpoint is not None:
-        return LocalEngine.from_checkpoint(startup.checkpoint, *common, **options)
-    return LocalEngine(startup.args, *common, **options)
+    options = EngineOptions(moe=settings.moe, spread=spread, warm_up=spread is None,
+                            checkpoint=startup.checkpoint,
+                            graphs="auto" if model.cuda_graphs else "off",
+                            sample_steps=model.gpu_sample_steps,
+                            keep_routing=settings.serving.enable_return_routed_experts)
+    return LocalEngine(startup.args, kv_slots, model.device, DTYPES[model.dtype], model.seed,
+                       options)
 
 
 def rank_engine(startup: Startup, rank: int, world: int, init_method: str = "env://"

@@ -15,7 +15,7 @@ from records.server_settings import MoE
 from server.engine.decode_attention import GatheredDecode, flash_decode_unsupported
 from server.engine.decode_graphs import bucket_sizes, fixed_shape_problem
 from server.engine.interface import SeqInput
-from server.engine.local import LocalEngine
+from server.engine.local import EngineOptions, LocalEngine
 from server.engine.model import causal_attention
 from server.engine.model_args import PRESETS
 from server.engine.stages import NullTimer
@@ -27,7 +27,7 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11] * 20]
 
 
 def engine(graphs: str, args=TINY, moe: MoE = MoE(), slots: int = 6) -> LocalEngine:
-    return LocalEngine(args, slots, "cpu", torch.float32, 0, moe, graphs=graphs)
+    return LocalEngine(args, slots, "cpu", torch.float32, 0, EngineOptions(moe, graphs=graphs))
 
 
 def generate(e: LocalEngine, prompts: list[list[int]], steps: int, temperature: float = 0.0
@@ -58,7 +58,8 @@ def test_kept_routing_is_each_tokens_experts_through_either_path():
     experts, and a decode step's the same ids through the fixed-shape step as eagerly."""
     results = {}
     for graphs in ("eager", "off"):
-        e = LocalEngine(TINY, 6, "cpu", torch.float32, 0, MoE(), graphs=graphs, keep_routing=True)
+        e = LocalEngine(TINY, 6, "cpu", torch.float32, 0,
+                        EngineOptions(graphs=graphs, keep_routing=True))
         first = e.step([SeqInput(i, p, 0) for i, p in enumerate(PROMPTS)])
         assert first.token_experts.shape == (sum(map(len, PROMPTS)), TINY.n_layers, TINY.top_k)
         seqs = [SeqInput(i, [t], len(p)) for i, (p, t) in enumerate(

@@ -63,7 +63,8 @@ def test_experts_kept_in_host_memory_are_pinned_at_their_own_size():
 
 @pytest.mark.parametrize("kernel", ["sorted", "batched", "grouped_mm"])
 def test_a_step_waits_for_the_gpu_only_at_its_counted_reads(kernel):
-    engine = LocalEngine.from_preset("small", 4, "cuda", torch.bfloat16, 0, MoE(moe_kernel=kernel))
+    engine = LocalEngine.from_preset("small", 4, "cuda", torch.bfloat16, 0,
+                                     moe=MoE(moe_kernel=kernel))
     if engine.kernel_name != kernel:
         pytest.skip(f"{kernel} falls back to {engine.kernel_name} here")
     engine.step([SeqInput(0, [1] * 7, 0), SeqInput(1, [2] * 3, 0)])
@@ -90,10 +91,11 @@ def greedy_decode(engine: LocalEngine, steps: int) -> list[list[int]]:
 def test_decode_graphs_give_the_eager_tokens_and_wait_once():
     # one kernel for both: auto's start-up timing could pick others for their eager steps
     moe = MoE(moe_kernel="grouped_mm")
-    graphed = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0, moe)
+    graphed = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0, moe=moe)
     if graphed.graphs is None:
         pytest.skip("decode graphs cannot run here (the log says why)")
-    eager = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0, moe, graphs="off")
+    eager = LocalEngine.from_preset("small", 8, "cuda", torch.bfloat16, 0, moe=moe,
+                                    graphs="off")
     assert greedy_decode(graphed, 24) == greedy_decode(eager, 24)
     seqs = [SeqInput(i, [3], 40) for i in range(5)]  # 5 rows: bucket 8
     torch.cuda.synchronize()

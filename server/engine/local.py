@@ -9,6 +9,7 @@ routing counts, drops, active experts, stage times.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -57,25 +58,38 @@ def sample(probs: Tensor, gen: torch.Generator) -> Tensor:
     return (probs / torch.empty_like(probs).exponential_(generator=gen)).argmax()
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a LocalEngine is built, beyond its shapes, slots, device, dtype and seed."""
+
+    moe: MoE = MoE()
+    # this process is one of the ranks the experts are spread over, holding its share (the
+    # ranks warm up together, so warm_up is False then)
+    spread: ExpertSpread | None = None
+    warm_up: bool = True  # one prefill and one decode step before the first request
+    checkpoint: Checkpoint | None = None  # its weights and tokenizer, else random and bytes
+    # decode steps as CUDA graphs where they can be (auto), never (off), or the graphs'
+    # fixed-shape steps run eagerly, on any device (eager: tests)
+    graphs: str = "auto"
+    # on CUDA, every n-th step's stages are timed as GPU work (server/engine/stages.py; 0: none)
+    sample_steps: int = 0
+    keep_routing: bool = False  # each step's result holds each token's experts (token_experts)
+
+
 class LocalEngine:
     world = 1  # this process holds every expert, or its rank's share of them (spread)
 
     def __init__(self, args: ModelArgs, kv_slots: int, device: str, dtype: torch.dtype,
-                 seed: int, moe: MoE = MoE(), spread: ExpertSpread | None = None,
-                 warm_up: bool = True, checkpoint: Checkpoint | None = None,
-                 graphs: str = "auto", sample_steps: int = 0, keep_routing: bool = False):
+                 seed: int, options: EngineOptions = EngineOptions()):
         """A model of args's shapes with random weights from seed and the byte-level tokenizer,
-        or, with checkpoint, that checkpoint's weights and tokenizer (from_preset and
-        from_checkpoint say which). spread: this process is one of the ranks the experts are
-        spread over, holding its share (the ranks warm up together, so warm_up is False then).
-        graphs: decode steps as CUDA graphs where they can be (auto), never (off), or the
-        graphs' fixed-shape steps run eagerly, on any device (eager: tests). sample_steps: on
-        CUDA, every n-th step's stages are timed as GPU work (server/engine/stages.py; 0: none).
-        keep_routing: each step's result holds each token's experts (token_experts)."""
+        or, with options.checkpoint, that checkpoint's weights and tokenizer (from_preset and
+        from_checkpoint say which); options: the rest of how it is built (EngineOptions)."""
+        moe, spread, checkpoint, graphs = (options.moe, options.spread, options.checkpoint,
+                                           options.graphs)
         if graphs not in GRAPH_MODES:
             raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
         self.args = args
-        self.keep_routing = keep_routing
+        self.keep_routing = options.keep_routing
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer() if checkpoint else ByteTokenizer()
         self.device = indexed(torch.device(device))
@@ -104,16 +118,22 @@ class LocalEngine:
         self.slots = SlotPool(range(kv_slots))
         # slot -> its sequence's sampler, made anew when a sequence starts in the slot
         self._generators: dict[int, torch.Generator] = {}
-        self.timer = StageTimer(self.device, sample_steps)
+        self.timer = StageTimer(self.device, options.sample_steps)
         self.graphs: DecodeGraphs | None = None
-        if warm_up:
+        if options.warm_up:
             self._warm_up()
         if problem is None:
-            self.graphs = DecodeGraphs(self.model, self.kv, kv_slots, fixed_attend, self.device,
-                                       "graphs" if graphs == "auto" else "eager")
-            self.graphs.prepare(self.slot_bias)
-            log.info("decode steps %s for batches of %s", "as CUDA graphs" if graphs == "auto"
-                     else "in fixed shapes, eagerly", self.graphs.sizes)
+            self.graphs = self._fixed_shape_steps(fixed_attend, graphs)
+
+    def _fixed_shape_steps(self, attend: DecodeAttention, graphs: str) -> DecodeGraphs:
+        """The decode steps of fixed batch sizes, captured as CUDA graphs (graphs auto) or run
+        eagerly, logged."""
+        steps = DecodeGraphs(self.model, self.kv, self.kv_slots, attend, self.device,
+                             "graphs" if graphs == "auto" else "eager")
+        steps.prepare(self.slot_bias)
+        log.info("decode steps %s for batches of %s", "as CUDA graphs" if graphs == "auto"
+                 else "in fixed shapes, eagerly", steps.sizes)
+        return steps
 
     def _decode_paths(self, args: ModelArgs, moe: MoE, graphs: str
                       ) -> tuple[DecodeAttention | None, DecodeAttention, str | None]:
@@ -142,18 +162,18 @@ class LocalEngine:
 
     @classmethod
     def from_preset(cls, preset: str, kv_slots: int, device: str, dtype: torch.dtype, seed: int,
-                    moe: MoE = MoE(), **options) -> LocalEngine:
-        """A preset's shapes (server/engine/model.py PRESETS) with random weights from seed."""
-        return cls(PRESETS[preset], kv_slots, device, dtype, seed, moe, **options)
+                    **options) -> LocalEngine:
+        """A preset's shapes (server/engine/model_args.py PRESETS) with random weights from
+        seed; options: EngineOptions's fields."""
+        return cls(PRESETS[preset], kv_slots, device, dtype, seed, EngineOptions(**options))
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, kv_slots: int, device: str,
-                        dtype: torch.dtype, seed: int, moe: MoE = MoE(),
-                        **options) -> LocalEngine:
+                        dtype: torch.dtype, seed: int, **options) -> LocalEngine:
         """A Hugging Face checkpoint's weights and tokenizer (server/engine/checkpoint.py); seed
-        fills what the checkpoint does not hold."""
-        return cls(checkpoint.args, kv_slots, device, dtype, seed, moe, checkpoint=checkpoint,
-                   **options)
+        fills what the checkpoint does not hold; options: EngineOptions's other fields."""
+        return cls(checkpoint.args, kv_slots, device, dtype, seed,
+                   EngineOptions(checkpoint=checkpoint, **options))
 
     def _warm_up(self) -> None:
         """One prefill and one decode step, so the first request does not pay torch's

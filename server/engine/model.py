@@ -32,7 +32,14 @@ from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import lists_to_device
 from server.engine.kernels import KERNELS, log_timings, project, resolve_kernel, time_kernels
 from server.engine.model_args import ModelArgs
-from server.engine.moe import Experts, MoELayer, SharedExpert, StepContext, random_expert
+from server.engine.moe import (
+    Experts,
+    MoELayer,
+    MoEParts,
+    SharedExpert,
+    StepContext,
+    random_expert,
+)
 from server.engine.routing import Skew, router_class, router_options
 from server.parallel.exchange import ExpertSpread
 
@@ -350,13 +357,11 @@ class Transformer(nn.Module):
                                moe.cache_policy, rng) if cached else None
             shared = (SharedExpert(args.dim, args.shared_expert_dim, device, dtype)
                       if args.shared_expert_dim else None)
-            return MoELayer(layer=i, top_k=args.top_k,
-                            router=router(args, i, seed, device, dtype, **options),
-                            experts=experts, kernel=KERNELS[self.kernel_name],
-                            capacity_factor=moe.capacity_factor,
-                            skew_bias=None if bias is None else bias.to(device), cache=cache,
-                            shared=shared, n_experts=args.n_experts,
-                            exchange=spread.exchange(i) if spread else None)
+            parts = MoEParts(router(args, i, seed, device, dtype, **options), experts,
+                             KERNELS[self.kernel_name], moe.capacity_factor,
+                             None if bias is None else bias.to(device), cache, shared,
+                             spread.exchange(i) if spread else None)
+            return MoELayer(i, args.top_k, parts, args.n_experts)
 
         self.layers = nn.ModuleList(Block(args, moe_layer(i), device, dtype)
                                     for i in range(args.n_layers))

@@ -166,31 +166,46 @@ class SharedExpert(nn.Module):
         return torch.sigmoid(self.gate(x)) * project(self.w2, gated(project(self.w13, x)))
 
 
-class MoELayer(nn.Module):
-    """Complete when built: its router, experts, kernel, capacity factor (None = dropless),
-    layer-wide routing bias, expert cache, shared expert and exchange never change afterwards.
-    The exchange (server/parallel/exchange.py) carries tokens to experts held by other ranks and
-    back; without one every expert is here."""
+@dataclass(frozen=True)
+class MoEParts:
+    """What a MoE layer is built from."""
 
-    def __init__(self, *, layer: int, top_k: int, router: nn.Module, experts: Experts,
-                 kernel: Kernel, capacity_factor: float | None = None,
-                 skew_bias: Tensor | None = None, cache: LayerCache | None = None,
-                 shared: SharedExpert | None = None, exchange: Exchange | None = None,
-                 n_experts: int | None = None):
+    router: nn.Module
+    experts: Experts
+    kernel: Kernel
+    capacity_factor: float | None = None  # None: dropless
+    skew_bias: Tensor | None = None  # [E] layer-wide routing bias
+    cache: LayerCache | None = None
+    shared: SharedExpert | None = None
+    # carries tokens to experts held by other ranks and back (server/parallel/exchange.py);
+    # without one every expert is here
+    exchange: Exchange | None = None
+
+
+class MoELayer(nn.Module):
+    """Complete when built: its parts never change afterwards."""
+
+    def __init__(self, layer: int, top_k: int, parts: MoEParts, n_experts: int | None = None):
+        """n_experts: the layer's experts, all ranks' together (default: those held here)."""
         super().__init__()
         self.layer = layer
         self.top_k = top_k
-        self.n_experts = n_experts or len(experts.held)
-        self.router = router
-        self.experts = experts
-        self.kernel = kernel
-        self.capacity_factor = capacity_factor
-        # [E] layer-wide routing bias
-        self.register_buffer("skew_bias", skew_bias, persistent=False)
-        self.cache = cache
-        self.shared = shared
-        self.exchange = exchange
-        self.held_experts = HeldExperts(experts, kernel)
+        self.n_experts = n_experts or len(parts.experts.held)
+        self.router = parts.router
+        self.experts = parts.experts
+        self.kernel = parts.kernel
+        self.capacity_factor = parts.capacity_factor
+        self.register_buffer("skew_bias", parts.skew_bias, persistent=False)
+        self.cache = parts.cache
+        self.shared = parts.shared
+        self.exchange = parts.exchange
+        self.held_experts = HeldExperts(parts.experts, parts.kernel)
+
+    def parts(self) -> MoEParts:
+        """What this layer was built from, as it holds them now (its routing bias moved with
+        it)."""
+        return MoEParts(self.router, self.experts, self.kernel, self.capacity_factor,
+                        self.skew_bias, self.cache, self.shared, self.exchange)
 
     def forward(self, x: Tensor, step: StepContext) -> Tensor:
         weights, experts = self.route(x, step)

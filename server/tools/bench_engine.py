@@ -22,6 +22,7 @@ A experts a step activates, m tokens per activated expert, B requests in a decod
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -89,10 +90,7 @@ def step_context(x: Tensor, token_bias: Tensor | None = None) -> StepContext:
 def variant(moe: MoELayer, **parts) -> MoELayer:
     """A layer sharing moe's router and expert weights, built with some other parts (kernel,
     skew_bias, cache): each variant is complete when built, as the engine's layers are."""
-    own = {"layer": moe.layer, "top_k": moe.top_k, "router": moe.router, "experts": moe.experts,
-           "kernel": moe.kernel, "capacity_factor": moe.capacity_factor, "skew_bias": moe.skew_bias,
-           "cache": moe.cache, "shared": moe.shared}
-    return MoELayer(**(own | parts))
+    return MoELayer(moe.layer, moe.top_k, dataclasses.replace(moe.parts(), **parts), moe.n_experts)
 
 
 def side_by_side_ms(fns: dict[str, Callable], repeats: int, device: torch.device,
@@ -128,7 +126,7 @@ class Turns:
 
 
 def bench_layer(model: Transformer, kernels: list[str], references: list, repeats: int,
-                gen: torch.Generator, read_bytes: int, renormalize: bool) -> list[dict]:
+                gen: torch.Generator, read_bytes: int) -> list[dict]:
     """Per T, in the same rounds: our kernels and transformers' implementations on cold weights,
     the read bandwidth and the peak matmul rate. Outputs are compared on every layer first."""
     moes = [block.moe for block in model.layers]
@@ -338,9 +336,10 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def report(machine: dict, layer: list[dict], roof: list[dict], decode: dict, bf16: list[dict],
-           activated: list[dict], cache: list[dict], kernels: list[str], references: bool,
-           goals: dict[str, bool]) -> None:
+def report(results: dict, kernels: list[str]) -> None:
+    """The tables of what measure found."""
+    references = results["machine"]["transformers"]
+    layer, roof, decode, goals = (results[k] for k in ("layer", "roofline", "decode", "targets"))
     hf = [f"hf_{impl}" for impl in IMPLEMENTATIONS] if references else []
     variants = [*kernels, *hf]
     print_table("MoE layer forward, cold weights, median ms (hf_* = transformers' own block on "
@@ -369,17 +368,17 @@ def report(machine: dict, layer: list[dict], roof: list[dict], decode: dict, bf1
                 ["T", "float32 ms", "bfloat16 ms", "bf16/fp32", "relative error"],
                 [[r["tokens"], r["float32_ms"], r["bfloat16_ms"],
                   r["bfloat16_ms"] / r["float32_ms"], f"{r['relative_error']:.1e}"]
-                 for r in bf16])
+                 for r in results["bfloat16"]])
     print_table("Distinct experts per decode step "
                 f"(mean of {ROUTING_SAMPLES} batches of B requests)",
                 ["skew", "B", "mean A", "uniform E(1-(1-k/E)^B)"],
                 [[r["skew"], r["batch"], r["mean_active"], r["uniform_expected"]]
-                 for r in activated])
+                 for r in results["activated"]])
     print_table(f"LRU expert-cache hit rate ({CACHE_REQUESTS} requests, "
                 f"{CACHE_STEPS} decode steps)",
                 ["skew", "resident", "hits", "misses", "hit rate"],
                 [[r["skew"], r["resident_experts"], r["hits"], r["misses"], r["hit_rate"]]
-                 for r in cache])
+                 for r in results["cache"]])
     print("\nTargets (information, not asserted):")
     for name, ok in goals.items():
         print(f"  {name}: {'pass' if ok else 'FAIL'}")
@@ -396,6 +395,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    results, kernels = measure(args)
+    report(results, kernels)
+    if results["grouped_mm_skipped"]:
+        print(f"grouped_mm skipped: {results['grouped_mm_skipped']}")
+    print(json.dumps(results))
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """Every table's rows, as one JSON-ready record, and the kernels timed."""
     device = torch.device("cpu")
     preset = PRESETS[args.preset]
     expert_bytes = 3 * preset.dim * preset.expert_dim * 4
@@ -419,8 +427,7 @@ def main(argv: list[str] | None = None) -> None:
                "repeats": args.repeats, "transformers": bool(references)}
     print("  ".join(f"{k} {v}" for k, v in machine.items()))
     with torch.inference_mode():
-        layer = bench_layer(model, kernels, references, args.repeats, gen, read_bytes,
-                            preset.renormalize)
+        layer = bench_layer(model, kernels, references, args.repeats, gen, read_bytes)
         decode = bench_decode(args.preset, args.threads, args.repeats, read_bytes)
         bf16 = bench_bfloat16(model, args.repeats, gen)
         norm = model.layers[0].ffn_norm
@@ -429,12 +436,9 @@ def main(argv: list[str] | None = None) -> None:
     hf = [f"hf_{impl}" for impl in IMPLEMENTATIONS] if references else []
     roof = roofline(layer, moes[0], expert_bytes, read_bytes, [*kernels, *hf])
     goals = targets(layer, roof, decode, kernels, bool(references))
-    report(machine, layer, roof, decode, bf16, activated, cache, kernels, bool(references), goals)
-    if skipped:
-        print(f"grouped_mm skipped: {skipped}")
-    print(json.dumps({"machine": machine, "grouped_mm_skipped": skipped, "layer": layer,
-                      "roofline": roof, "decode": decode, "bfloat16": bf16,
-                      "activated": activated, "cache": cache, "targets": goals}))
+    return {"machine": machine, "grouped_mm_skipped": skipped, "layer": layer, "roofline": roof,
+            "decode": decode, "bfloat16": bf16, "activated": activated, "cache": cache,
+            "targets": goals}, kernels
 
 
 if __name__ == "__main__":

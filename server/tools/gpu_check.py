@@ -71,7 +71,7 @@ def host_transfers(device: torch.device, dtype: torch.dtype) -> dict:
     for kernel in ("sorted", "batched", "grouped_mm", "graphs"):
         engine = LocalEngine.from_preset(
             "small", 8, str(device), dtype, 0,
-            MoE(moe_kernel="auto" if kernel == "graphs" else kernel),
+            moe=MoE(moe_kernel="auto" if kernel == "graphs" else kernel),
             graphs="auto" if kernel == "graphs" else "off")
         if kernel == "graphs" and engine.graphs is None:
             out[kernel] = {"skipped": "no decode graphs here (the log says why)"}
