@@ -25,10 +25,13 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
-from loadgen.targets.target import target_of
+from loadgen.targets.target import Target, target_of
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
@@ -64,78 +67,104 @@ async def main() -> None:
     try:
         line = await reader.readline()
         if line.strip():  # else the run ended before it began
-            await send(json.loads(line)["start_ns"], reader, transport, settings, workload,
-                       target, conn, count, schedule, spin_s)
+            await Sender(settings, workload, target, conn, count, transport, spin_s).run(
+                json.loads(line)["start_ns"], reader, schedule)
     finally:
         await target.aclose(conn)
 
 
-async def send(start_ns: int, reader, transport, settings: LoadSettings, workload: Workload,
-               target, conn, count: TextCounter, schedule, spin_s: float) -> None:
-    """The schedule from start_ns until "stop" (or its end), then the drain; the last spin_s
-    before each send is spun, not slept."""
-    sender = settings.sender
-    cpu_start_s = time.process_time()  # its CPU from time zero, not its imports
-    stopped = asyncio.Event()
+@dataclass
+class Sender:
+    """What the sends go through, connected, and where their results are written."""
 
-    async def watch_stdin():
-        await reader.readline()  # "stop", or EOF when the parent died
-        stopped.set()
+    settings: LoadSettings
+    workload: Workload
+    target: Target
+    conn: Any  # the target's connection (Target.aconnect)
+    count: TextCounter
+    transport: asyncio.WriteTransport
+    spin_s: float  # the last stretch before each send is spun, not slept
+    tasks: dict[asyncio.Task, StreamResult] = field(default_factory=dict)  # in flight
 
-    watcher = asyncio.create_task(watch_stdin())
-    tasks: dict[asyncio.Task, StreamResult] = {}
+    def emit(self, data: dict) -> None:
+        """One JSON line to the parent: buffered by the loop, never blocks."""
+        self.transport.write((json.dumps(data) + "\n").encode())
 
-    def emit(data: dict) -> None:
-        transport.write((json.dumps(data) + "\n").encode())  # buffered by the loop, never blocks
-
-    lags: list[tuple[int, int]] = []
-
-    def lag(t_ns: int, late_us: int) -> None:
-        lags.append((t_ns, late_us))
-        if t_ns - lags[0][0] >= 1e9:
-            emit({"loop_lag": lags[:]})
-            lags.clear()
-
-    probe = asyncio.create_task(asyncio_probe(lag))
-
-    def done(task: asyncio.Task) -> None:
+    def done(self, task: asyncio.Task) -> None:
         # plain fields only: vars is asdict's result, without its deep copy
-        emit(vars(tasks.pop(task)))
+        self.emit(vars(self.tasks.pop(task)))
 
-    not_sent = 0
-    offered = Offered()
-    for index, offset_s in schedule:
-        due_ns = start_ns + int(offset_s * 1e9)
-        # built before its time, not after: a request's draws cost 0.1 ms, cold, at rest
-        spec = workload.request(index)
-        r = StreamResult.of(spec, due_ns)
-        delay_s = (due_ns - time.monotonic_ns()) / 1e9
-        if delay_s > spin_s:
-            await asyncio.sleep(delay_s - spin_s)
-        while spin_s and time.monotonic_ns() < due_ns:
-            await asyncio.sleep(0)
-        if stopped.is_set():
-            break
-        if len(tasks) >= sender.max_in_flight:
-            not_sent += 1
-            continue
-        task = asyncio.create_task(astream_request(target, conn, spec, r,
-                                                   sender.request_timeout_s, count))
-        tasks[task] = r
-        task.add_done_callback(done)
-        await asyncio.sleep(0)  # it is sent now, before the next one is built
-        offered.add(spec)
-    if not stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops the run
-        emit({"schedule_over": True})
-    await watcher
-    await drain(tasks, done, sender.drain_s, emit)
-    probe.cancel()
-    if lags:
-        emit({"loop_lag": lags})
-    emit({"end": True, "not_sent": not_sent, "offered": offered.state(),
-          "cpu_s": time.process_time() - cpu_start_s})
-    while transport.get_write_buffer_size():
-        await asyncio.sleep(0.01)
+    async def run(self, start_ns: int, reader: asyncio.StreamReader, schedule) -> None:
+        """The schedule from start_ns until "stop" (or its end), then the drain."""
+        cpu_start_s = time.process_time()  # its CPU from time zero, not its imports
+        stopped = asyncio.Event()
+
+        async def watch_stdin():
+            await reader.readline()  # "stop", or EOF when the parent died
+            stopped.set()
+
+        watcher = asyncio.create_task(watch_stdin())
+        lags = LagLines(self.emit)
+        probe = asyncio.create_task(asyncio_probe(lags.add))
+        not_sent, offered = await self.send_schedule(start_ns, schedule, stopped)
+        if not stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops the run
+            self.emit({"schedule_over": True})
+        await watcher
+        await drain(self.tasks, self.done, self.settings.sender.drain_s, self.emit)
+        probe.cancel()
+        lags.flush()
+        self.emit({"end": True, "not_sent": not_sent, "offered": offered.state(),
+                   "cpu_s": time.process_time() - cpu_start_s})
+        while self.transport.get_write_buffer_size():
+            await asyncio.sleep(0.01)
+
+    async def send_schedule(self, start_ns: int, schedule, stopped: asyncio.Event
+                            ) -> tuple[int, Offered]:
+        """Each request at its time until stopped; the requests not sent (max_in_flight
+        reached) and what those sent asked for."""
+        sender = self.settings.sender
+        not_sent = 0
+        offered = Offered()
+        for index, offset_s in schedule:
+            due_ns = start_ns + int(offset_s * 1e9)
+            # built before its time, not after: a request's draws cost 0.1 ms, cold, at rest
+            spec = self.workload.request(index)
+            r = StreamResult.of(spec, due_ns)
+            delay_s = (due_ns - time.monotonic_ns()) / 1e9
+            if delay_s > self.spin_s:
+                await asyncio.sleep(delay_s - self.spin_s)
+            while self.spin_s and time.monotonic_ns() < due_ns:
+                await asyncio.sleep(0)
+            if stopped.is_set():
+                break
+            if len(self.tasks) >= sender.max_in_flight:
+                not_sent += 1
+                continue
+            task = asyncio.create_task(astream_request(self.target, self.conn, spec, r,
+                                                       sender.request_timeout_s, self.count))
+            self.tasks[task] = r
+            task.add_done_callback(self.done)
+            await asyncio.sleep(0)  # it is sent now, before the next one is built
+            offered.add(spec)
+        return not_sent, offered
+
+
+class LagLines:
+    """The event loop's lateness, written a line a second ({"loop_lag": [[t_ns, late_us]]})."""
+
+    def __init__(self, emit: Callable[[dict], None]):
+        self.emit = emit
+        self.lags: list[tuple[int, int]] = []
+
+    def add(self, t_ns: int, late_us: int) -> None:
+        self.lags.append((t_ns, late_us))
+        if t_ns - self.lags[0][0] >= 1e9:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lags:
+            self.emit({"loop_lag": self.lags[:]})
+            self.lags.clear()
 
 
 async def drain(tasks: dict[asyncio.Task, StreamResult], done, drain_s: float, emit) -> None:

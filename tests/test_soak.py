@@ -15,7 +15,7 @@ import pytest
 
 from analysis.soak.render import sentence, soak_figure
 from analysis.soak.series import Series, soak
-from analysis.soak.trend import fit_trend
+from analysis.soak.trend import Judging, fit_trend
 from tests.cli import Done, analysis
 from tests.rundirs import (
     png_size,
@@ -187,7 +187,7 @@ def test_the_rss_axis_fits_its_level_and_the_queue_starts_at_0(tmp_path):
     run_dir = tmp_path / "axes"
     write_soak_run(run_dir, 300, ttft_ms=lambda i: [100] * 10, tpot_ms=lambda i: [30] * 10,
                    rss_mb=lambda t: 1000 + 0.2 * t, waiting=lambda t: 1 + t % 2)
-    windows, series = soak(run_dir, 30.0, 0.1, 50, None)
+    windows, series = soak(run_dir, 30.0, None, Judging(min_samples=50, min_change=0.1))
     axes = {s.key: ax for s, ax in zip(series, soak_figure(series, windows, 0.1).axes, strict=True)}
     rss = next(s for s in series if s.key == "rss_mb")
     low, high = axes["rss_mb"].get_ylim()

@@ -20,7 +20,7 @@ from analysis.soak.render import (
     render_text,
 )
 from analysis.soak.series import soak
-from analysis.soak.trend import DEFAULT_BUDGETS, DEFAULT_HORIZON_H, Horizon
+from analysis.soak.trend import DEFAULT_BUDGETS, DEFAULT_HORIZON_H, Horizon, Judging
 from records.jsonform import dumps
 
 
@@ -72,17 +72,16 @@ def main(args: argparse.Namespace) -> None:
                                        "requests": args.budget_requests,
                                        "%": args.budget_kv_percent,
                                        "per min": args.budget_preemptions})
-    windows, series = soak(run_dir, args.window_s, args.min_change, args.min_samples, args.skip_s,
-                           horizon)
+    judging = Judging(args.min_samples, args.min_change, horizon)
+    windows, series = soak(run_dir, args.window_s, args.skip_s, judging)
     closed, accounted = accounting(read_summary(run_dir)) or (None, None)
     if closed is not None and (judged := objectives(run_dir)):
         accounted = "\n".join([accounted, *judged])
-    print(render_text(run_dir, windows, series, args.min_samples, args.min_change, horizon,
-                      accounted))
+    print(render_text(run_dir, windows, series, judging, accounted))
     try:
         plot_soak(series, windows, run_dir / SOAK_PNG, args.min_change)
-        (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, args.min_samples,
-                                                       args.min_change, horizon, accounted))
+        (run_dir / SOAK_MD).write_text(render_markdown(run_dir, windows, series, judging,
+                                                       accounted))
     except OSError as e:  # the message names the file
         raise RunDirError(f"cannot write the soak report: {e}") from None
     print(f"\nsoak: {run_dir / SOAK_MD}")

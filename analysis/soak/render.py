@@ -13,7 +13,7 @@ from analysis.readers.files import RunDirError
 from analysis.readers.rundir import load_run
 from analysis.slo_claims import runs_lines
 from analysis.soak.series import Series, Windows
-from analysis.soak.trend import MIN_WINDOWS, S_PER_H, Horizon, Trend
+from analysis.soak.trend import MIN_WINDOWS, S_PER_H, Horizon, Judging, Trend
 from analysis.tables import fmt_ms, markdown_table, text_table
 
 SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
@@ -93,8 +93,9 @@ def sentence(s: Series, min_change: float) -> str:
             f"{100 * min_change:g}% of the starting level over the run; {ahead})")
 
 
-def render_text(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                min_change: float, horizon: Horizon, accounted: str | None = None) -> str:
+def render_text(run_dir: Path, windows: Windows, series: list[Series], judging: Judging,
+                accounted: str | None = None) -> str:
+    min_samples, min_change, horizon = judging.min_samples, judging.min_change, judging.horizon
     rows = [_cells(s, windows) for s in series]
     lines = [f"soak {run_dir}: {windows.count} windows of {windows.window_s:g} s from "
              f"{windows.start_s:g} s to {windows.end_s:.0f} s; projected over {horizon.hours:g} h",
@@ -113,8 +114,9 @@ def _skip_reason(s: Series, min_samples: int) -> str:
     return f"fewer than {min_samples} requests" if s.unit == "ms" else "no samples"
 
 
-def render_markdown(run_dir: Path, windows: Windows, series: list[Series], min_samples: int,
-                    min_change: float, horizon: Horizon, accounted: str | None = None) -> str:
+def render_markdown(run_dir: Path, windows: Windows, series: list[Series], judging: Judging,
+                    accounted: str | None = None) -> str:
+    min_samples, min_change, horizon = judging.min_samples, judging.min_change, judging.horizon
     rows = [_cells(s, windows) for s in series]
     parts = [f"# Soak: {run_dir.resolve().name}",
              f"{windows.count} windows of {windows.window_s:g} s, from {windows.start_s:g} s "

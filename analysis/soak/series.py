@@ -16,17 +16,28 @@ from analysis.readers.latency import US_PER_MS
 from analysis.readers.rundir import Run, read_rows, read_samples, read_summary
 from analysis.readers.server_metrics import source_series
 from analysis.rules.faults import open_windows
-from analysis.soak.trend import MIN_WINDOWS, Horizon, Trend, fit_trend
+from analysis.soak.trend import MIN_WINDOWS, Judging, Trend, fit_trend
 from records.hdr import percentile_us
 from records.rundir import SAMPLES, SERVER_METRICS, SUMMARY
 from records.server_metrics import NVML
 from records.server_stats import ServerSample
 
 MB = 2**20
-# Gauges of server_stats.jsonl trended: key -> title, unit, reader of a sample.
-SAMPLED = {"rss_mb": ("server RSS", "MB", lambda s: s.stats.process_rss_bytes / MB),
-           "waiting": ("queue depth", "requests", lambda s: s.stats.waiting),
-           "generator_rss_mb": ("load generator RSS", "MB", lambda s: s.generator_rss_bytes / MB)}
+
+
+@dataclass(frozen=True)
+class Label:
+    key: str  # JSON name
+    title: str
+    unit: str
+
+
+# Gauges of server_stats.jsonl trended: key -> label, reader of a sample.
+SAMPLED = {"rss_mb": (Label("rss_mb", "server RSS", "MB"),
+                      lambda s: s.stats.process_rss_bytes / MB),
+           "waiting": (Label("waiting", "queue depth", "requests"), lambda s: s.stats.waiting),
+           "generator_rss_mb": (Label("generator_rss_mb", "load generator RSS", "MB"),
+                                lambda s: s.generator_rss_bytes / MB)}
 # the load generator's --interval-s default, for summaries that do not carry it
 DEFAULT_INTERVAL_S = 1.0
 UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
@@ -74,11 +85,11 @@ class Windows:
         return (lo + hi) / 2
 
 
-def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
-         skip_s: float | None, horizon: Horizon | None = None) -> tuple[Windows, list[Series]]:
+def soak(run_dir: Path, window_s: float, skip_s: float | None, judging: Judging
+         ) -> tuple[Windows, list[Series]]:
     """The windows, and the series of TTFT p99, TPOT p99, RSS and queue depth, each judged over
-    the run and projected over the horizon (24 h and the default budgets unless given)."""
-    horizon = horizon or Horizon()
+    the run and projected over judging's horizon. skip_s: the seconds left out at the start
+    (None: the run's warm-up)."""
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: not a directory")
     summary = read_summary(run_dir)  # None while the run is still going
@@ -106,14 +117,12 @@ def soak(run_dir: Path, window_s: float, min_change: float, min_samples: int,
                           f"{window_s:g} s; use a smaller --window-s")
     windows = Windows(skip_s, window_s, count, max(ends))
     faulted = faulted_windows(samples, windows, interval_s)
-    series = [_latency_series(metric, latency[metric], windows, min_samples, min_change, faulted,
-                              horizon) for metric in latency]
-    series += [_sample_series(key, samples, windows, min_change, horizon)
-               for key in ("rss_mb", "waiting")]
-    series += scraped_series(run_dir, windows, min_change, horizon,
-                             {x.key for x in series if len(x.values)})
+    series = [_latency_series(metric, latency[metric], windows, judging, faulted)
+              for metric in latency]
+    series += [_sample_series(key, samples, windows, judging) for key in ("rss_mb", "waiting")]
+    series += scraped_series(run_dir, windows, judging, {x.key for x in series if len(x.values)})
     cap_s = row_cap_s(run_dir, summary)
-    series.append(_sample_series("generator_rss_mb", samples, windows, min_change, horizon,
+    series.append(_sample_series("generator_rss_mb", samples, windows, judging,
                                  after_s=cap_s or 0.0))
     return windows, series
 
@@ -139,37 +148,37 @@ def row_cap_s(run_dir: Path, summary) -> float | None:
     return max((r.scheduled_ms for r in rows), default=0.0) / 1000
 
 
-def _latency_series(metric: str, intervals: list[Interval], windows: Windows, min_samples: int,
-                    min_change: float, faulted: set[int], horizon: Horizon) -> Series:
+def _latency_series(metric: str, intervals: list[Interval], windows: Windows, judging: Judging,
+                    faulted: set[int]) -> Series:
     index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
     t_s, values, skipped = [], [], 0
     for k, centre in enumerate(windows.centres()):
         if k in faulted:
             continue
         hist = merged([i for i, w in zip(intervals, index, strict=True) if w == k])
-        if hist is None or hist.get_total_count() < min_samples:
+        if hist is None or hist.get_total_count() < judging.min_samples:
             skipped += bool(intervals)
             continue
         t_s.append(centre)
         values.append(percentile_us(hist, 99.0) / US_PER_MS)
-    series = _series(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms", t_s, values, skipped,
-                     f"{metric}.hlog", min_change, horizon)
+    series = _series(Label(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms"), t_s, values,
+                     skipped, f"{metric}.hlog", judging)
     note = "touched by the fault rehearsal or recovering from it (--fault-window)"
     return replace(series, excluded=len(faulted), note=note) if faulted else series
 
 
-def _sample_series(key: str, samples: list[ServerSample], windows: Windows,
-                   min_change: float, horizon: Horizon, after_s: float = 0.0) -> Series:
+def _sample_series(key: str, samples: list[ServerSample], windows: Windows, judging: Judging,
+                   after_s: float = 0.0) -> Series:
     """A gauge's mean per window; with after_s, only the windows that start after it."""
-    title, unit, read = SAMPLED[key]
+    label, read = SAMPLED[key]
     # A process always has memory: a server reporting an RSS of 0 does not report it, and 0 would
     # read as a real, flat figure.
     kept = [(s.t_run_s, read(s)) for s in samples if s.stats.ok
             and (key not in UNREPORTED_AS_ZERO or read(s))]
-    return _window_means(key, title, unit, kept, SAMPLES, windows, min_change, horizon, after_s)
+    return _window_means(label, kept, SAMPLES, windows, judging, after_s)
 
 
-def scraped_series(run_dir: Path, windows: Windows, min_change: float, horizon: Horizon,
+def scraped_series(run_dir: Path, windows: Windows, judging: Judging,
                    getstats: set[str]) -> list[Series]:
     """From the server's own /metrics (server_metrics.jsonl), for any target: KV-cache usage,
     preemptions per minute, and the server's RSS and queue depth where GetStats did not give
@@ -183,31 +192,30 @@ def scraped_series(run_dir: Path, windows: Windows, min_change: float, horizon: 
         if "kv_usage" in found:
             kv = source.values("kv_usage") * 100
             kept = [(ti, v) for ti, v in zip(t, kv, strict=True) if not np.isnan(v)]
-            out.append(_window_means("kv_usage_percent", "KV-cache usage", "%", kept,
-                                     SERVER_METRICS, windows, min_change, horizon))
+            out.append(_window_means(Label("kv_usage_percent", "KV-cache usage", "%"), kept,
+                                     SERVER_METRICS, windows, judging))
         if "preemptions" in found:
             grown_ = source.values("preemptions")
             rates = np.diff(grown_) / np.diff(t) * 60
             kept = [(ti, v) for ti, v in zip(t[1:], rates, strict=True) if not np.isnan(v)]
-            out.append(_window_means("preemptions_per_min", "preemptions", "per min", kept,
-                                     SERVER_METRICS, windows, min_change, horizon))
+            out.append(_window_means(Label("preemptions_per_min", "preemptions", "per min"),
+                                     kept, SERVER_METRICS, windows, judging))
         if "rss_bytes" in found and "rss_mb" not in getstats:
             rss = source.values("rss_bytes") / MB
             kept = [(ti, v) for ti, v in zip(t, rss, strict=True) if v > 0]
-            out.append(_window_means("scraped_rss_mb", "server RSS", "MB", kept, SERVER_METRICS,
-                                     windows, min_change, horizon))
+            out.append(_window_means(Label("scraped_rss_mb", "server RSS", "MB"), kept,
+                                     SERVER_METRICS, windows, judging))
         if "waiting" in found and "waiting" not in getstats:
             waiting = source.values("waiting")
             kept = [(ti, v) for ti, v in zip(t, waiting, strict=True) if not np.isnan(v)]
-            out.append(_window_means("scraped_waiting", "queue depth", "requests", kept,
-                                     SERVER_METRICS, windows, min_change, horizon))
+            out.append(_window_means(Label("scraped_waiting", "queue depth", "requests"), kept,
+                                     SERVER_METRICS, windows, judging))
         break  # the first source holding the server's figures
     return out
 
 
-def _window_means(key: str, title: str, unit: str, kept: list[tuple[float, float]], source: str,
-                  windows: Windows, min_change: float, horizon: Horizon,
-                  after_s: float = 0.0) -> Series:
+def _window_means(label: Label, kept: list[tuple[float, float]], source: str, windows: Windows,
+                  judging: Judging, after_s: float = 0.0) -> Series:
     """Values at times, as their mean per window; with after_s, only the windows that start
     after it."""
     first = int(windows.index(np.asarray([after_s]))[0]) + 1 if after_s else 0
@@ -219,16 +227,18 @@ def _window_means(key: str, title: str, unit: str, kept: list[tuple[float, float
     # Each window's mean sits at its samples' mean time: a linear series stays exactly on its line.
     t_s = [float(times[index == k].mean()) for k in usable]
     means = [float(values[index == k].mean()) for k in usable]
-    series = _series(key, title, unit, t_s, means, skipped, source, min_change, horizon)
+    series = _series(label, t_s, means, skipped, source, judging)
     if not first:
         return series
     note = f"before the request rows' cap filled at {after_s:.0f} s (--max-request-rows)"
     return replace(series, excluded=min(first, windows.count), note=note)
 
 
-def _series(key, title, unit, t_s, values, skipped, source, min_change, horizon) -> Series:
-    t_s, values = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
-    trend = (fit_trend(t_s, values, min_change, horizon.seconds, horizon.budgets.get(unit))
-             if len(t_s) >= MIN_WINDOWS else None)
-    return Series(key, title, unit, t_s, values, skipped, source, trend)
+def _series(label: Label, t_s: list[float], values: list[float], skipped: int, source: str,
+            judging: Judging) -> Series:
+    t_s_, values_ = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
+    horizon = judging.horizon
+    trend = (fit_trend(t_s_, values_, judging.min_change, horizon.seconds,
+                       horizon.budgets.get(label.unit)) if len(t_s) >= MIN_WINDOWS else None)
+    return Series(label.key, label.title, label.unit, t_s_, values_, skipped, source, trend)
 

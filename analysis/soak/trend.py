@@ -28,6 +28,16 @@ class Horizon:
 
 
 @dataclass(frozen=True)
+class Judging:
+    """How a soak's series are judged: the requests a window needs for its p99 to count, the
+    smallest fitted change over the run, as a fraction of its starting level, that is drift,
+    and the horizon the slopes are projected over."""
+    min_samples: int = 50
+    min_change: float = 0.1
+    horizon: Horizon = field(default_factory=Horizon)
+
+
+@dataclass(frozen=True)
 class Trend:
     slope_per_s: float
     ci_per_s: tuple[float, float]  # 95%
