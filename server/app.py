@@ -14,16 +14,18 @@ import grpc
 import torch
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2
+from prometheus_client import CollectorRegistry
 
 from records.declare import SettingsError
+from records.server_settings import ServerSettings
 from server.build import build_engine
 from server.engine.interface import Engine
 from server.frontends.admission import Admission, RequestLimits
 from server.frontends.grpc_service import SERVICE_NAME, MoEService, create_server, server_options
 from server.frontends.http_api import start_http
 from server.frontends.prometheus import metrics_registry, serve_metrics
-from server.frontends.security import guard_of
-from server.scheduling.batching_loop import BatchingLoop
+from server.frontends.security import Guard, guard_of
+from server.scheduling.batching_loop import BatchingLoop, LoopOptions
 from server.scheduling.engine_thread import EngineThread
 from server.scheduling.faults import Injector
 from server.scheduling.heap import HeapTrimmer
@@ -98,20 +100,8 @@ async def start(startup: Startup) -> App:
     engine = build_engine(startup)
     resolved_moe = dataclasses.replace(settings.moe, moe_kernel=engine.kernel_name)
     settings = dataclasses.replace(settings, moe=resolved_moe)
-    step_log = StepLog(serving.step_log) if serving.step_log else None
-    batching = settings.batching
-    prefix_cache = (PrefixCache(batching.prefix_block_tokens, engine.slots,
-                                batching.prefix_cache_tokens) if batching.prefix_cache else None)
-    loop = asyncio.get_running_loop()
     step_failed = asyncio.Event()  # set from the engine thread when a step raises
-    faults = Injector(settings.faults, engine.seed, time.monotonic_ns())
-    loop_of_steps = BatchingLoop(engine, build_policy(batching), serving.max_queue,
-                                 step_log=step_log, faults=faults,
-                                 max_prefill_tokens=batching.max_prefill_tokens,
-                                 prefix_cache=prefix_cache)
-    engine_thread = EngineThread(loop_of_steps, HeapTrimmer(model.heap_trim_s),
-                                 lambda: loop.call_soon_threadsafe(step_failed.set))
-    engine_thread.start()
+    engine_thread = start_engine_thread(settings, engine, step_failed)
     limits = RequestLimits(engine.args.vocab_size, engine.args.max_seq_len,
                            serving.max_tokens_limit, serving.max_streams_per_client)
     admission = Admission(engine_thread, limits)
@@ -121,8 +111,38 @@ async def start(startup: Startup) -> App:
         service, f"{serving.host}:{serving.port}", server_options(settings.limits, serving.grace_s),
         guard)
     app = App(server, port, service, health_servicer, engine, step_failed)
-    metrics_host = settings.security.metrics_host or serving.host
+    log.info("serving %s with policy %s on %s:%d", name, settings.batching.policy,
+             serving.host, port)
     registry = metrics_registry(engine_thread, settings)
+    await open_side_ports(app, admission, registry, name, settings, guard)
+    return app
+
+
+def start_engine_thread(settings: ServerSettings, engine: Engine,
+                        step_failed: asyncio.Event) -> EngineThread:
+    """The engine's thread, running the batching loop the settings describe; a step that raises
+    sets step_failed, on the calling event loop."""
+    serving, batching = settings.serving, settings.batching
+    step_log = StepLog(serving.step_log) if serving.step_log else None
+    prefix_cache = (PrefixCache(batching.prefix_block_tokens, engine.slots,
+                                batching.prefix_cache_tokens) if batching.prefix_cache else None)
+    faults = Injector(settings.faults, engine.seed, time.monotonic_ns())
+    loop_of_steps = BatchingLoop(engine, build_policy(batching), LoopOptions(
+        serving.max_queue, batching.max_prefill_tokens, prefix_cache, faults, step_log))
+    loop = asyncio.get_running_loop()
+    engine_thread = EngineThread(loop_of_steps, HeapTrimmer(settings.model.heap_trim_s),
+                                 lambda: loop.call_soon_threadsafe(step_failed.set))
+    engine_thread.start()
+    return engine_thread
+
+
+async def open_side_ports(app: App, admission: Admission, registry: CollectorRegistry,
+                          name: str, settings: ServerSettings, guard: Guard) -> None:
+    """Prometheus metrics (registry's) and the OpenAI-compatible HTTP API, where the settings
+    ask for them; a port taken since the settings were checked drains the app and names its
+    flag."""
+    serving = settings.serving
+    metrics_host = settings.security.metrics_host or serving.host
     try:
         if serving.metrics_port is not None:
             app.metrics_server, app.metrics_port = serve_metrics(registry, metrics_host,
@@ -136,11 +156,8 @@ async def start(startup: Startup) -> App:
         flag = "http-port" if app.metrics_port or serving.metrics_port is None else "metrics-port"
         raise SettingsError(f"--{flag}: cannot listen: {exc.strerror or exc}; pick another "
                             f"--{flag} (0 = any free port)") from None
-    log.info("serving %s with policy %s on %s:%d", name, settings.batching.policy,
-             serving.host, port)
     if app.metrics_port is not None:
         log.info("Prometheus metrics on http://%s:%d/metrics", metrics_host, app.metrics_port)
     if app.http_port is not None:
         log.info("OpenAI-compatible API on %s://%s:%d/v1 (model %s)",
                  "https" if guard.ssl_context else "http", serving.host, app.http_port, name)
-    return app

@@ -23,7 +23,7 @@ from server.engine.routing import request_key
 from server.engine.slots import SlotPool
 from server.engine.stages import STAGES
 from server.engine.tokenizer import ByteTokenizer
-from server.scheduling.batching_loop import BatchingLoop
+from server.scheduling.batching_loop import BatchingLoop, LoopOptions
 from server.scheduling.policies import POLICIES, build_policy, length_bucket
 from server.scheduling.prefix_cache import PrefixCache
 from server.scheduling.requests import Request, TokenEvent
@@ -118,8 +118,9 @@ def simulate(policy_name: str, arrivals, kv_slots=8, max_batch_size=4,
     batching = Batching(policy=policy_name, max_batch_size=max_batch_size, **knobs)
     policy = Recording(build_policy(batching), run)
     cache = PrefixCache(cache_block, engine.slots) if cache_block else None
-    loop = BatchingLoop(engine, policy, max_queue=10_000, clock=clock,
-                        max_prefill_tokens=max_prefill_tokens, prefix_cache=cache)
+    loop = BatchingLoop(engine, policy, LoopOptions(max_queue=10_000, clock=clock,
+                                                    max_prefill_tokens=max_prefill_tokens,
+                                                    prefix_cache=cache))
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     for _ in range(100_000):
         while pending and pending[0][1][0] * MS <= clock.now_ns:

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -37,21 +38,29 @@ LIFETIME_WEIGHT = 0.1  # of each finished request in the moving average (the las
 MIN_RETRY_S = 0.05
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """What a batching loop works with beside its engine and policy."""
+
+    max_queue: int  # waiting requests before the next is refused
+    max_prefill_tokens: int | None = None  # prompt tokens per step under any policy; None: no cap
+    # where new requests reuse cached prompt prefixes; None: they never do
+    prefix_cache: PrefixCache | None = None
+    faults: Injector | None = None  # the fault rehearsal, before each step
+    step_log: StepLog | None = None  # a line per step
+    clock: Callable[[], int] = time.monotonic_ns
+
+
 class BatchingLoop:
-    def __init__(self, engine: Engine, policy: Policy, max_queue: int,
-                 clock: Callable[[], int] = time.monotonic_ns, step_log: StepLog | None = None,
-                 faults: Injector | None = None, max_prefill_tokens: int | None = None,
-                 prefix_cache: PrefixCache | None = None):
-        """max_prefill_tokens: prompt tokens per step under any policy; None: no cap.
-        prefix_cache: where new requests reuse cached prompt prefixes; None: they never do."""
+    def __init__(self, engine: Engine, policy: Policy, options: LoopOptions):
         self.engine = engine
-        self.prefix_cache = prefix_cache
-        self.faults = faults
         self.policy = policy
-        self.max_prefill_tokens = max_prefill_tokens
-        self.max_queue = max_queue
-        self.clock = clock
-        self.step_log = step_log
+        self.prefix_cache = options.prefix_cache
+        self.faults = options.faults
+        self.max_prefill_tokens = options.max_prefill_tokens
+        self.max_queue = options.max_queue
+        self.clock = options.clock
+        self.step_log = options.step_log
         self.waiting: collections.deque[Request] = collections.deque()
         self.resident: list[Request] = []  # hold a KV slot, in admission order
         self.cancelled: list[Request] = []

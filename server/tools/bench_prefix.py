@@ -30,7 +30,7 @@ import torch
 from records.cli import Parser
 from server.engine.interface import SeqInput
 from server.engine.local import LocalEngine
-from server.scheduling.batching_loop import BatchingLoop
+from server.scheduling.batching_loop import BatchingLoop, LoopOptions
 from server.scheduling.policies import Fcfs
 from server.scheduling.prefix_cache import PrefixCache, block_keys
 from server.scheduling.requests import Request
@@ -73,7 +73,7 @@ def decode_steps(engine: LocalEngine, cache: bool, batch: int, steps: int) -> fl
     """ms per decode-only step of the batching loop (plan, run, apply), batch requests
     running."""
     prefix = PrefixCache(16, engine.slots) if cache else None
-    loop = BatchingLoop(engine, Fcfs(batch), max_queue=100, prefix_cache=prefix)
+    loop = BatchingLoop(engine, Fcfs(batch), LoopOptions(max_queue=100, prefix_cache=prefix))
     for i in range(batch):
         loop.enqueue(Request(request_id=f"r{i}", prompt_ids=[40 + i] * 32,
                              max_tokens=steps + 10, sink=lambda event: None, ignore_eos=True))
