@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 PEERS_DIR = Path(__file__).resolve().parent.parent / ".venv-peers"
@@ -43,27 +44,38 @@ def write_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def aiperf(exe: str, url: str, rate: float, count: int, tokens: int, seed: int,
-           tokenizer: Path, out: Path) -> dict:
-    subprocess.run([exe, "profile", "--model", "delay", "--url", url, "--endpoint-type",
-                    "completions", "--streaming", "--request-rate", str(rate),
-                    "--request-rate-mode", "poisson", "--request-count", str(count),
-                    "--tokenizer", str(tokenizer), "--isl", "4", "--osl", str(tokens),
-                    "--random-seed", str(seed), "--ui-type", "none", "--artifact-dir", str(out),
-                    "--no-server-metrics"],
+@dataclass(frozen=True)
+class PeerRun:
+    """What every peer is asked to send: `count` requests of `tokens` output tokens at `rate`
+    requests/s (Poisson) to url, with the tokenizer write_tokenizer made."""
+
+    url: str
+    rate: float
+    count: int
+    tokens: int
+    seed: int
+    tokenizer: Path
+
+
+def aiperf(exe: str, run: PeerRun, out: Path) -> dict:
+    subprocess.run([exe, "profile", "--model", "delay", "--url", run.url, "--endpoint-type",
+                    "completions", "--streaming", "--request-rate", str(run.rate),
+                    "--request-rate-mode", "poisson", "--request-count", str(run.count),
+                    "--tokenizer", str(run.tokenizer), "--isl", "4", "--osl", str(run.tokens),
+                    "--random-seed", str(run.seed), "--ui-type", "none", "--artifact-dir",
+                    str(out), "--no-server-metrics"],
                    check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
     ttft = json.loads((out / "profile_export_aiperf.json").read_text())["time_to_first_token"]
     return {"ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"]}
 
 
-def guidellm(exe: str, url: str, rate: float, count: int, tokens: int, seed: int,
-             tokenizer: Path, out: Path) -> dict:
+def guidellm(exe: str, run: PeerRun, out: Path) -> dict:
     report = out / "guidellm.json"
-    subprocess.run([exe, "run", "--backend", f"kind=openai_http,target={url},model=delay",
-                    "--profile", f"kind=poisson,rate={rate}",
-                    "--constraint", f"kind=max_requests,count={count}",
-                    "--data", f"kind=synthetic_text,prompt_tokens=4,output_tokens={tokens}",
-                    "--tokenizer", f"kind=hf_auto,model={tokenizer}",
+    subprocess.run([exe, "run", "--backend", f"kind=openai_http,target={run.url},model=delay",
+                    "--profile", f"kind=poisson,rate={run.rate}",
+                    "--constraint", f"kind=max_requests,count={run.count}",
+                    "--data", f"kind=synthetic_text,prompt_tokens=4,output_tokens={run.tokens}",
+                    "--tokenizer", f"kind=hf_auto,model={run.tokenizer}",
                     "--output", f"kind=json,path={report}", "--disable-console"],
                    check=True, capture_output=True, timeout=RUN_TIMEOUT_S, cwd=out)
     ttft = json.loads(report.read_text())["benchmarks"][0]["metrics"][
@@ -78,7 +90,7 @@ def peer_runs(url: str, rate: float, count: int, tokens: int, seed: int,
               tmp: Path) -> dict[str, dict]:
     """Each peer's TTFT p50 and p99 (ms, its own), at `rate` requests/s for
     `count` requests of `tokens` output tokens; or {"skipped": why}."""
-    tokenizer = write_tokenizer(tmp / "peer-tokenizer")
+    run = PeerRun(url, rate, count, tokens, seed, write_tokenizer(tmp / "peer-tokenizer"))
     rows = {}
     for name in PEERS:
         exe = find(name)
@@ -88,7 +100,7 @@ def peer_runs(url: str, rate: float, count: int, tokens: int, seed: int,
         out = tmp / f"peer-{name}"
         out.mkdir()
         try:
-            rows[name] = RUNS[name](exe, url, rate, count, tokens, seed, tokenizer, out)
+            rows[name] = RUNS[name](exe, run, out)
         except subprocess.CalledProcessError as exc:
             tail = (exc.stderr or exc.stdout or b"").decode(errors="replace")[-300:]
             rows[name] = {"skipped": f"{name} failed (exit {exc.returncode}): {tail}"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.rundir import write_json, write_run_dir
-from loadgen.recording.summary import histogram_encodings, summarize
+from loadgen.recording.summary import Span, histogram_encodings, summarize
 from records.load_settings import LoadSettings
 from records.rundir import WORKERS
 from records.summary import ServerSnapshots, SlaResult, Summary, WorkerFigures
@@ -51,7 +51,7 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
     notes = dict.fromkeys(note for p in parts for note in p["notes"])
     started_at = min(p["started_at"] for p in parts)
     duration_s = max(p["started_at"] + p["duration_s"] for p in parts) - started_at
-    summary = summarize(settings, merged, started_at, max(duration_s, window_s), window_s,
+    summary = summarize(settings, merged, Span(started_at, max(duration_s, window_s), window_s),
                         max(p["cpu_percent"] for p in parts), (*missing, *warnings), tuple(notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]

@@ -24,7 +24,7 @@ from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.routing import RoutingLog
-from loadgen.recording.summary import summarize
+from loadgen.recording.summary import Span, summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.server_metrics import ServerMetrics
@@ -423,8 +423,9 @@ class Run:
         return ((self.count.how,) if self.target.streams_text else ()) + trace
 
     def summary(self) -> Summary:
-        summary = summarize(self.settings, self.recorder, self.started_at, self.duration_s,
-                            self.recorder.window_s, self.cpu_percent, self.warnings, self.notes)
+        span = Span(self.started_at, self.duration_s, self.recorder.window_s)
+        summary = summarize(self.settings, self.recorder, span, self.cpu_percent, self.warnings,
+                            self.notes)
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())
         return (summary if self.stress is None

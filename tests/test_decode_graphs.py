@@ -187,8 +187,7 @@ def test_where_graphs_cannot_run_the_reason_is_given(caplog):
     with caplog.at_level(logging.INFO):
         assert engine("auto").graphs is None  # a CPU: no graphs, quietly
     assert "CUDA graph" not in caplog.text
-    assert "cuda" in flash_decode_unsupported(8, 4, 2, torch.device("cpu"), torch.float32,
-                                              256).lower()
+    assert "cuda" in flash_decode_unsupported(TINY, torch.device("cpu"), torch.float32).lower()
     common = dict(grouped=None, cached=False, capacity=False, spread=False, router="topk",
                   attention=None)
     assert fixed_shape_problem(**common) is None

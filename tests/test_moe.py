@@ -3,6 +3,7 @@ reference (edge cases included), routers (k distinct experts, ties, noise, least
 balance, custom routers), routing skew, expert capacity and drops, the expert-weight cache
 (same output, real counters, eviction policies) and stage timing."""
 
+import dataclasses
 import random
 import time
 
@@ -175,11 +176,21 @@ def test_a_router_is_given_the_settings_it_names():
 
     settings = flat(MoE(noise_scale=2.0))
     assert router_options(Named, settings) == {"noise_scale": 2.0}  # renormalize unset: not given
-    topk = router_options(TopKRouter, flat(MoE(renormalize=False)))
-    assert topk["renormalize"] is False and "noise_scale" not in topk  # noisy_topk's only
+    assert router_options(Named, flat(MoE(renormalize=False)))["renormalize"] is False
+    # noise_scale is noisy_topk's only; the built-in routers read renormalize from their args
+    assert router_options(TopKRouter, flat(MoE(renormalize=False))) == {}
     unset = {name for name, value in settings.items() if value is None}
     # With **kwargs, every setting that is set.
     assert set(router_options(FirstExpertsRouter, settings)) == set(settings) - unset
+
+
+@pytest.mark.parametrize("router", ["topk", "noisy_topk", "balanced"])
+def test_the_renormalize_setting_reaches_the_built_in_routers_through_their_args(router):
+    for model_says, setting, expected in ((True, None, True), (True, False, False),
+                                          (False, True, True), (False, None, False)):
+        args = dataclasses.replace(TINY, renormalize=model_says)
+        model = Transformer(args, MoE(router=router, renormalize=setting))
+        assert {b.moe.router.renormalize for b in model.layers} == {expected}
 
 
 def test_custom_router_loads_by_dotted_path():
@@ -313,7 +324,7 @@ def test_engine_runs_with_every_option(moe):
     assert (result.dropped is not None) == (moe.capacity_factor is not None)
 
 
-def test_renormalisation_follows_the_preset_unless_overridden():
+def test_renormalisation_follows_the_preset():
     x = torch.randn(6, TINY.dim)
     plain = TopKRouter(TINY, 0, 0, "cpu", torch.float32)
     assert torch.allclose(plain(x, None, torch.arange(6))[0].sum(-1), torch.ones(6))
@@ -321,9 +332,6 @@ def test_renormalisation_follows_the_preset_unless_overridden():
     qwen_like = TopKRouter(unnormalized, 0, 0, "cpu", torch.float32)
     qwen_like.gate.load_state_dict(plain.gate.state_dict())
     assert (qwen_like(x, None, torch.arange(6))[0].sum(-1) < 1).all()
-    forced = TopKRouter(TINY, 0, 0, "cpu", torch.float32, renormalize=False)
-    forced.gate.load_state_dict(plain.gate.state_dict())
-    assert torch.equal(forced(x, None, torch.arange(6))[0], qwen_like(x, None, torch.arange(6))[0])
     assert not PRESETS["qwen1.5-moe-a2.7b"].renormalize and PRESETS["mixtral-8x7b"].renormalize
 
 

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 from loadgen.recording.recorder import Recorder
 from records.load_settings import LoadSettings
 from records.summary import Summary
 
 
-def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration_s: float,
-              window_s: float, cpu_percent: float, warnings: tuple[str, ...] = (),
-              notes: tuple[str, ...] = ()) -> Summary:
+@dataclass(frozen=True)
+class Span:
+    """When the run went: its start (epoch s), how long it ran, and the measured window after
+    its warm-up."""
+
+    started_at: float
+    duration_s: float
+    window_s: float
+
+
+def summarize(settings: LoadSettings, rec: Recorder, span: Span, cpu_percent: float,
+              warnings: tuple[str, ...] = (), notes: tuple[str, ...] = ()) -> Summary:
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
     has them); warnings: the caller's, after the recorder's own; notes: what the figures rest
     on (information, not a warning)."""
+    window_s = span.window_s
     generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed",
                                      client=settings.client)
     reasoning = rec.reasoning()
@@ -26,8 +37,8 @@ def summarize(settings: LoadSettings, rec: Recorder, started_at: float, duration
                     "TTFT and TPOT are the reasoning's; raise --max-tokens to measure answers")
     return Summary(
         run_dir=settings.recording.run_dir,
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
-        duration_s=duration_s,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(span.started_at)),
+        duration_s=span.duration_s,
         window_s=window_s,
         config=settings,
         metrics={f"{name}_ms": h.stats() for name, h in rec.client.items()},

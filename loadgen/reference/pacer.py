@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from loadgen.reference.routing import POOL, Shape, Truth, draw
+from loadgen.reference.routing import POOL, Asked, Shape, Truth, draw
 from loadgen.reference.tally import Tally
 
 PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")
@@ -49,8 +49,9 @@ class Pacer:
         mode = self.args.routed_experts
         if mode == "off":
             return {}, {}
-        sent = draw(self.shape, self.args.seed, next(self.routed_numbers) % POOL, prompt_tokens,
-                    max_tokens, mode, bool(body.get("return_routed_experts")), fault)
+        request = Asked(prompt_tokens, max_tokens, mode, bool(body.get("return_routed_experts")),
+                        fault)
+        sent = draw(self.shape, self.args.seed, next(self.routed_numbers) % POOL, request)
         if any(sent.fields) and not fault.startswith("routing-"):
             self.truth.add(sent)
         return sent.fields

@@ -93,15 +93,26 @@ class Drawn:
     sets: list[list[int]]  # per layer, the experts its tokens used
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A request's lengths and how its routing goes back."""
+
+    prompt_tokens: int
+    max_tokens: int
+    mode: str  # --routed-experts: vllm or sglang
+    asked: bool  # the request asked for its routing (SGLang sends it only then)
+    fault: str  # the stream's fault ("" for none)
+
+
 @functools.lru_cache(maxsize=512)
-def draw(shape: Shape, seed: int, index: int, prompt_tokens: int, max_tokens: int, mode: str,
-         asked: bool, fault: str) -> Drawn:
-    """The index-th routing of a request of these lengths, as mode sends it. The output's last
-    token has none, as in vLLM: it never went through the model."""
-    ids = shape.route(seed, index, prompt_tokens + max_tokens - 1)
+def draw(shape: Shape, seed: int, index: int, request: Asked) -> Drawn:
+    """The index-th routing of a request of these lengths, as its mode sends it. The output's
+    last token has none, as in vLLM: it never went through the model."""
+    prompt_tokens = request.prompt_tokens
+    ids = shape.route(seed, index, prompt_tokens + request.max_tokens - 1)
     prompt_ids, output_ids = ids[:prompt_tokens], ids[prompt_tokens:]
     sets = [sorted(set(ids[:, layer].ravel().tolist())) for layer in range(shape.layers)]
-    return Drawn(reply_fields(mode, asked, prompt_ids, output_ids, fault),
+    return Drawn(reply_fields(request.mode, request.asked, prompt_ids, output_ids, request.fault),
                  counts_of(prompt_ids, shape.experts), counts_of(output_ids, shape.experts), sets)
 
 

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from server.engine.model_args import ModelArgs
+
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -98,18 +100,20 @@ PROBE_BATCHES = (1, 8)  # one sequence (where the kernel splits the keys), and a
 PROBE_MOST_POSITIONS = 8192  # the probe's context: the model's, up to this
 
 
-def flash_decode_unsupported(head_dim: int, heads: int, kv_heads: int, device: torch.device,
-                             dtype: torch.dtype, positions: int, window: int = 0) -> str | None:
-    """Why FlashDecode should not run on this device, dtype, head shape and context, or None:
-    real calls on random keys in a small pool of the model's context (up to
-    PROBE_MOST_POSITIONS), one sequence and a full pool of mixed lengths, synchronized, each
-    compared with GatheredDecode's."""
+def flash_decode_unsupported(args: ModelArgs, device: torch.device,
+                             dtype: torch.dtype) -> str | None:
+    """Why FlashDecode should not run on this device and dtype for args's heads, context and
+    sliding window, or None: real calls on random keys in a small pool of the model's context
+    (up to PROBE_MOST_POSITIONS), one sequence and a full pool of mixed lengths, synchronized,
+    each compared with GatheredDecode's."""
+    head_dim, heads, kv_heads = args.head_dim, args.n_heads, args.n_kv_heads
+    window = args.sliding_window
     if device.type != "cuda":
         return f"it is a CUDA kernel; this is {device.type}"
     if dtype not in FLASH_DTYPES:
         return f"FlashAttention takes float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     gen = torch.Generator().manual_seed(0)
-    positions = min(positions, PROBE_MOST_POSITIONS)
+    positions = min(args.max_seq_len, PROBE_MOST_POSITIONS)
     shape = (PROBE_POOL, kv_heads, positions, head_dim)
     k_cache = torch.randn(shape, generator=gen).to(device, dtype)
     v_cache = torch.randn(shape, generator=gen).to(device, dtype)

@@ -59,6 +59,17 @@ def sample(probs: Tensor, gen: torch.Generator) -> Tensor:
 
 
 @dataclass(frozen=True)
+class Routing:
+    """What a step's tokens were routed to, on the device until fetched."""
+
+    routed: Tensor  # [L, E] tokens each expert was routed
+    seq_experts: Tensor  # [B, L, E] bool: the experts each sequence used
+    dropped: Tensor | None  # [L, E] over capacity; None: dropless
+    active: list[int | Tensor]  # per layer, the experts that computed
+    token_experts: Tensor | None  # [N, L, k] each token's experts, where kept
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """How a LocalEngine is built, beyond its shapes, slots, device, dtype and seed."""
 
@@ -139,9 +150,7 @@ class LocalEngine:
                       ) -> tuple[DecodeAttention | None, DecodeAttention, str | None]:
         """Decode attention for eager steps (None: masked SDPA), the fixed-shape steps' own,
         and why decode steps take no fixed shapes here (None: they do), logged."""
-        why_flash = flash_decode_unsupported(args.head_dim, args.n_heads, args.n_kv_heads,
-                                             self.device, self.dtype, args.max_seq_len,
-                                             args.sliding_window)
+        why_flash = flash_decode_unsupported(args, self.device, self.dtype)
         if self.device.type == "cuda":
             log.info("decode attention %s", "FlashAttention over each sequence's own positions"
                      if why_flash is None else f"masked SDPA ({why_flash})")
@@ -217,7 +226,7 @@ class LocalEngine:
         # (server/engine/stages.py); its GPU busy time is not a graph step's, so it is left out
         sampled_instead = fixed and self.timer.cuda and self.timer.sampling
         fixed = fixed and not sampled_instead
-        logits, parts, numbers, host = (self._fixed_forward if fixed else self._forward)(seqs)
+        logits, routing, numbers, host = (self._fixed_forward if fixed else self._forward)(seqs)
         next_ids = logits.argmax(dim=-1)
         for i, s in enumerate(seqs):
             if s.temperature > 0:
@@ -225,8 +234,8 @@ class LocalEngine:
                 probs = torch.softmax((logits[i] - logits[i].max()) / s.temperature, dim=-1)
                 next_ids[i] = sample(probs, self.generator(s))
         # the step's hand-off, in one transfer: every queued kernel and event has completed
-        ids, routed, seq_experts, dropped, active, token_experts = self._fetch(
-            host, next_ids, *parts)
+        ids, routing = self._fetch(host, next_ids, routing)
+        seq_experts, token_experts = routing.seq_experts, routing.token_experts
         if self.keep_routing and token_experts is None:  # a graph step: one token a sequence,
             # whose top-k distinct experts are its sequence's
             token_experts = seq_experts.nonzero()[:, 2].view(
@@ -236,13 +245,13 @@ class LocalEngine:
             cache.settle()
         if sampled_instead:
             times = StepTimes(times.stage_ms)
-        return StepResult(next_ids=ids.tolist(), routed=routed, dropped=dropped, active=active,
-                          seq_experts=seq_experts, token_experts=token_experts,
-                          stage_ms=times.stage_ms,
+        return StepResult(next_ids=ids.tolist(), routed=routing.routed, dropped=routing.dropped,
+                          active=routing.active, seq_experts=seq_experts,
+                          token_experts=token_experts, stage_ms=times.stage_ms,
                           gpu_busy_ms=times.gpu_busy_ms, gpu_timed_ms=times.gpu_timed_ms,
                           host_transfers=host.count, **numbers)
 
-    def _forward(self, seqs: list[SeqInput]) -> tuple[Tensor, tuple, dict, HostTransfers]:
+    def _forward(self, seqs: list[SeqInput]) -> tuple[Tensor, Routing, dict, HostTransfers]:
         """The step in eager mode, any mix of prefill and decode: logits [B, V], the routing
         statistics (server/engine/moe.py StepContext), the step's numbers for its result and
         its host transfers so far."""
@@ -264,13 +273,14 @@ class LocalEngine:
         numbers = {"tokens": len(tokens), "kv_useful": layout.kv_useful,
                    "kv_computed": layout.kv_computed, "prefill_tokens": layout.prefill_tokens,
                    "prefill_padded": layout.prefill_padded, "comm": ctx.comm}
-        parts = (torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
-                 torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active,
-                 torch.stack(ctx.token_experts, dim=1).to(torch.int16)
-                 if ctx.token_experts else None)
-        return logits, parts, numbers, ctx.host
+        routing = Routing(torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
+                          torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active,
+                          torch.stack(ctx.token_experts, dim=1).to(torch.int16)
+                          if ctx.token_experts else None)
+        return logits, routing, numbers, ctx.host
 
-    def _fixed_forward(self, seqs: list[SeqInput]) -> tuple[Tensor, tuple, dict, HostTransfers]:
+    def _fixed_forward(self, seqs: list[SeqInput]
+                       ) -> tuple[Tensor, Routing, dict, HostTransfers]:
         """_forward's answer for a step of decoding sequences only, through the graphs'
         fixed-shape step (server/engine/decode_graphs.py)."""
         logits, routed, seq_experts, active = self.graphs.run(
@@ -280,17 +290,18 @@ class LocalEngine:
         numbers = {"tokens": len(seqs), "kv_useful": useful,
                    "kv_computed": useful + self.graphs.bucket(len(seqs)) - len(seqs),
                    "prefill_tokens": 0, "prefill_padded": 0}
-        return logits, (routed, seq_experts, None, list(active), None), numbers, HostTransfers()
+        routing = Routing(routed, seq_experts, None, list(active), None)
+        return logits, routing, numbers, HostTransfers()
 
     @staticmethod
-    def _fetch(host: HostTransfers, next_ids: Tensor, routed: Tensor, seq_experts: Tensor,
-               dropped: Tensor | None, active: list[int | Tensor],
-               token_experts: Tensor | None) -> tuple:
-        """The sampled tokens and the step's statistics on the host, in one transfer: ids [B],
-        routed [L, E], seq_experts [B, L, E], dropped [L, E] and token_experts [N, L, k] as
-        tensors, active as ints."""
+    def _fetch(host: HostTransfers, next_ids: Tensor, routing: Routing
+               ) -> tuple[Tensor, Routing]:
+        """The sampled tokens [B] and the step's routing on the host, in one transfer; its
+        active counts as ints."""
+        active, dropped, token_experts = routing.active, routing.dropped, routing.token_experts
         on_device = [i for i, a in enumerate(active) if isinstance(a, Tensor)]
-        parts = [next_ids, routed, seq_experts, *([dropped] if dropped is not None else []),
+        parts = [next_ids, routing.routed, routing.seq_experts,
+                 *([dropped] if dropped is not None else []),
                  *([token_experts] if token_experts is not None else []),
                  *([torch.stack([active[i] for i in on_device])] if on_device else [])]
         ids, routed, seq_experts, *rest = host.fetch(parts)
@@ -299,7 +310,7 @@ class LocalEngine:
         active = list(active)
         for i, n in zip(on_device, rest[0].tolist() if on_device else [], strict=True):
             active[i] = n
-        return ids, routed, seq_experts, dropped, active, token_experts
+        return ids, Routing(routed, seq_experts, dropped, active, token_experts)
 
     @torch.no_grad()
     def place(self, placement: Placement) -> int:

@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 import torch
@@ -346,6 +346,8 @@ class Transformer(nn.Module):
                                           torch.device(device), dtype, cached)
         router = router_class(moe.router)
         options = router_options(router, flat(moe))  # the MoE settings it takes by name
+        # the routers' args: --[no-]renormalize where given, else the model's own
+        routed = args if moe.renormalize is None else replace(args, renormalize=moe.renormalize)
         skew = Skew.parse(moe.routing_skew)
         rng = random.Random(seed)  # the random eviction policy's draws, shared by the layers
 
@@ -357,7 +359,7 @@ class Transformer(nn.Module):
                                moe.cache_policy, rng) if cached else None
             shared = (SharedExpert(args.dim, args.shared_expert_dim, device, dtype)
                       if args.shared_expert_dim else None)
-            parts = MoEParts(router(args, i, seed, device, dtype, **options), experts,
+            parts = MoEParts(router(routed, i, seed, device, dtype, **options), experts,
                              KERNELS[self.kernel_name], moe.capacity_factor,
                              None if bias is None else bias.to(device), cache, shared,
                              spread.exchange(i) if spread else None)

@@ -2,10 +2,11 @@
 
 A router is an nn.Module built once per MoE layer as `Router(args, layer, seed, device,
 dtype, **options)`, the options being the router settings its constructor names
-(`noise_scale`, `renormalize`); its forward takes the layer's input [N, D], a logit bias ([E] or
-[N, E], from the skew) and the index of each token's sequence in the step [N], and returns
-(weights [N, k] fp32, experts [N, k] long) with k distinct experts per token. Custom
-routers load by dotted path (`--router mypkg.mod:MyRouter`) against that interface.
+(`noise_scale`, `renormalize`; args.renormalize is already the setting where it is given); its
+forward takes the layer's input [N, D], a logit bias ([E] or [N, E], from the skew) and the
+index of each token's sequence in the step [N], and returns (weights [N, k] fp32, experts
+[N, k] long) with k distinct experts per token. Custom routers load by dotted path
+(`--router mypkg.mod:MyRouter`) against that interface.
 
 Ties between equal scores go to the lower expert id: selection uses a stable descending
 sort, not topk, whose tie order is unspecified.
@@ -37,13 +38,13 @@ def top_k_distinct(scores: Tensor, k: int) -> Tensor:
 
 class TopKRouter(nn.Module):
     """Softmax over a linear gate in fp32, top-k, renormalised over the chosen k or not
-    (Mixtral does, Qwen1.5-MoE does not: the preset decides unless --[no-]renormalize)."""
+    (args.renormalize: Mixtral does, Qwen1.5-MoE does not; the preset decides unless
+    --[no-]renormalize, which the model resolves into the args its routers get)."""
 
-    def __init__(self, args: ModelArgs, layer: int, seed: int, device, dtype,
-                 renormalize: bool | None = None):
+    def __init__(self, args: ModelArgs, layer: int, seed: int, device, dtype):
         super().__init__()
         self.top_k = args.top_k
-        self.renormalize = args.renormalize if renormalize is None else renormalize
+        self.renormalize = args.renormalize
         self.gate = nn.Linear(args.dim, args.n_experts, bias=False, device=device, dtype=dtype)
 
     def scores(self, x: Tensor) -> Tensor:
@@ -66,8 +67,8 @@ class NoisyTopKRouter(TopKRouter):
     learned softplus(x W_noise), times --noise-scale. Seeded per layer."""
 
     def __init__(self, args: ModelArgs, layer: int, seed: int, device, dtype,
-                 renormalize: bool | None = None, noise_scale: float = 1.0):
-        super().__init__(args, layer, seed, device, dtype, renormalize)
+                 noise_scale: float = 1.0):
+        super().__init__(args, layer, seed, device, dtype)
         self.noise_scale = noise_scale
         self.w_noise = nn.Linear(args.dim, args.n_experts, bias=False, device=device, dtype=dtype)
         self.generator = torch.Generator(device=device).manual_seed(seed * 1_000 + layer)
