@@ -71,9 +71,7 @@ def distributed_engine(startup: Startup, ranks: list[subprocess.Popen],
     settings = startup.settings
     p = settings.parallel
     local, group, placement = rank_engine(startup, 0, p.ep, init_method)
-    every = p.ep_rebalance_steps if p.ep_placement == "balanced" else 0
-    return DistributedEngine(local, group, settings.kv_slots, placement, every, p.ep_redundant,
-                             ranks)
+    return DistributedEngine(local, group, settings.kv_slots, placement, p, ranks)
 
 
 def follow_rank_0(startup: Startup) -> None:

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from records.server_settings import Parallel
 from server.engine.interface import SeqInput, StepResult
 from server.engine.local import LocalEngine
 from server.engine.slots import RankSlots
@@ -61,11 +62,13 @@ def compact(result: StepResult) -> dict:
 
 class DistributedEngine:
     def __init__(self, local: LocalEngine, group: EpGroup, kv_slots: int, placement: Placement,
-                 balanced_every: int = 0, redundant: int = 0,
-                 ranks: list[subprocess.Popen] | None = None):
-        """local: rank 0's own engine; kv_slots: the slots of all ranks together;
-        balanced_every: re-plan the placement every so many steps (0 = never); ranks: the
-        processes of ranks 1.. when this process spawned them (torchrun owns them otherwise)."""
+                 parallel: Parallel, ranks: list[subprocess.Popen] | None = None):
+        """local: rank 0's own engine; kv_slots: the slots of all ranks together; parallel: the
+        expert-parallel settings (a balanced placement is re-planned every
+        --ep-rebalance-steps, with --ep-redundant copies); ranks: the processes of ranks 1..
+        when this process spawned them (torchrun owns them otherwise)."""
+        balanced_every = parallel.ep_rebalance_steps if parallel.ep_placement == "balanced" else 0
+        redundant = parallel.ep_redundant
         self.local, self.group, self.world = local, group, group.world
         self.args, self.tokenizer, self.device = local.args, local.tokenizer, local.device
         self.dtype, self.seed, self.kernel_name = local.dtype, local.seed, local.kernel_name
