@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
-from analysis.repeats import repeats, repeats_markdown, repeats_text
+from analysis.repeats import Repeats, repeats, repeats_markdown, repeats_text
 from analysis.report.scraped import headline_figures
 from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
@@ -205,72 +206,125 @@ def plot_comparison(comparisons: dict[str, dict], baseline: str, confidence: flo
     fig.savefig(path)
 
 
-def compare(runs: list[Run], out_dir: Path, baseline: int = 0, confidence: float = 0.95,
-            resamples: int = 2000, seed: int = 0,
+@dataclass(frozen=True)
+class Draws:
+    """The bootstrap behind every interval: its confidence, its resamples and their seed."""
+
+    confidence: float = 0.95
+    resamples: int = 2000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What compare.md, the printed text and compare.json say, worked out once."""
+
+    names: list[str]
+    baseline: int
+    draws: Draws
+    rows: list[dict]  # each run's figures
+    comparisons: dict[str, dict]  # per metric (analysis/confidence.py)
+    alike: str  # the note on runs that held nothing back ("" when none)
+    note: str  # the SLO line
+    warnings: list[str]
+    scraped: list[list[str]]  # the server side's cells, for runs that scraped /metrics
+    judged: list[str]  # each run's objectives
+    repeated: Repeats | None  # run-to-run intervals, with --runs
+    extra: list[str]  # notes on the estimates
+
+    @property
+    def ci_header(self) -> list[str]:
+        return ["metric", "run", "value", f"{self.draws.confidence:.0%} interval", "best",
+                f"vs {self.names[self.baseline]}"]
+
+    @property
+    def best_rows(self) -> list[list[str]]:
+        return [[c["label"], c["best"] or "-", c["best_text"]] for c in self.comparisons.values()]
+
+    @property
+    def how(self) -> str:
+        d = self.draws
+        return (f"{d.confidence:.0%} bootstrap intervals, {d.resamples} resamples, seed {d.seed}: "
+                f"latency percentiles over the measured requests (point estimates from the HDR "
+                f"histograms; percentile = the k-th smallest, k = round(q n / 100), as HDR "
+                f"counts), rates over the measured window's intervals; 'best *': significantly "
+                f"better than the second best; a ratio is run / {self.names[self.baseline]}; "
+                f"'~': fewer than {MIN_BEYOND} values beyond the percentile, so its interval (and "
+                f"any verdict on it) is rough")
+
+
+SCRAPED_NOTE = ("server side from each run's scraped /metrics (server_metrics.jsonl): KV-cache "
+                "usage, preemptions per minute, the prefix-cache hit rate, expert balancedness, "
+                "the server's mean TTFT and what the client waited beyond it, ms; '-': not "
+                "exposed")
+
+
+def comparison(runs: list[Run], baseline: int, draws: Draws,
+               groups: list[list[Run]] | None) -> Comparison:
+    """The runs against the baseline run; groups: each configuration's repeat runs (runs: their
+    first ones), for the run-to-run intervals."""
+    names = run_names(runs)
+    rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
+    comparisons = analyse(runs, names, baseline, draws.confidence, draws.resamples, draws.seed)
+    alike = mark_same_plans(comparisons, names, [f["plans_held_back"] for f in rows], baseline)
+    return Comparison(names, baseline, draws, rows, comparisons, alike, slo_line(names, runs),
+                      setting_warnings(names, runs),
+                      [_scraped_cells(f) for f in rows if f["server_metrics"]],
+                      runs_lines(names, runs),
+                      repeats(groups, draws.confidence) if groups else None, notes(comparisons))
+
+
+def comparison_text(c: Comparison) -> str:
+    confidence = c.draws.confidence
+    sections = [text_table(HEADER, [_cells(f) for f in c.rows]),
+                c.note + "\nlatency in ms; held back: " + HELD_BACK,
+                *([c.alike] if c.alike else []),
+                *([text_table(SCRAPED_HEADER, c.scraped), SCRAPED_NOTE] if c.scraped else []),
+                text_table(c.ci_header, confidence_rows(c.comparisons)),
+                text_table(["metric", "best", "against the second best"], c.best_rows), c.how]
+    sections += ["\n".join(f"objectives: {line}" for line in c.judged)] if c.judged else []
+    sections += [repeats_text(c.repeated, confidence)] if c.repeated else []
+    sections += ["\n".join(f"note: {n}" for n in c.extra)] if c.extra else []
+    sections += ["\n".join(f"warning: {w}" for w in c.warnings)] if c.warnings else []
+    return "\n\n".join(sections)
+
+
+def comparison_markdown(c: Comparison) -> str:
+    return "\n\n".join([
+        "# Comparison", *(f"**Warning:** {w}" for w in c.warnings),
+        markdown_table(HEADER, [_cells(f) for f in c.rows]),
+        c.note + "; latency in ms; experts/step: distinct experts a step activated, mean over "
+        "layers; padded %: padding in batched prefill attention; held back: " + HELD_BACK + ".",
+        *([f"**Same plans.** {c.alike}"] if c.alike else []),
+        *(["## Server side (scraped)", markdown_table(SCRAPED_HEADER, c.scraped),
+           SCRAPED_NOTE + "."] if c.scraped else []),
+        f"## Against {c.names[c.baseline]}",
+        markdown_table(c.ci_header, confidence_rows(c.comparisons)),
+        *(["## Objectives (MLPerf's server-scenario verdict)",
+           "\n".join(f"- {line}" for line in c.judged)] if c.judged else []),
+        *(repeats_markdown(c.repeated, c.draws.confidence) if c.repeated else []),
+        "## Best per metric",
+        markdown_table(["metric", "best", "against the second best"], c.best_rows),
+        c.how + ". Each interval holds at its confidence on its own: over many comparisons a "
+        "few 'significant' ones are expected by chance.",
+        *(f"- {n}" for n in c.extra), f"![comparison]({COMPARE_PNG})"]) + "\n"
+
+
+def compare(runs: list[Run], out_dir: Path, baseline: int = 0, draws: Draws = Draws(),
             groups: list[list[Run]] | None = None) -> tuple[str, dict]:
     """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the
     headline. groups: each configuration's repeat runs (runs: their first ones), for the
     run-to-run intervals."""
-    names = run_names(runs)
-    rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
-    comparisons = analyse(runs, names, baseline, confidence, resamples, seed)
-    alike = mark_same_plans(comparisons, names, [f["plans_held_back"] for f in rows], baseline)
-    note = slo_line(names, runs)
-    warnings = setting_warnings(names, runs)
-    ci_header = ["metric", "run", "value", f"{confidence:.0%} interval", "best",
-                 f"vs {names[baseline]}"]
-    best_rows = [[c["label"], c["best"] or "-", c["best_text"]] for c in comparisons.values()]
-    how = (f"{confidence:.0%} bootstrap intervals, {resamples} resamples, seed {seed}: latency "
-           f"percentiles over the measured requests (point estimates from the HDR histograms; "
-           f"percentile = the k-th smallest, k = round(q n / 100), as HDR counts), rates over the "
-           f"measured window's intervals; 'best *': significantly better than the second best; "
-           f"a ratio is run / {names[baseline]}; '~': fewer than {MIN_BEYOND} values beyond the "
-           f"percentile, so its interval (and any verdict on it) is rough")
-    extra = notes(comparisons)
-    scraped = [_scraped_cells(f) for f in rows if f["server_metrics"]]
-    scraped_note = ("server side from each run's scraped /metrics (server_metrics.jsonl): "
-                    "KV-cache usage, preemptions per minute, the prefix-cache hit rate, expert "
-                    "balancedness, the server's mean TTFT and what the client waited beyond it, "
-                    "ms; '-': not exposed")
-    sections = [text_table(HEADER, [_cells(f) for f in rows]),
-                note + "\nlatency in ms; held back: " + HELD_BACK,
-                *([alike] if alike else []),
-                *([text_table(SCRAPED_HEADER, scraped), scraped_note] if scraped else []),
-                text_table(ci_header, confidence_rows(comparisons)),
-                text_table(["metric", "best", "against the second best"], best_rows), how]
-    judged = runs_lines(names, runs)
-    sections += ["\n".join(f"objectives: {line}" for line in judged)] if judged else []
-    repeated = repeats(groups, confidence) if groups else None
-    sections += [repeats_text(repeated, confidence)] if repeated else []
-    sections += ["\n".join(f"note: {n}" for n in extra)] if extra else []
-    sections += ["\n".join(f"warning: {w}" for w in warnings)] if warnings else []
-    text = "\n\n".join(sections)
-    md = "\n\n".join(["# Comparison", *(f"**Warning:** {w}" for w in warnings),
-                      markdown_table(HEADER, [_cells(f) for f in rows]),
-                      note + "; latency in ms; experts/step: distinct experts a step activated, "
-                      "mean over layers; padded %: padding in batched prefill attention; held "
-                      "back: " + HELD_BACK + ".", *([f"**Same plans.** {alike}"] if alike else []),
-                      *(["## Server side (scraped)", markdown_table(SCRAPED_HEADER, scraped),
-                         scraped_note + "."] if scraped else []),
-                      f"## Against {names[baseline]}",
-                      markdown_table(ci_header, confidence_rows(comparisons)),
-                      *(["## Objectives (MLPerf's server-scenario verdict)",
-                         "\n".join(f"- {line}" for line in judged)] if judged else []),
-                      *(repeats_markdown(repeated, confidence) if repeated else []),
-                      "## Best per metric",
-                      markdown_table(["metric", "best", "against the second best"], best_rows),
-                      how + ". Each interval holds at its confidence on its own: over many "
-                      "comparisons a few 'significant' ones are expected by chance.",
-                      *(f"- {n}" for n in extra), f"![comparison]({COMPARE_PNG})"])
+    c = comparison(runs, baseline, draws, groups)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / COMPARE_MD).write_text(md + "\n")
-    plot_comparison(comparisons, names[baseline], confidence, out_dir / COMPARE_PNG)
+    (out_dir / COMPARE_MD).write_text(comparison_markdown(c))
+    plot_comparison(c.comparisons, c.names[baseline], draws.confidence, out_dir / COMPARE_PNG)
     headline = {"compare_md": str(out_dir / COMPARE_MD), "compare_png": str(out_dir / COMPARE_PNG),
-                "compare_json": str(out_dir / COMPARE_JSON), "runs": rows,
-                "baseline": names[baseline], "confidence": confidence,
-                "resamples": resamples, "seed": seed, "warnings": warnings,
-                "comparisons": comparisons}
-    return text, headline
+                "compare_json": str(out_dir / COMPARE_JSON), "runs": c.rows,
+                "baseline": c.names[baseline], "confidence": draws.confidence,
+                "resamples": draws.resamples, "seed": draws.seed, "warnings": c.warnings,
+                "comparisons": c.comparisons}
+    return comparison_text(c), headline
 
 
 def run_names(runs: list[Run]) -> list[str]:
@@ -325,8 +379,8 @@ def main(args: argparse.Namespace) -> None:
     out_dir = (Path(args.out) if args.out
                else Path(os.path.commonpath([r.path.resolve() for r in runs])))
     try:
-        text, headline = compare(runs, out_dir, baseline, args.confidence, args.resamples,
-                                 args.seed, groups)
+        draws = Draws(args.confidence, args.resamples, args.seed)
+        text, headline = compare(runs, out_dir, baseline, draws, groups)
         (out_dir / COMPARE_JSON).write_text(dumps(headline) + "\n")
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
