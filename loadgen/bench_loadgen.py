@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -92,13 +93,22 @@ async def aio_run(port: int, rate: float, duration_s: float, seed: int) -> dict:
             "cpu_percent": cpu}
 
 
-def locust_run(host: str, target: str, rate: float, duration_s: float, seed: int,
-               run_dir: Path, client: str) -> dict:
+@dataclass(frozen=True)
+class Load:
+    """What a run sends: requests/s (Poisson), for how long, drawn from which seed."""
+
+    rate: float
+    duration_s: float
+    seed: int
+
+
+def locust_run(host: str, target: str, client: str, load: Load, run_dir: Path) -> dict:
     locust = str(Path(sys.executable).parent / "locust")
     done = subprocess.run([locust, "-f", "loadgen/moe.py", "--host", host, "--target", target,
-                           "--headless", "--only-summary", "-t", f"{round(duration_s)}s",
-                           "--rate", str(rate), "--prompt-tokens", "4", "--max-tokens", str(TOKENS),
-                           "--seed", str(seed), "--run-dir", str(run_dir), "--client", client],
+                           "--headless", "--only-summary", "-t", f"{round(load.duration_s)}s",
+                           "--rate", str(load.rate), "--prompt-tokens", "4", "--max-tokens",
+                           str(TOKENS), "--seed", str(load.seed), "--run-dir", str(run_dir),
+                           "--client", client],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     if not (run_dir / "summary.json").exists():
         raise SystemExit(f"locust wrote no summary (exit {done.returncode}):\n"
@@ -211,7 +221,8 @@ def at_rest(tmp: Path, hosts: dict[str, str], moe_port: int, duration_s: float,
         round_dir.mkdir()
         for name, target, client in DEFAULT_RUNS:
             rounds.setdefault(name, []).append(locust_run(
-                hosts[target], target, REST_RATE, duration_s, seed + n, round_dir / name, client))
+                hosts[target], target, client, Load(REST_RATE, duration_s, seed + n),
+                round_dir / name))
         rounds.setdefault("grpc_aio", []).append(
             asyncio.run(aio_run(moe_port, REST_RATE, duration_s, seed + n)))
         peers = peer_runs(hosts["openai"], REST_RATE, round(REST_RATE * duration_s), TOKENS,
@@ -265,26 +276,42 @@ def main(argv: list[str] | None = None) -> None:
                    help="interleaved at-rest rounds, their medians compared")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
-    rows = []
     with delay_server(tmp, "moe") as moe_port, delay_server(tmp, "openai") as openai_port:
         hosts = {"moe": f"127.0.0.1:{moe_port}", "openai": f"http://127.0.0.1:{openai_port}"}
-        for target_rate in args.messages_per_s:
-            rate = target_rate / TOKENS
-            row = {"target_messages_per_s": target_rate, "requests_per_s": rate}
-            for name, target, client in LOCUST_RUNS:
-                row[name] = locust_run(hosts[target], target, rate, args.duration_s, args.seed,
-                                       tmp / f"{name}-{target_rate:g}", client)
-            row["grpc_aio"] = asyncio.run(aio_run(moe_port, rate, args.duration_s, args.seed))
-            rows.append(row)
+        rows = [rate_row(tmp, hosts, moe_port, messages,
+                         Load(messages / TOKENS, args.duration_s, args.seed))
+                for messages in args.messages_per_s]
         rest = (at_rest(tmp, hosts, moe_port, args.rest_s, args.seed, args.rest_repeats)
                 if args.rest_s and args.rest_repeats > 0 else {})
     real = real_server_run(tmp, max(args.duration_s, 20), args.seed)
     print(f"known delays: TTFT {TTFT_MS:g} ms, then {ITL_MS:g} ms per message, "
           f"{TOKENS} messages a stream; {args.duration_s:g} s per run, one process each\n")
-    header = f"{'msgs/s':>7} {'run':>13} {'sender':>8} {'achieved':>9} {'sent %':>7} " \
-             f"{'send p99':>9} {'deliv p50':>10} {'deliv p99':>10} " \
-             f"{'TTFT err p50':>13} {'p99':>7} {'CPU %':>6}"
-    print(header)
+    held, misses = print_rates(rows)
+    if rest:
+        print_at_rest(rest, args.rest_s)
+    print_real_server(real)
+    aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
+    print(json.dumps({"rows": rows, "held_messages_per_s": held, "default_misses": misses,
+                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms, "at_rest": rest,
+                      "real_server": real}))
+
+
+def rate_row(tmp: Path, hosts: dict[str, str], moe_port: int, messages: float,
+             load: Load) -> dict:
+    """Every Locust run and bare grpc.aio at one rate (messages/s: load.rate x TOKENS)."""
+    row = {"target_messages_per_s": messages, "requests_per_s": load.rate}
+    for name, target, client in LOCUST_RUNS:
+        row[name] = locust_run(hosts[target], target, client, load, tmp / f"{name}-{messages:g}")
+    row["grpc_aio"] = asyncio.run(aio_run(moe_port, load.rate, load.duration_s, load.seed))
+    return row
+
+
+def print_rates(rows: list[dict]) -> tuple[dict, dict]:
+    """The table of every rate's runs and what it says; returns the rate each run held and
+    where the default missed its targets."""
+    print(f"{'msgs/s':>7} {'run':>13} {'sender':>8} {'achieved':>9} {'sent %':>7} "
+          f"{'send p99':>9} {'deliv p50':>10} {'deliv p99':>10} "
+          f"{'TTFT err p50':>13} {'p99':>7} {'CPU %':>6}")
     for row in rows:
         for name in (*(name for name, *_ in LOCUST_RUNS), "grpc_aio"):
             r = row[name]
@@ -312,8 +339,10 @@ def main(argv: list[str] | None = None) -> None:
                - row[f"moe{suffix}"]["ttft_error_p50_ms"] for suffix in ("", "_gevent")}
         print(f"at {row['target_messages_per_s']:g} messages/s, openai TTFT p50 error minus "
               f"moe's: {gap['default']:+.2f} ms (default), {gap['_gevent']:+.2f} ms (gevent)")
-    if rest:
-        print_at_rest(rest, args.rest_s)
+    return held, misses
+
+
+def print_real_server(real: dict) -> None:
     print(f"\nreal server ({' '.join(REAL_SERVER)}; {' '.join(REAL_LOAD)}): mean batch "
           f"{real['mean_batch_size']:.1f}, TPOT p50 {real['tpot_p50_ms']:.1f} ms, server CPU "
           f"{real['server_cpu_percent']:.0f}%")
@@ -324,11 +353,6 @@ def main(argv: list[str] | None = None) -> None:
           f"  + server write delay mean {real['write_mean_ms']:.2f} ms (p99 <= "
           f"{real['write_p99_ms']:g})\n"
           f"  + the rest (network, client decoding) mean {real['rest_mean_ms']:.2f} ms")
-    aio_delivery_p99_ms = statistics.median(r["grpc_aio"]["delivery_lag_p99_ms"] for r in rows)
-    print(json.dumps({"rows": rows, "held_messages_per_s": held, "default_misses": misses,
-                      "median_aio_delivery_p99_ms": aio_delivery_p99_ms, "at_rest": rest,
-                      "real_server": real}))
-
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ Nothing here is asserted."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -30,12 +31,15 @@ SHAPES = ("4x16x2", "48x128x8")
 BAR_MS = 0.2
 
 
-def run(host: str, shape: str, mode: str, rate: float, duration_s: int, seed: int,
-        run_dir: Path) -> dict:
+def run(host: str, shape: str, mode: str, args: argparse.Namespace, run_dir: Path) -> dict:
+    """One Locust run with routing capture on or off (mode), at the command line's rate,
+    duration and seed."""
     locust = str(Path(sys.executable).parent / "locust")
+    rate = args.messages_per_s / TOKENS
     subprocess.run([locust, "-f", "loadgen/moe.py", "--host", host, "--target", "openai",
-                    "--headless", "--only-summary", "-t", f"{duration_s}s", "--rate", str(rate),
-                    "--prompt-tokens", "4", "--max-tokens", str(TOKENS), "--seed", str(seed),
+                    "--headless", "--only-summary", "-t", f"{args.duration_s}s", "--rate",
+                    str(rate), "--prompt-tokens", "4", "--max-tokens", str(TOKENS), "--seed",
+                    str(args.seed),
                     "--run-dir", str(run_dir), "--routed-experts", mode, "--moe-shape", shape],
                    cwd=REPO, capture_output=True, text=True, timeout=300)
     if not (run_dir / "summary.json").exists():
@@ -63,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-routing-"))
-    rate = args.messages_per_s / TOKENS
     runs = []
     for shape in args.shapes:
         with on_port(["loadgen.delay_server", "--protocol", "openai", "--ttft-ms", str(TTFT_MS),
@@ -71,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                       shape], tmp / f"{shape}.port", 15) as port:
             for r in range(args.rounds):
                 for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                    runs.append(run(f"http://127.0.0.1:{port}", shape, mode, rate,
-                                    args.duration_s, args.seed, tmp / f"{shape}-{mode}-{r}"))
+                    runs.append(run(f"http://127.0.0.1:{port}", shape, mode, args,
+                                    tmp / f"{shape}-{mode}-{r}"))
     print(f"openai reference answering as vLLM with routed experts, TTFT {TTFT_MS:g} ms, "
           f"{TOKENS} messages a stream, {args.messages_per_s:g} messages/s, {args.duration_s} s "
           "a run\n")
