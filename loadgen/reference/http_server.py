@@ -29,7 +29,7 @@ import json
 from aiohttp import web
 
 from loadgen.reference.exposition import exposition
-from loadgen.reference.pacer import Pacer
+from loadgen.reference.pacer import Message, Pacer
 from loadgen.reference.recorder import recorder_routes
 
 WORD = "tok "  # one token: one word, 4 characters
@@ -78,68 +78,7 @@ def app(pacer: Pacer) -> web.Application:
         return web.Response()
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        chat = request.path.endswith("/chat/completions")
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
-        fault = pacer.fault()
-        if fault == "http-500":
-            return web.json_response({"error": {"message": "delay server: an injected fault",
-                                                "type": "internal_error", "code": 500}},
-                                     status=500)
-        if fault == "not-sse":
-            return web.json_response({"choices": [{"index": 0, "text": WORD * max_tokens}]})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        envelope = {"id": "cmpl-delay", "object": kind, "created": 0, "model": MODEL}
-        if chat:
-            await response.write(event(envelope | {"choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""},
-                 "finish_reason": None}]}))
-        prompt = prompt_of(body, chat)
-        choice_routing = event_routing = {}  # drawn at the last message: TTFT does not pay
-        thinking = pacer.args.reasoning_tokens if chat else 0
-        async for m in pacer.messages(max_tokens, prompt):
-            if m.last:
-                choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens,
-                                                              fault)
-            # a chat stream's first --reasoning-tokens tokens are reasoning, as vLLM's and
-            # SGLang's reasoning parsers send them; a message across the turn is sent as two
-            reasoned = max(0, min(m.tokens, thinking - m.index))
-            parts = [(n, kind) for n, kind in ((reasoned, "reasoning_content"),
-                                               (m.tokens - reasoned, "content")) if n]
-            for k, (n, kind) in enumerate(parts):
-                choice = ({"index": 0, "delta": {kind: WORD * n}} if chat
-                          else {"index": 0, "text": WORD * n})
-                ends = m.last and k == len(parts) - 1
-                choice["finish_reason"] = "length" if ends else None
-                if body.get("return_token_ids"):
-                    choice["token_ids"] = [65] * n
-                extra = {}
-                if ends and choice_routing:  # vLLM: the routing on the stream's last chunk
-                    choice |= choice_routing
-                    extra = event_routing
-                await response.write(event(envelope | extra | {
-                    "choices": [choice], "server_elapsed_us": m.elapsed_us}))
-            if m.index == 0 and fault == "bad-json":
-                await response.write(b"data: {not json\n\n")
-            if m.index == 0 and fault == "error-event":
-                await response.write(event({"error": {"message": "delay server: an injected "
-                                                      "fault", "code": 500}}))
-                return response
-            if m.index == 0 and fault == "drop":
-                request.transport.close()
-                return response
-        if event_routing and not choice_routing:  # SGLang: a chunk of its own, no choices
-            await response.write(event(envelope | {"choices": []} | event_routing))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
-                     "total_tokens": len(prompt) + max_tokens}
-            await response.write(event(envelope | {"choices": [], "usage": usage}))
-        if fault != "no-done":
-            await response.write(event("[DONE]"))
-        await response.write_eof()
-        return response
+        return await completion(pacer, request)
 
     application = web.Application()
     application.add_routes([web.get("/v1/models", models), web.get("/health", health),
@@ -148,6 +87,92 @@ def app(pacer: Pacer) -> web.Application:
                             web.get("/expert_truth", truth), *recorder_routes(pacer),
                             metrics_route("openai", pacer)])
     return application
+
+
+def refusal(fault: str, max_tokens: int) -> web.Response | None:
+    """The whole reply of a fault that sends no stream (http-500, not-sse), else None."""
+    if fault == "http-500":
+        return web.json_response({"error": {"message": "delay server: an injected fault",
+                                            "type": "internal_error", "code": 500}}, status=500)
+    if fault == "not-sse":
+        return web.json_response({"choices": [{"index": 0, "text": WORD * max_tokens}]})
+    return None
+
+
+def choices(m: Message, chat: bool, thinking: int, token_ids: bool) -> list[dict]:
+    """One message's choices: a chat stream's first `thinking` tokens are reasoning, as vLLM's
+    and SGLang's reasoning parsers send them; a message across the turn is sent as two. The
+    stream's last choice has finish_reason "length"."""
+    reasoned = max(0, min(m.tokens, thinking - m.index))
+    parts = [(n, kind) for n, kind in ((reasoned, "reasoning_content"),
+                                       (m.tokens - reasoned, "content")) if n]
+    out = []
+    for k, (n, kind) in enumerate(parts):
+        choice = {"index": 0, "delta": {kind: WORD * n}} if chat else {"index": 0, "text": WORD * n}
+        choice["finish_reason"] = "length" if m.last and k == len(parts) - 1 else None
+        if token_ids:
+            choice["token_ids"] = [65] * n
+        out.append(choice)
+    return out
+
+
+async def broken_after_first(response: web.StreamResponse, request: web.Request,
+                             fault: str) -> bool:
+    """After the first message: a bad-json event (the stream goes on), or an error event or
+    a dropped connection, which end it (True)."""
+    if fault == "bad-json":
+        await response.write(b"data: {not json\n\n")
+    if fault == "error-event":
+        await response.write(event({"error": {"message": "delay server: an injected fault",
+                                              "code": 500}}))
+        return True
+    if fault == "drop":
+        request.transport.close()
+        return True
+    return False
+
+
+async def completion(pacer: Pacer, request: web.Request) -> web.StreamResponse:
+    """/v1/completions and /v1/chat/completions: the pacer's messages as server-sent events."""
+    body = await request.json()
+    chat = request.path.endswith("/chat/completions")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+    fault = pacer.fault()
+    if (refused := refusal(fault, max_tokens)) is not None:
+        return refused
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    envelope = {"id": "cmpl-delay", "object": "chat.completion.chunk" if chat
+                else "text_completion", "created": 0, "model": MODEL}
+    if chat:
+        await response.write(event(envelope | {"choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
+    prompt = prompt_of(body, chat)
+    choice_routing = event_routing = {}  # drawn at the last message: TTFT does not pay
+    thinking = pacer.args.reasoning_tokens if chat else 0
+    async for m in pacer.messages(max_tokens, prompt):
+        if m.last:
+            choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
+        sent = choices(m, chat, thinking, bool(body.get("return_token_ids")))
+        for choice in sent:
+            extra = {}
+            if choice is sent[-1] and m.last and choice_routing:  # vLLM: on the last chunk
+                choice |= choice_routing
+                extra = event_routing
+            await response.write(event(envelope | extra | {
+                "choices": [choice], "server_elapsed_us": m.elapsed_us}))
+        if m.index == 0 and await broken_after_first(response, request, fault):
+            return response
+    if event_routing and not choice_routing:  # SGLang: a chunk of its own, no choices
+        await response.write(event(envelope | {"choices": []} | event_routing))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
+                 "total_tokens": len(prompt) + max_tokens}
+        await response.write(event(envelope | {"choices": [], "usage": usage}))
+    if fault != "no-done":
+        await response.write(event("[DONE]"))
+    await response.write_eof()
+    return response
 
 
 async def serve_app(application: web.Application, port: int):
