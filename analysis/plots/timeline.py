@@ -36,40 +36,62 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, pha
         tokens.plot(server.t_s - server.length_s / 2, server.tokens / server.length_s, "o-", ms=3,
                     color="C2", label="generated (server)")
     if client is not None:
-        t = client.mid_s
-        rates.plot(t, client.offered_rps, "o-", ms=3,
-                   label="sent (closed loop)" if phases.closed else "offered (scheduled)")
-        rates.plot(t, client.achieved_rps, "s-", ms=3, label="achieved (finished ok)")
-        tokens.plot(t, client.output_tokens_per_s, ":", color="C7",
-                    label="in requests finishing (client)")
-        for ax, p50, p99 in ((ttft, client.ttft_p50_ms, client.ttft_p99_ms),
-                             (tpot, client.tpot_p50_ms, client.tpot_p99_ms)):
-            ax.plot(t, p50, "o-", ms=3, label="p50")
-            ax.plot(t, p99, "s-", ms=3, label="p99")
-            if np.isfinite(np.concatenate([p50, p99])).any():
-                log_scale(ax, "y")
+        _client_panels(axes[:4], client, phases)
     _titles(rates, "Requests", "requests/s")
     _titles(tokens, "Output tokens", "tokens/s")
     _titles(ttft, "TTFT per interval", "ms (log scale)")
     _titles(tpot, "TPOT per interval", "ms (log scale)")
     if server is not None:
-        queue.plot(server.t_s, server.waiting, "o-", ms=3, label="waiting")
-        queue.plot(server.t_s, server.running, "s-", ms=3, label="running")
-        _imbalance(experts, server, imbalance)
-        if server.cache_misses.any():
-            misses = experts.twinx()
-            misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s,
-                       width=server.length_s, alpha=0.3, color="C4", label="cache misses/s")
-            misses.set_ylabel("expert-cache misses/s")
-            experts.set_zorder(misses.get_zorder() + 1)  # the imbalance line in front of the bars
-            experts.patch.set_visible(False)
-            misses.legend(loc="upper right", fontsize="small")
+        _server_panels(queue, experts, server, imbalance)
     _titles(queue, "Server queue", "requests")
     _titles(experts, "Expert load imbalance", "max/mean")
     ends = ([float(client.start_s[-1] + client.length_s[-1])]
             if client is not None and len(client) else []) + \
         ([float(server.t_s[-1])] if server is not None else [])
-    end_s = max(ends, default=1.0)
+    _frame(axes, phases, max(ends, default=1.0))
+    for ax in (queue, experts):
+        ax.set_xlabel("time since the run started (s)")
+    shaded = [f"grey: {phases.warmup_s:g} s warm-up"] if phases.warmup_s > 0 else []
+    shaded += ["orange: the drain after the last send"] if phases.drain_from_s is not None else []
+    fig.suptitle("Over time" + (f" ({'; '.join(shaded)})" if shaded else ""))
+    fig.savefig(path, dpi=90)
+
+
+def _client_panels(axes, client: ClientSeries, phases: Phases) -> None:
+    """Requests sent and achieved, the client's view of output tokens, TTFT and TPOT."""
+    rates, tokens, ttft, tpot = axes
+    t = client.mid_s
+    rates.plot(t, client.offered_rps, "o-", ms=3,
+               label="sent (closed loop)" if phases.closed else "offered (scheduled)")
+    rates.plot(t, client.achieved_rps, "s-", ms=3, label="achieved (finished ok)")
+    tokens.plot(t, client.output_tokens_per_s, ":", color="C7",
+                label="in requests finishing (client)")
+    for ax, p50, p99 in ((ttft, client.ttft_p50_ms, client.ttft_p99_ms),
+                         (tpot, client.tpot_p50_ms, client.tpot_p99_ms)):
+        ax.plot(t, p50, "o-", ms=3, label="p50")
+        ax.plot(t, p99, "s-", ms=3, label="p99")
+        if np.isfinite(np.concatenate([p50, p99])).any():
+            log_scale(ax, "y")
+
+
+def _server_panels(queue, experts, server: ServerSeries, imbalance: Imbalance | None) -> None:
+    """The server's queue, its expert imbalance and, with an expert cache, its misses."""
+    queue.plot(server.t_s, server.waiting, "o-", ms=3, label="waiting")
+    queue.plot(server.t_s, server.running, "s-", ms=3, label="running")
+    _imbalance(experts, server, imbalance)
+    if server.cache_misses.any():
+        misses = experts.twinx()
+        misses.bar(server.t_s - server.length_s / 2, server.cache_misses / server.length_s,
+                   width=server.length_s, alpha=0.3, color="C4", label="cache misses/s")
+        misses.set_ylabel("expert-cache misses/s")
+        experts.set_zorder(misses.get_zorder() + 1)  # the imbalance line in front of the bars
+        experts.patch.set_visible(False)
+        misses.legend(loc="upper right", fontsize="small")
+
+
+def _frame(axes, phases: Phases, end_s: float) -> None:
+    """Every panel: the warm-up and the drain shaded, the run's span, a grid, a legend or
+    "no data"."""
     for ax in axes:
         if phases.warmup_s > 0:
             ax.axvspan(0, phases.warmup_s, color="grey", alpha=0.12, lw=0)
@@ -81,12 +103,6 @@ def plot_over_time(client: ClientSeries | None, server: ServerSeries | None, pha
             ax.legend(loc="upper left", fontsize="small")
         elif not ax.has_data():
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    for ax in (queue, experts):
-        ax.set_xlabel("time since the run started (s)")
-    shaded = [f"grey: {phases.warmup_s:g} s warm-up"] if phases.warmup_s > 0 else []
-    shaded += ["orange: the drain after the last send"] if phases.drain_from_s is not None else []
-    fig.suptitle("Over time" + (f" ({'; '.join(shaded)})" if shaded else ""))
-    fig.savefig(path, dpi=90)
 
 
 def _imbalance(ax, server: ServerSeries, imbalance: Imbalance | None) -> None:
