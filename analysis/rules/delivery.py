@@ -94,28 +94,10 @@ def generator_limited(d: Signals) -> Finding:
     rule = ("generator_limited", "Load generator limited")
     summary = d.run.summary
     generator = summary.generator
-    send = stats_ms(d.run.histograms.get("send_lag"))
-    if send is None and summary.metrics.get("send_lag_ms") and summary.metrics["send_lag_ms"].count:
-        send = summary.metrics["send_lag_ms"]
-    evidence, reasons, lags = [], [], {}
     p50s = {metric: stats.p50 for metric in ("ttft", "tpot")
             if (stats := stats_ms(d.run.histograms.get(metric)))}
     finest = min(p50s.values(), default=None)
-    if send:
-        lags["send lag"] = send.p99
-        evidence.append(f"send lag p99 {fmt_ms(send.p99)} ms, max {fmt_ms(send.max)} ms (threshold "
-                        f"{d.late_ms:g} ms); {generator.late_sends} late sends")
-        # late, and by enough to matter: one send 5 ms late beside a 300 ms TTFT accuses no one
-        if send.p99 > d.late_ms and not (finest and send.p99 <= MATERIAL_LAG_SHARE * finest):
-            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > "
-                           f"{d.late_ms:g} ms), which counts as latency the server did not cause")
-    if loop := stats_ms(d.run.histograms.get("loop_lag")):
-        lags["loop lag"] = loop.p99
-        evidence.append(f"loop lag p99 {fmt_ms(loop.p99)} ms (how late the generator's own "
-                        "event loop woke: its timestamps are as late)")
-    if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
-        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server stamp -> "
-                        "timestamped here; its parts: see the server write delay rule)")
+    evidence, reasons, lags = _lag_evidence(d, finest)
     evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
     warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
@@ -147,6 +129,33 @@ def generator_limited(d: Signals) -> Finding:
                   "latencies measured" if warnings else " and raised no warnings")
         return Finding(*rule, False, f"The load generator kept its schedule{warned}.", evidence)
     return Finding(*rule, True, f"The {late}; see its warnings.", evidence)
+
+
+def _lag_evidence(d: Signals, finest: float | None
+                  ) -> tuple[list[str], list[str], dict[str, float]]:
+    """The generator's send, loop and delivery lags: what they show, the reason a late send
+    accuses the generator (beside the finest latency p50 measured), and each lag's p99."""
+    summary = d.run.summary
+    send = stats_ms(d.run.histograms.get("send_lag"))
+    if send is None and summary.metrics.get("send_lag_ms") and summary.metrics["send_lag_ms"].count:
+        send = summary.metrics["send_lag_ms"]
+    evidence, reasons, lags = [], [], {}
+    if send:
+        lags["send lag"] = send.p99
+        evidence.append(f"send lag p99 {fmt_ms(send.p99)} ms, max {fmt_ms(send.max)} ms (threshold "
+                        f"{d.late_ms:g} ms); {summary.generator.late_sends} late sends")
+        # late, and by enough to matter: one send 5 ms late beside a 300 ms TTFT accuses no one
+        if send.p99 > d.late_ms and not (finest and send.p99 <= MATERIAL_LAG_SHARE * finest):
+            reasons.append(f"it sent requests late (send lag p99 {fmt_ms(send.p99)} ms > "
+                           f"{d.late_ms:g} ms), which counts as latency the server did not cause")
+    if loop := stats_ms(d.run.histograms.get("loop_lag")):
+        lags["loop lag"] = loop.p99
+        evidence.append(f"loop lag p99 {fmt_ms(loop.p99)} ms (how late the generator's own "
+                        "event loop woke: its timestamps are as late)")
+    if delivery := stats_ms(d.run.histograms.get("delivery_lag")):
+        evidence.append(f"delivery lag p99 {fmt_ms(delivery.p99)} ms (server stamp -> "
+                        "timestamped here; its parts: see the server write delay rule)")
+    return evidence, reasons, lags
 
 
 def server_write_delay(d: Signals) -> Finding:
