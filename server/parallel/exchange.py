@@ -145,15 +145,8 @@ class AllToAll(Exchange):
                            [sum(counts[s][b][r] for s in range(world) for b in range(len(halves)))
                             for r in range(world)])
         log.mark("routing")
-        dispatched = []
-        for b, order in enumerate(orders):
-            sent = [counts[me][b][r] for r in range(world)]
-            received = [counts[s][b][me] for s in range(world)]
-            rows = x.new_empty(sum(received), d)
-            ids = slot.new_empty(sum(received))
-            dispatched.append((self.group.all_to_all(rows, x[token[order]], received, sent),
-                               self.group.all_to_all(ids, slot[order], received, sent),
-                               sent, received))
+        dispatched = [self._dispatch(x[token[order]], slot[order], counts, b)
+                      for b, order in enumerate(orders)]
         combined = []
         used = torch.zeros(experts.slots, dtype=torch.long, device=x.device)
         for b, (rows, ids, sent, received) in enumerate(dispatched):
@@ -181,6 +174,19 @@ class AllToAll(Exchange):
         log.computed(int((used > 0).sum()))
         log.exchanged(record)
         return out
+
+
+    def _dispatch(self, rows: Tensor, slots: Tensor, counts: list, batch: int) -> tuple:
+        """Micro-batch `batch`'s rows [M, D] and their expert slots [M], sorted by destination,
+        sent to their ranks (counts[src][batch][dst] rows each): (the rows coming, their slots,
+        the counts sent, the counts received)."""
+        world, me = self.group.world, self.group.rank
+        sent = [counts[me][batch][r] for r in range(world)]
+        received = [counts[s][batch][me] for s in range(world)]
+        coming = rows.new_empty(sum(received), rows.shape[1])
+        ids = slots.new_empty(sum(received))
+        return (self.group.all_to_all(coming, rows, received, sent),
+                self.group.all_to_all(ids, slots, received, sent), sent, received)
 
 
 class AllGatherReduceScatter(Exchange):
