@@ -46,6 +46,19 @@ def page_script(options: argparse.Namespace | None = None) -> str:
     return f'<script>window.moeWebUi = {data};</script><script src="{SCRIPT_ROUTE}"></script>'
 
 
+# Locust's extension points in its page: our tabs, their tables' columns, the CSV download
+TEMPLATE_ARGS = {
+    "extended_tabs": [{"title": "Latency (HDR)", "key": TAB},
+                      {"title": "Last run", "key": RUN_TAB}],
+    "extended_tables": [
+        {"key": TAB, "structure": [{"key": key, "title": title} for key, title in COLUMNS.items()]},
+        {"key": RUN_TAB, "structure": [{"key": "item", "title": ""},
+                                       {"key": "value", "title": ""}]}],
+    "extended_csv_files": [
+        {"href": CSV_ROUTE, "title": "Download TTFT, TPOT, ITL and end-to-end percentiles (HDR) "
+                                     "as CSV"}]}
+
+
 def add_tab(environment, recorder: Callable[[], Recorder | None],
             timeline: Callable[[], Timeline | None],
             written: Callable[[], tuple[Summary, Path] | None]) -> None:
@@ -55,16 +68,7 @@ def add_tab(environment, recorder: Callable[[], Recorder | None],
     web_ui = environment.web_ui
     if web_ui is None:
         return
-    web_ui.template_args["extended_tabs"] = [{"title": "Latency (HDR)", "key": TAB},
-                                             {"title": "Last run", "key": RUN_TAB}]
-    web_ui.template_args["extended_tables"] = [
-        {"key": TAB, "structure": [{"key": key, "title": title}
-                                   for key, title in COLUMNS.items()]},
-        {"key": RUN_TAB, "structure": [{"key": "item", "title": ""},
-                                       {"key": "value", "title": ""}]}]
-    web_ui.template_args["extended_csv_files"] = [
-        {"href": CSV_ROUTE, "title": "Download TTFT, TPOT, ITL and end-to-end percentiles (HDR) "
-                                     "as CSV"}]
+    web_ui.template_args.update(TEMPLATE_ARGS)
 
     @web_ui.app.route(CSV_ROUTE)
     def latency_download():

@@ -168,22 +168,31 @@ def _panel(axis: _TimeAxis, lines: dict[str, tuple[str, list[float | None]]], em
                'stroke="#bbb"/>')
     middles = axis.middles()
     for color, values in lines.values():
-        runs, run = [], []
-        for x, value in zip(middles, values, strict=True):
-            if value is None:
-                runs.append(run)
-                run = []
-            else:
-                run.append(f"{x:.1f},{y(value):.1f}")
-        runs.append(run)
-        for r in runs:
-            if len(r) == 1:
-                cx, cy = r[0].split(",")
-                out.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{color}"/>')
-            elif r:
-                out.append(f'<polyline points="{" ".join(r)}" fill="none" '
-                           f'stroke="{color}" stroke-width="1.5"/>')
+        out += _line([None if v is None else (x, y(v))
+                      for x, v in zip(middles, values, strict=True)], color)
     return "".join(out)
+
+
+def _line(points: list[tuple[float, float] | None], color: str) -> list[str]:
+    """A line through the points, in pieces broken at each None; a piece of one point is a
+    dot."""
+    runs, run = [], []
+    for point in points:
+        if point is None:
+            runs.append(run)
+            run = []
+        else:
+            run.append(f"{point[0]:.1f},{point[1]:.1f}")
+    runs.append(run)
+    out = []
+    for r in runs:
+        if len(r) == 1:
+            cx, cy = r[0].split(",")
+            out.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{color}"/>')
+        elif r:
+            out.append(f'<polyline points="{" ".join(r)}" fill="none" '
+                       f'stroke="{color}" stroke-width="1.5"/>')
+    return out
 
 
 def _value_axis(high: float) -> tuple[float, float]:
