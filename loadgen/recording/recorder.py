@@ -138,6 +138,13 @@ class Recorder:
             self.record("send_lag", lag_us)
         if timing is None:
             return None
+        self.record_timing(result, timing, checks)
+        return timing
+
+    def record_timing(self, result: StreamResult, timing: StreamTiming,
+                      checks: dict[str, bool]) -> None:
+        """A measured ok request's latencies into the histograms, its SLO checks into the
+        shares, and its class's, turn's and server's figures."""
         self.slo_judged += 1
         self.slo_met.update([name for name, ok in checks.items() if ok]
                             + (["all"] if all(checks.values()) else []))
@@ -158,7 +165,6 @@ class Recorder:
         for name in SERVER_METRICS:
             if f"{name}_us" in result.usage:
                 self.server[name].record(result.usage[f"{name}_us"])
-        return timing
 
     def add_reasoning(self, r: StreamResult) -> None:
         split = reasoning_split(r)

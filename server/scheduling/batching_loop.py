@@ -207,24 +207,8 @@ class BatchingLoop:
             stops = (token in self.engine.tokenizer.eos_ids and not req.ignore_eos
                      and len(req.output_ids) > req.min_tokens)
             finish = LENGTH if len(req.output_ids) >= req.max_tokens else STOP if stops else None
-            usage = None
-            if finish:
-                req.done = True
-                finished += 1
-                lifetime_s = (t1 - req.received_ns) / 1e9
-                self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
-                self._give_slot(req)
-                usage = Usage(prompt_tokens=len(req.prompt_ids),
-                              completion_tokens=len(req.output_ids),
-                              queue_us=(req.admitted_ns - req.received_ns) // 1000,
-                              prefill_us=req.prefill_us,
-                              decode_us=(t1 - req.first_token_ns) // 1000,
-                              routed_experts=routing_of(req) if req.prompt_routing else None)
-                n = len(req.output_ids)
-                self.telemetry.record_request(
-                    usage.queue_us / 1000, usage.prefill_us / 1000,
-                    (req.first_token_ns - req.received_ns) / 1e6,
-                    usage.decode_us / 1000 / (n - 1) if n > 1 else None)
+            usage = self._finish(req, t1) if finish else None
+            finished += usage is not None
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))
         self.resident = [r for r in self.resident if not r.done]
         self.telemetry.counts[Count.REQUESTS_FINISHED] += finished
@@ -235,6 +219,23 @@ class BatchingLoop:
                                 len(plan.prefill))
         for sink, event in deliveries:
             sink(event)
+
+    def _finish(self, req: Request, t1: int) -> Usage:
+        """A request whose last token the step at t1 made: its slot freed, its lifetime and
+        latencies recorded; what it used."""
+        req.done = True
+        lifetime_s = (t1 - req.received_ns) / 1e9
+        self.lifetime_s += LIFETIME_WEIGHT * (lifetime_s - self.lifetime_s)
+        self._give_slot(req)
+        usage = Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
+                      queue_us=(req.admitted_ns - req.received_ns) // 1000,
+                      prefill_us=req.prefill_us, decode_us=(t1 - req.first_token_ns) // 1000,
+                      routed_experts=routing_of(req) if req.prompt_routing else None)
+        n = len(req.output_ids)
+        self.telemetry.record_request(usage.queue_us / 1000, usage.prefill_us / 1000,
+                                      (req.first_token_ns - req.received_ns) / 1e6,
+                                      usage.decode_us / 1000 / (n - 1) if n > 1 else None)
+        return usage
 
     def _reap_cancelled(self) -> None:
         for req in self.cancelled:
