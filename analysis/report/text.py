@@ -37,6 +37,24 @@ from analysis.slo_claims import (
     final_word,
 )
 from analysis.tables import STAT_COLUMNS, fmt_ms, fmt_plain, stats_rows, text_table
+from records.summary import Summary
+
+
+def asked_lines(summary: Summary) -> list[str]:
+    """What the requests reasoned, and what the workload asked, where the run has them."""
+    lines = []
+    if (r := summary.reasoning) is not None:
+        lines.append(f"reasoning: {r.requests} requests, {r.reasoning_tokens} reasoning + "
+                     f"{r.answer_tokens} answer tokens, first reasoning token p50 "
+                     f"{fmt_ms(r.ttfr_ms.p50)} ms, first answer token p50 "
+                     f"{fmt_ms(r.ttfa_ms.p50)} ms, {r.no_answer} with no answer")
+    if (w := summary.workload) is not None:
+        lines.append(f"workload: {w.requests} requests, prompt tokens mean "
+                     f"{w.prompt_tokens.mean:.1f} p50 {w.prompt_tokens.p50} p99 "
+                     f"{w.prompt_tokens.p99} max {w.prompt_tokens.max}, output tokens asked mean "
+                     f"{w.max_tokens.mean:.1f} max {w.max_tokens.max}, prefix share "
+                     f"{100 * w.prefix_share:.1f}%")
+    return lines
 
 
 def render_text(report: Report) -> str:
@@ -47,17 +65,7 @@ def render_text(report: Report) -> str:
                                    for key, value in applying(summary.config).items()),
              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
              "throughput: " + ", ".join(throughput_lines(run)), f"requests: {accounting_line(run)}"]
-    if (r := summary.reasoning) is not None:
-        parts.append(f"reasoning: {r.requests} requests, {r.reasoning_tokens} reasoning + "
-                     f"{r.answer_tokens} answer tokens, first reasoning token p50 "
-                     f"{fmt_ms(r.ttfr_ms.p50)} ms, first answer token p50 "
-                     f"{fmt_ms(r.ttfa_ms.p50)} ms, {r.no_answer} with no answer")
-    if (w := summary.workload) is not None:
-        parts.append(f"workload: {w.requests} requests, prompt tokens mean "
-                     f"{w.prompt_tokens.mean:.1f} p50 {w.prompt_tokens.p50} p99 "
-                     f"{w.prompt_tokens.p99} max {w.prompt_tokens.max}, output tokens asked mean "
-                     f"{w.max_tokens.mean:.1f} max {w.max_tokens.max}, prefix share "
-                     f"{100 * w.prefix_share:.1f}%")
+    parts += asked_lines(summary)
     if summary.classes:
         parts.append(text_table(CLASS_HEADER, class_rows(run)))
     if summary.sessions is not None:
