@@ -21,6 +21,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadgen.aio_client import discard_spare, prewarm
+from loadgen.build import build_run
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.headroom import headroom
@@ -98,6 +99,22 @@ class RunListener:
         events.quit.add_listener(self.extend_html_report)
         events.quit.add_listener(lambda **_: discard_spare())
         runner = environment.runner
+        self._register_messages(runner)
+        options = environment.parsed_options
+        # A headless run's -t is timed from its schedule's time zero, not from Locust's start:
+        # the aio sender's start-up (0.3-0.7 s) would eat into it (loadgen/run.py, begin)
+        self.run_time_s: float | None = None
+        if (options is not None and options.headless and getattr(options, "run_time", None)
+                and runner is not None and not isinstance(runner, MasterRunner | WorkerRunner)):
+            self.run_time_s, options.run_time = options.run_time, None
+            logging.getLogger("locust.main").addFilter(
+                lambda record: not record.getMessage().startswith("No run time limit set"))
+        self._check_at_start(environment)
+
+    def _register_messages(self, runner) -> None:
+        """The messages between a distributed run's master and its workers: the workers'
+        parts and SLA samples to the master; the stop and the SLA probes' starts and cuts to
+        the workers."""
         if isinstance(runner, MasterRunner):
             runner.register_message(MESSAGE, lambda msg, **_: self.receive_part(msg.data))
             runner.register_message(SAMPLE, lambda msg, **_: self.sla_remote
@@ -108,15 +125,12 @@ class RunListener:
                                     and self.sla_samples.started(msg.data))
             runner.register_message(CUT, lambda msg, **_: self.sla_samples
                                     and self.sla_samples.cut(msg.data))
-        options = environment.parsed_options
-        # A headless run's -t is timed from its schedule's time zero, not from Locust's start:
-        # the aio sender's start-up (0.3-0.7 s) would eat into it (loadgen/run.py, begin)
-        self.run_time_s: float | None = None
-        if (options is not None and options.headless and getattr(options, "run_time", None)
-                and runner is not None and not isinstance(runner, MasterRunner | WorkerRunner)):
-            self.run_time_s, options.run_time = options.run_time, None
-            logging.getLogger("locust.main").addFilter(
-                lambda record: not record.getMessage().startswith("No run time limit set"))
+
+    @staticmethod
+    def _check_at_start(environment) -> None:
+        """Before any user starts: bad flags and, headless, a target that cannot be reached end
+        the process, naming the flag; an aio sender is started ahead where one will send."""
+        options, runner = environment.parsed_options, environment.runner
         if options is not None and (environment.host or options.headless):
             try:  # bad flags end the process before any request, naming the flag
                 settings = settings_of(environment)
@@ -182,9 +196,9 @@ class RunListener:
                 self.run = None  # refused by the master (its log says why), or joined mid-test
                 return
             self.rank = ranks[runner.client_id]
-            self.run = Run(settings, target, Hooks(self.report),
-                           Place(time.time(), len(ranks), self.rank,
-                                 f"{settings.recording.run_dir}/worker-{self.rank}"))
+            self.run = build_run(settings, target, Hooks(self.report),
+                                 Place(time.time(), len(ranks), self.rank,
+                                       f"{settings.recording.run_dir}/worker-{self.rank}"))
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
             if self.run.probe_part is not None:
@@ -194,8 +208,8 @@ class RunListener:
         else:
             started_at = time.time()
             scraping = start_server_metrics(settings, started_at)
-            self.run = Run(settings, target, Hooks(self.report, self.end_test, scraping),
-                           Place(started_at), self.run_time_s)
+            self.run = build_run(settings, target, Hooks(self.report, self.end_test, scraping),
+                                 Place(started_at), self.run_time_s)
             log.info("%s", describe(settings))
             say_headroom(settings)
             if self.run.probe_part is not None:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TextIO
 
 import gevent
 import psutil
@@ -31,7 +31,7 @@ from loadgen.server_metrics import ServerMetrics
 from loadgen.sla.part import ProbePart
 from loadgen.stress import Stress
 from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_request
-from loadgen.targets.routed_experts import reader_for
+from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.traffic.offered import Offered
@@ -43,7 +43,6 @@ from loadgen.web.timeline import Timeline
 from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
 from records.requests import CLIENT_CANCELLED
-from records.rundir import SAMPLES
 from records.server_stats import ServerSample
 from records.summary import Summary
 
@@ -87,25 +86,41 @@ class Hooks:
     scraping: ServerMetrics | None = None
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """What a run draws its requests from and records into, built before it starts."""
+
+    recorder: Recorder
+    workload: Workload
+    sessions: SessionPlanner | None  # --mode sessions
+    count: TextCounter  # the tokens of streamed text
+    intervals: IntervalLog
+    timeline: Timeline  # the web UI's chart
+    server_log: TextIO  # the server's samples (server_stats.jsonl)
+    routing: RoutingReader | None  # --routed-experts
+    routing_log: RoutingLog | None
+    expert_recorder: ExpertRecorder | None  # --expert-record-url
+
+
 class Run:
     def __init__(self, settings: LoadSettings, target: Target, hooks: Hooks, place: Place,
-                 run_time_s: float | None = None):
-        """target: the server's protocol; run_time_s: -t, counted from the schedule's time
-        zero (see begin)."""
+                 parts: RunParts, run_time_s: float | None = None):
+        """target: the server's protocol; parts: what it records into and draws from (built
+        by loadgen/build.py); run_time_s: -t, counted from the schedule's time zero (see
+        begin)."""
         self.request_stop, self.scraping = hooks.request_stop, hooks.scraping
         self.run_time_s = run_time_s
         self.settings = settings
         self.sender = settings.sender
         self.target = target
-        self.count = TextCounter(settings.target.tokenizer)
         self.on_result = hooks.on_result
         self.started_at = place.started_at
         workers, index = place.workers, place.index
-        self.recorder = Recorder.for_settings(settings, time.monotonic_ns())
-        self.workload = Workload(settings)
+        self.recorder, self.workload, self.sessions = parts.recorder, parts.workload, parts.sessions
+        self.count, self.intervals, self.timeline = parts.count, parts.intervals, parts.timeline
+        self.server_log, self.routing = parts.server_log, parts.routing
+        self.routing_log, self.expert_recorder = parts.routing_log, parts.expert_recorder
         self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
-        sessions = settings.traffic.mode == "sessions"
-        self.sessions = SessionPlanner(settings, self.workload) if sessions else None
         self._session_group = Group()  # the sessions' own greenlets (their requests: _group)
         self._schedule = schedule_of(settings.traffic, workers, index)
         # run-wide unique ids
@@ -114,22 +129,6 @@ class Run:
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
         self._cpu_start_s = time.process_time()
-        run_dir = Path(place.run_dir or settings.recording.run_dir)
-        self.intervals = IntervalLog(run_dir, list(self.recorder.interval), self.started_at)
-        self.timeline = Timeline(settings.recording.interval_s)  # the web UI's chart
-        self.server_log = open(run_dir / SAMPLES, "w")
-        self.routing = reader_for(settings.target)
-        self.routing_log = (RoutingLog(run_dir, target.asks_routing)
-                            if self.routing is not None else None)
-        recording = settings.recording
-        self.expert_recorder = (ExpertRecorder(recording.expert_record_url,
-                                               recording.expert_record_dir, run_dir)
-                                if recording.expert_record_url else None)
-        if self.expert_recorder is not None and workers > 1:  # a worker's run is not the run
-            self.expert_recorder.problems.append(
-                "not driven in a distributed run (its workers each see a part of it): run "
-                "without --processes, or start and dump the recorder by hand")
-            self.expert_recorder.enabled = False
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
