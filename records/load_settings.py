@@ -7,7 +7,6 @@ profiles, datasets) are checked by it (loadgen/settings.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from records.declare import (
     GIVEN,
@@ -16,8 +15,13 @@ from records.declare import (
     above,
     at_least,
     group,
+    host_port,
+    name_value,
+    open_percentile,
     require,
     setting,
+    url_path,
+    urls_or_off,
     within,
 )
 from records.scenarios import scenario_problem
@@ -41,49 +45,11 @@ TRITON = {"target": "triton"}
 TRACED = {"trace": GIVEN}  # a trace's options: only with --trace
 
 
-def _host_port(value: str) -> str | None:
-    address = value.partition("://")[2] if "://" in value else value
-    if "/" in address.rstrip("/"):
-        return f"must be HOST:PORT or http://HOST:PORT without a path (for openai the path " \
-               f"is --endpoint), got {value!r}"
-    if address.rstrip("/").rpartition(":")[2].isdigit():
-        return None
-    return f"must be HOST:PORT (or http://HOST:PORT), got {value!r}"
-
-
-def _path(value: str) -> str | None:
-    return None if value.startswith("/") else f"must be a path starting with /, got {value!r}"
-
-
-def _metrics_urls(value: str) -> str | None:
-    if value.strip() in ("", "off"):
-        return None
-    for url in (u.strip() for u in value.split(",")):
-        problem = f"must be off or http(s)://HOST:PORT/PATH URLs, comma-separated, got {url!r}"
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 (raises ValueError for a port that is no number)
-        except ValueError:
-            return problem
-        if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
-            return problem
-    return None
-
-
-def _percentile(value: float) -> str | None:
-    return None if 0 < value < 100 else f"must be above 0 and below 100, got {value:g}"
-
-
 def moe_shape_problem(value: str) -> str | None:
     parts = value.split("x") if value else []
     if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
         return f"must be LAYERSxEXPERTSxTOP_K, three positive integers (48x128x8), got {value!r}"
     return None
-
-
-def _header(value: tuple[str, ...]) -> str | None:
-    bad = [h for h in value if ":" not in h or not h.partition(":")[0].strip()]
-    return f"must be NAME:VALUE, got {bad[0]!r}" if bad else None
 
 
 @dataclass(frozen=True)
@@ -94,7 +60,7 @@ class TargetSettings(Settings):
                           choices=Names("targets"),
                           label="Server protocol")
     endpoint: str = setting("/v1/completions", "openai: /v1/completions or /v1/chat/completions",
-                            check=_path, compared=False,
+                            check=url_path, compared=False,
                             label="OpenAI endpoint path", when=OPENAI)
     model: str = setting("", "openai: the model to ask for (default: the first /v1/models "
                          "lists); triton: the model to call", compared=False,
@@ -103,7 +69,7 @@ class TargetSettings(Settings):
                            compared=False, secret=True,
                            label="OpenAI API key", when=OPENAI)
     headers: tuple[str, ...] = setting((), "openai: an extra HTTP header NAME:VALUE",
-                                       flag="header", check=_header, compared=False, secret=True,
+                                       flag="header", check=name_value, compared=False, secret=True,
                                        label="Extra HTTP header (NAME:VALUE)", when=OPENAI)
     exact_length: bool = setting(True, "openai: ask for exactly --max-tokens output tokens with "
                                  "ignore_eos and min_tokens (vLLM, SGLang and this project's "
@@ -369,7 +335,7 @@ class Slo(Settings):
                                     "TTFT <= --slo-ttft-ms): the report judges it as MLPerf's "
                                     "server scenario does, met and supported by enough "
                                     "requests (PASS), not met (FAIL) or too few requests (NOT "
-                                    "VALID)", check=_percentile, compared=False,
+                                    "VALID)", check=open_percentile, compared=False,
                                     label="Objective percentile")
 
 
@@ -378,7 +344,7 @@ class Sender(Settings):
     """Sending"""
 
     host: str = setting("127.0.0.1:50051", "the server, HOST:PORT (http://HOST:PORT for openai)",
-                        option=False, check=_host_port, compared=False,
+                        option=False, check=host_port, compared=False,
                         label="Host")
     client: str = setting("auto", "who sends and times the requests: aio, a plain asyncio "
                           "process (grpc.aio, or its own HTTP/1.1 client) started beside each "
@@ -423,7 +389,7 @@ class Recording(Settings):
                                   "the openai target's {host}/metrics when it answers, none "
                                   "for the others (moe has GetStats). Every scrape goes to "
                                   "server_metrics.jsonl, this host's GPUs (NVML) too",
-                                  check=_metrics_urls, compared=False,
+                                  check=urls_or_off, compared=False,
                                   label="Server metrics URLs (or off)")
     server_metrics_interval_s: float | None = setting(None, "seconds between scrapes of "
                                                       "--server-metrics (default --interval-s)",

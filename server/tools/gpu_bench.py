@@ -340,7 +340,9 @@ def render(results: dict) -> str:
     return "\n\n".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, each default filled for the device (CUDA's or a CPU's); a flag that
+    cannot be used ends the process, naming it."""
     p = Parser(prog="python -m server.tools.gpu_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -374,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in options.presets.split(",") if n not in PRESETS]
     if unknown:
         p.error(f"--presets: unknown {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(argv)
     device = indexed(torch.device(options.device))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     presets, skip = options.presets.split(","), set(filter(None, options.skip.split(",")))
