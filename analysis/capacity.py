@@ -1,4 +1,4 @@
-"""Expert capacity planning (seed 5.1), from a run's measured per-expert loads or from \
+"""Expert capacity planning, from a run's measured per-expert loads or from \
 given numbers.
 
 capacity = tokens x k / (experts x target utilisation): the slots per expert per step that

@@ -1,4 +1,4 @@
-"""Rule-based bottleneck diagnosis of one run (seed 5.3): each rule says whether it fired and
+"""Rule-based bottleneck diagnosis of one run: each rule says whether it fired and
 the numbers, with their times, that made it fire, did not, or could not be judged. The rules
 live in analysis/rules/, one concept a module; this command applies them all.
 

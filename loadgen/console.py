@@ -20,8 +20,8 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
             print(f"{name:<14}{s.count:>8}{s.p50:>10.1f}{s.p90:>10.1f}{s.p99:>10.1f}{s.max:>10.1f}")
         else:
             print(f"{name:<14}{0:>8}  no samples")
-    for klass, c in summary.classes.items():
-        print(f"class {klass:<12} sent {c.sent:>6}  ok {c.ok:>6}  "
+    for request_class, c in summary.classes.items():
+        print(f"class {request_class:<12} sent {c.sent:>6}  ok {c.ok:>6}  "
               f"TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
               f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
     if (sessions := summary.sessions) is not None:

@@ -263,7 +263,7 @@ class RunListener:
         Latency (HDR) tab (loadgen/web/tab.py)."""
         end_ns = result.recv_ns[-1] if result.recv_ns else time.monotonic_ns()
         failed = not result.ok and result.status != CLIENT_CANCELLED  # cancelled on purpose
-        name = result.klass or "generate"
+        name = result.request_class or "generate"
         if self.recorder is not None and result.scheduled_ns < self.recorder.warmup_end_ns:
             name += WARMUP_ENTRY
         self.environment.events.request.fire(

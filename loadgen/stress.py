@@ -1,4 +1,4 @@
-"""Stress mode (seed 2.2): the offered rate rises step by step until the server saturates,
+"""Stress mode: the offered rate rises step by step until the server saturates,
 then the run stops by itself and names the knee, the highest rate that held.
 
 A step saturates when, over its --step-s:

@@ -275,6 +275,13 @@ def applies(leaf: Leaf, settings) -> bool:
     return all(values[name] in allowed for name, allowed in leaf.spec.when)
 
 
+def named(cls: type, *names: str) -> tuple[str, ...]:
+    """names, each checked to be one of cls's settings: a misspelt one fails at import."""
+    if unknown := set(names) - {leaf.name for leaf in leaves(cls)}:
+        raise ValueError(f"not settings of {cls.__name__}: {', '.join(sorted(unknown))}")
+    return names
+
+
 def compared_names(cls: type) -> list[str]:
     """The settings whose values must match for two runs to measure the same thing."""
     return [leaf.name for leaf in leaves(cls) if leaf.spec.compared]

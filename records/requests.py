@@ -15,7 +15,7 @@ CLIENT_CANCELLED = "CLIENT_CANCELLED"
 @dataclass(frozen=True, kw_only=True)
 class RequestRow:
     request_id: str
-    klass: str = field(key="class")  # its request class; "" without classes
+    request_class: str = field(key="class")  # its request class; "" without classes
     # OK, a gRPC status code name, CUT_OFF, INCOMPLETE, CLIENT_ERROR or CLIENT_CANCELLED
     status: str
     details: str

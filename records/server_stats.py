@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from records.declare import cast, leaves, text
+from records.declare import cast, leaves, named, text
 from records.engine_telemetry import (
     CACHE,
     ENGINE,
@@ -218,6 +218,7 @@ OLDER_FIELDS = {"policy": "policy", "preset": "preset", "device": "device", "dty
                 "max_batch_size": "max_batch_size", "kv_slots": "kv_slots_total",
                 "router": "router", "routing_skew": "routing_skew", "moe_kernel": "moe_kernel",
                 "expert_cache": "expert_cache", "cache_policy": "cache_policy"}
+named(ServerSettings, *OLDER_FIELDS)  # each a declared setting, or the import fails
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The bottleneck rules of analysis/diagnosis.py (seed 5.3) on run directories built here: for
+"""The bottleneck rules of analysis/diagnosis.py on run directories built here: for
 each rule one run built to fire it and one built not to, with the evidence numbers checked
 against values worked out by hand; rules without their data say what was missing; the text
 and markdown put fired rules first; the command writes diagnosis.md and a JSON last line."""

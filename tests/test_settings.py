@@ -22,6 +22,7 @@ from records.declare import (
     from_options,
     group,
     leaves,
+    named,
     setting,
     text,
 )
@@ -138,3 +139,9 @@ def test_python_m_loadgen_help_lists_every_load_option_by_group():
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "run a test with: locust -f loadgen/moe.py" in wrong.stderr
 
+
+
+def test_a_setting_named_in_code_is_checked_against_the_declaration():
+    assert named(ServerSettings, "max_batch_size", "kv_slots") == ("max_batch_size", "kv_slots")
+    with pytest.raises(ValueError, match="not settings of ServerSettings: max_batch"):
+        named(ServerSettings, "max_batch", "kv_slots")

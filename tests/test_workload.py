@@ -21,10 +21,10 @@ def config(**overrides) -> LoadSettings:
 def test_classes_are_drawn_by_weight_with_their_shapes():
     workload = Workload(config())
     drawn = [workload.request(i) for i in range(4000)]
-    names = [spec.klass for spec in drawn]
+    names = [spec.request_class for spec in drawn]
     assert names.count("chat") / len(names) == pytest.approx(0.75, abs=0.03)
     for spec in drawn[:50]:
-        shape = (8, 4) if spec.klass == "chat" else (64, 2)
+        shape = (8, 4) if spec.request_class == "chat" else (64, 2)
         assert (len(spec.prompt_ids), spec.max_tokens) == shape
     assert [spec.request_id for spec in drawn[:3]] == ["0-0", "0-1", "0-2"]
     # any process builds the same request
@@ -52,7 +52,7 @@ def test_dataset_gives_prompts_and_capped_output_lengths(tmp_path):
     assert load_dataset(str(path)) == [("hi", "hello there"), ("tell me a story", "x" * 500)]
     workload = Workload(config(mode="fixed", dataset=str(path), max_tokens=100))
     for spec in (workload.request(i) for i in range(20)):
-        assert spec.klass == "dataset"
+        assert spec.request_class == "dataset"
         assert (spec.prompt_text, spec.max_tokens) in {("hi", 11), ("tell me a story", 100)}
     (tmp_path / "empty.json").write_text("[]")
     with pytest.raises(ValueError, match="no conversation"):

@@ -1,4 +1,4 @@
-"""The diagnosis rules on the experts (seed 5.3): one layer's expert load far above its mean, and
+"""The diagnosis rules on the experts: one layer's expert load far above its mean, and
 copying expert weights in on cache misses taking a large share of step time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Diagnosis rules on throughput (seed 5.3): the wait queue growing while the device has room
+"""Diagnosis rules on throughput: the wait queue growing while the device has room
 (the scheduler, policy or KV pool holds requests back), or the requests in the server growing
 while it is busy (compute-saturated, the knee; in a stress run, the step it stopped on
 saturation). Reads only run-directory files, through analysis/rules/spikes.py's Signals.

@@ -111,8 +111,8 @@ class Recorder:
         done = result.usage.get("completion_tokens")
         self.off_length += bool(result.ok and result.max_tokens and done is not None
                                 and done != result.max_tokens)
-        if result.klass:
-            self.classes.count(result.klass, result.status)
+        if result.request_class:
+            self.classes.count(result.request_class, result.status)
         if result.turn:
             self.turns.count(str(result.turn), result.status)
         lag_us = (result.sent_ns - result.scheduled_ns) // 1000 if result.sent_ns else None
@@ -158,8 +158,8 @@ class Recorder:
             self.record("tpot", timing.tpot_us)
         if any(result.reasoning):
             self.add_reasoning(result)
-        if result.klass:
-            self.classes.record(result.klass, timing)
+        if result.request_class:
+            self.classes.record(result.request_class, timing)
         if result.turn:
             self.turns.record(str(result.turn), timing)
         for name in SERVER_METRICS:
@@ -264,7 +264,8 @@ class Recorder:
     def row(self, r: StreamResult, t: StreamTiming | None, warmup: bool) -> RequestRow:
         """The request's line in requests.jsonl, times in ms from the run's start."""
         return RequestRow(
-            request_id=r.request_id, klass=r.klass, status=r.status, details=r.details,
+            request_id=r.request_id, request_class=r.request_class, status=r.status,
+            details=r.details,
             warmup=warmup, scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
             sent_ms=(r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
             output_tokens=sum(r.tokens), messages=len(r.tokens),

@@ -27,7 +27,7 @@ Counter = Callable[[list[str], dict[str, int]], list[int]]
 class StreamResult:
     request_id: str
     scheduled_ns: int
-    klass: str = ""  # the request class (mixed mode, dataset), "" without classes
+    request_class: str = ""  # the request class (mixed mode, dataset), "" without classes
     max_tokens: int = 0  # the output tokens asked for
     sent_ns: int = 0
     recv_ns: list[int] = field(default_factory=list)  # arrival of each message with tokens
@@ -54,7 +54,7 @@ class StreamResult:
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
-        return cls(spec.request_id, scheduled_ns, spec.klass, spec.max_tokens,
+        return cls(spec.request_id, scheduled_ns, spec.request_class, spec.max_tokens,
                    session=spec.session, turn=spec.turn)
 
     @property
@@ -74,8 +74,8 @@ class StreamResult:
                 self.texts.append(chunk.text)
             if self.turn and not chunk.reasoning:
                 self.reply_ids.extend(chunk.ids)
-                if chunk.text or chunk.said:
-                    self.reply_texts.append(chunk.text or chunk.said)
+                if chunk.text or chunk.history_text:
+                    self.reply_texts.append(chunk.text or chunk.history_text)
         self.received_bytes += chunk.size
         if chunk.routed:
             self.routed_raw.append(chunk.routed)

@@ -39,9 +39,9 @@ class MoeTarget(GrpcTarget):
     def chunk_of(self, msg: moe_pb2.GenerateResponse, seen: int) -> Chunk:
         if not msg.finish_reason:
             return Chunk(tokens=len(msg.token_ids), server_elapsed_us=msg.server_elapsed_us,
-                         ids=msg.token_ids, said=msg.text)
+                         ids=msg.token_ids, history_text=msg.text)
         return Chunk(tokens=len(msg.token_ids), server_elapsed_us=msg.server_elapsed_us,
-                     ids=msg.token_ids, said=msg.text,
+                     ids=msg.token_ids, history_text=msg.text,
                      finish_reason=moe_pb2.GenerateResponse.FinishReason.Name(msg.finish_reason),
                      usage=message_dict(msg.usage))
 

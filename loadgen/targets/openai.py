@@ -188,7 +188,7 @@ class OpenAITarget:
         ids = ids if isinstance(ids, list) else ()
         tokens = len(ids)
         return Chunk(tokens=tokens, text="" if tokens else answer + thinking, ids=ids,
-                     said=answer if tokens else "",
+                     history_text=answer if tokens else "",
                      server_elapsed_us=elapsed if isinstance(elapsed, int) else 0,
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
                      reasoning=thinks and not answer, arrived_ns=arrived_ns, routed=routed)

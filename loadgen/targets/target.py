@@ -40,7 +40,7 @@ class RequestSpec:
     max_tokens: int  # output tokens; exact where the protocol can ignore end-of-sequence
     prompt_ids: tuple[int, ...] = ()  # token ids of printable bytes (synthetic prompts) ...
     prompt_text: str = ""  # ... or text (a dataset's prompts); one of the two is set
-    klass: str = ""  # the request class, "" without classes
+    request_class: str = ""  # the request class, "" without classes
     cancel_after: int = 0  # the client cancels once this many output tokens arrived; 0: never
     session: str = ""  # the session it is a turn of (--mode sessions), "" none: sent as
     # X-Session-ID over HTTP and session_id metadata over gRPC, for the server's affinity
@@ -73,7 +73,7 @@ class Chunk:
     # its output token ids where the protocol streams them, and their text where it streams
     # that beside them: kept for a session's history only
     ids: Sequence[int] = ()
-    said: str = ""
+    history_text: str = ""
     # the server's own account, on the last message; keys as RequestRow's server_* fields
     usage: dict[str, int] = field(default_factory=dict)
     # when its bytes reached the client, where its reader stamps them before parsing (the aio

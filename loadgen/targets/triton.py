@@ -95,8 +95,9 @@ class TritonTarget(GrpcTarget):
         text = b"".join(bytes_items(outputs.get(self.settings.triton_output, b"")))
         count = outputs.get("num_output_tokens", b"")
         tokens = struct.unpack_from("<I", count)[0] if len(count) >= 4 else 0
-        said = text.decode(errors="replace")
-        return Chunk(tokens=tokens, text="" if self.vllm else said, said=said if self.vllm else "",
+        decoded = text.decode(errors="replace")
+        return Chunk(tokens=tokens, text="" if self.vllm else decoded,
+                     history_text=decoded if self.vllm else "",
                      finish_reason=reason or ("stop" if final else ""))
 
     def probe(self, host: str) -> str:

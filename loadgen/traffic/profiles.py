@@ -1,4 +1,4 @@
-"""Time-varying offered rate for mixed mode (seed 2.2 "traffic whose rate fluctuates"):
+"""Time-varying offered rate for mixed mode (traffic whose rate fluctuates):
 
 - sinusoid:PERIOD_S:AMPLITUDE   rate x (1 + AMPLITUDE sin(2 pi t / PERIOD_S)), AMPLITUDE in [0, 1]
 - bursts:EVERY_S:LENGTH_S:FACTOR   rate x FACTOR for LENGTH_S at the start of every EVERY_S

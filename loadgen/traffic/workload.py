@@ -157,7 +157,7 @@ class Workload:
         if self.dataset:
             prompt, reply = rng.choice(self.dataset)
             out = min(len(reply.encode()), c.max_tokens)  # the reply's length in bytes, capped
-            return RequestSpec(rid, out, prompt_text=prompt, klass="dataset")
+            return RequestSpec(rid, out, prompt_text=prompt, request_class="dataset")
         if self.classes:
             k = rng.choices(self.classes, weights=[k.weight for k in self.classes])[0]
             length, out, name = k.prompt_tokens, k.max_tokens, k.name
@@ -166,4 +166,4 @@ class Workload:
                       else c.prompt_tokens)
             out, name = c.max_tokens, ""
         ids = tuple(rng.choice(PRINTABLE) for _ in range(length))
-        return RequestSpec(rid, out, prompt_ids=ids, klass=name)
+        return RequestSpec(rid, out, prompt_ids=ids, request_class=name)

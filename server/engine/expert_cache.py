@@ -1,4 +1,4 @@
-"""Expert-weight cache (seed 2.3 "memory access", 5.3 "memory swap frequency").
+"""Expert-weight cache: which experts' weights are on the device, and how often they are swapped in.
 
 Per MoE layer at most `capacity` experts are resident in fast memory (GPU memory on CUDA;
 a separate resident buffer on a CPU); all experts live in host memory (pinned on CUDA).

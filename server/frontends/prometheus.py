@@ -20,7 +20,7 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 
-from records.declare import flat, text
+from records.declare import flat, named, text
 from records.engine_telemetry import COUNTER, GAUGE, HISTOGRAM, Metric, families
 from records.server_settings import ServerSettings
 from server.scheduling.engine_thread import EngineThread
@@ -28,8 +28,9 @@ from server.telemetry.histogram import Histogram
 
 FAMILY = {COUNTER: CounterMetricFamily, GAUGE: GaugeMetricFamily,
           HISTOGRAM: HistogramMetricFamily}
-INFO_LABELS = ("preset", "checkpoint", "policy", "device", "dtype", "moe_kernel", "router",
-               "routing_skew", "expert_cache", "max_batch_size", "kv_slots")
+INFO_LABELS = named(ServerSettings, "preset", "checkpoint", "policy", "device", "dtype",
+                    "moe_kernel", "router", "routing_skew", "expert_cache", "max_batch_size",
+                    "kv_slots")
 
 
 def buckets(h: Histogram, scale: float) -> list[tuple[str, int]]:

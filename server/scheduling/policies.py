@@ -1,4 +1,4 @@
-"""Batching policies (seed 5.2): each step, which requests run and how much of each prompt
+"""Batching policies: each step, which requests run and how much of each prompt
 is prefilled.
 
 All policies sit on one continuous-batching loop (server/scheduling/batching_loop.py). A
