@@ -174,6 +174,46 @@ def test_no_folder_holds_more_than_twenty_modules():
     assert not crowded
 
 
+# Sizes a newcomer reads in one go: a function takes at most 6 parameters (a declared record's
+# constructor is a dataclass's and takes its fields), is under 50 lines, in a module of at most
+# 450; the generated gRPC stubs left out.
+MOST_PARAMETERS, MOST_FUNCTION_LINES, MOST_MODULE_LINES = 6, 49, 450
+
+
+def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = fn.args
+    names = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+    return len(names) - (bool(a.args) and a.args[0].arg in ("self", "cls"))
+
+
+def sizes(source: str) -> list[str]:
+    """What in source is over the sizes above, as name: figure."""
+    over = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            if (n := parameters(fn)) > MOST_PARAMETERS:
+                over.append(f"{fn.name}: {n} parameters")
+            if (n := fn.end_lineno - fn.lineno + 1) > MOST_FUNCTION_LINES:
+                over.append(f"{fn.name}: {n} lines")
+    if (n := source.count("\n")) > MOST_MODULE_LINES:
+        over.append(f"the module: {n} lines")
+    return over
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_function_or_module_is_over_the_sizes(name):
+    assert not sizes(MODULES[name].read_text())
+
+
+def test_an_oversized_function_is_caught():
+    many = "def f(a, b, c, d, e, f, g):\n    return a\n"
+    long = "class K:\n    def g(self):\n" + "        x = 1\n" * 49
+    assert sizes(many) == ["f: 7 parameters"]
+    assert sizes(long) == ["g: 50 lines"]
+    assert sizes("x = 1\n" * 451) == ["the module: 451 lines"]
+    assert not sizes("class K:\n    def g(self, a, b, c, d, e, f):\n        return a\n")
+
+
 # Where a room hands an object to another, the parameter is typed: a read of `moe.experts.held`
 # through an untyped parameter is a dependency neither the import rules above nor a reader can
 # see. In these rooms a parameter whose attributes are read is annotated (with a type its
