@@ -6,6 +6,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from loadgen.recording.health import generator_health
 from loadgen.recording.recorder import Recorder
 from records.load_settings import LoadSettings
 from records.summary import Summary
@@ -27,8 +28,8 @@ def summarize(settings: LoadSettings, rec: Recorder, span: Span, cpu_percent: fl
     has them); warnings: the caller's, after the recorder's own; notes: what the figures rest
     on (information, not a warning)."""
     window_s = span.window_s
-    generator = rec.generator_health(cpu_percent, closed_loop=settings.traffic.mode == "closed",
-                                     client=settings.client)
+    generator = generator_health(rec, cpu_percent, closed_loop=settings.traffic.mode == "closed",
+                                 client=settings.client)
     reasoning = rec.reasoning()
     if reasoning is not None and reasoning.no_answer:
         warnings = (*warnings, f"{reasoning.no_answer} of {reasoning.requests} requests that "

@@ -1,0 +1,62 @@
+"""The load generator's health over a run: the warnings that say its own lateness, load or
+the server's answers make some figures suspect (summary.json's `generator`)."""
+
+from __future__ import annotations
+
+from loadgen.recording.recorder import LATE_SEND_MS, Recorder
+from records.summary import Generator
+
+LATE_LOOP_MS = 5.0  # the generator's loop lag p99 above this: its timestamps are that late
+# past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
+BUSY_CPU_PERCENT = 50.0
+
+
+def generator_health(rec: Recorder, cpu_percent: float, closed_loop: bool = False,
+                     client: str = "") -> Generator:
+    """Whether the load generator kept its schedule and timed the streams truly, from what rec
+    recorded: its warnings, each saying what to change. client: who sent and timed the streams
+    (aio or gevent)."""
+    lag = rec.client["send_lag"].stats()
+    warnings = []
+    if closed_loop:
+        warnings.append("closed loop: each user waited for its previous response before "
+                        "sending, so a slow or stalled server received fewer requests and "
+                        "its queueing is under-stated (coordinated omission); use --mode "
+                        "fixed to measure latency under a given load")
+    if cpu_percent > BUSY_CPU_PERCENT:
+        warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above "
+                        f"{BUSY_CPU_PERCENT:g}% its receive timestamps lag (tens of ms at "
+                        "p99): add Locust worker processes (--processes N, with -u N) or "
+                        "lower the rate")
+    loop = rec.client["loop_lag"].stats()
+    if (loop.p99 or 0) > LATE_LOOP_MS:
+        warnings.append(
+            f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
+            f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; "
+            + ("use --client aio (fixed and mixed modes), " if client == "gevent" else "")
+            + "add Locust worker processes (--processes N, with -u N), or lower the rate")
+    if rec.late_sends:
+        warnings.append(
+            f"{rec.late_sends} of {sum(rec.statuses.values())} requests were sent more than "
+            f"{LATE_SEND_MS:g} ms after their scheduled time "
+            f"(send lag p99 {lag.p99 or 0:.1f} ms, "
+            f"max {lag.max or 0:.1f} ms): "
+            "the load generator could not keep up; latencies still count from the schedule, "
+            "but add Locust worker processes (--processes N, with -u N) or lower the rate to "
+            "measure the server alone")
+    if rec.not_sent:
+        warnings.append(f"{rec.not_sent} scheduled requests were not sent: over "
+                        "--max-in-flight (the server is not keeping up with the offered "
+                        "rate), or due just as the run stopped")
+    if rec.off_length:
+        warnings.append(f"{rec.off_length} of {rec.statuses['OK']} ok requests got another "
+                        "output length than --max-tokens asked (the server's usage says so): "
+                        "it ended them at end-of-sequence, so the workload is not the one "
+                        "asked for (TPOT still holds); use a server that takes ignore_eos "
+                        "or min_tokens (--exact-length)")
+    clamped = sum(h.clamped for h in rec.client.values())
+    if clamped:
+        warnings.append(f"{clamped} latency values fell outside the histogram range "
+                        "and were clamped")
+    return Generator(late_sends=rec.late_sends, late_threshold_ms=LATE_SEND_MS,
+                     cpu_percent=cpu_percent, warnings=warnings, client=client)
