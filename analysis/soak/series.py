@@ -236,9 +236,9 @@ def _window_means(label: Label, kept: list[tuple[float, float]], source: str, wi
 
 def _series(label: Label, t_s: list[float], values: list[float], skipped: int, source: str,
             judging: Judging) -> Series:
-    t_s_, values_ = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
+    times, levels = np.asarray(t_s, dtype=float), np.asarray(values, dtype=float)
     horizon = judging.horizon
-    trend = (fit_trend(t_s_, values_, judging.min_change, horizon.seconds,
-                       horizon.budgets.get(label.unit)) if len(t_s) >= MIN_WINDOWS else None)
-    return Series(label.key, label.title, label.unit, t_s_, values_, skipped, source, trend)
+    trend = (fit_trend(times, levels, judging.min_change, horizon.seconds,
+                       horizon.budgets.get(label.unit)) if len(times) >= MIN_WINDOWS else None)
+    return Series(label.key, label.title, label.unit, times, levels, skipped, source, trend)
 

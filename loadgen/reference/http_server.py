@@ -150,10 +150,11 @@ async def completion(pacer: Pacer, request: web.Request) -> web.StreamResponse:
     prompt = prompt_of(body, chat)
     choice_routing = event_routing = {}  # drawn at the last message: TTFT does not pay
     thinking = pacer.args.reasoning_tokens if chat else 0
+    token_ids = bool(body.get("return_token_ids"))
     async for m in pacer.messages(max_tokens, prompt):
         if m.last:
             choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
-        sent = choices(m, chat, thinking, bool(body.get("return_token_ids")))
+        sent = choices(m, chat, thinking, token_ids)
         for choice in sent:
             extra = {}
             if choice is sent[-1] and m.last and choice_routing:  # vLLM: on the last chunk
