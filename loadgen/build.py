@@ -34,7 +34,9 @@ def run_parts(settings: LoadSettings, target: Target, place: Place) -> RunParts:
                     IntervalLog(run_dir, list(recorder.interval), place.started_at),
                     Timeline(settings.recording.interval_s), open(run_dir / SAMPLES, "w"),
                     routing,
-                    RoutingLog(run_dir, target.asks_routing) if routing is not None else None,
+                    RoutingLog(run_dir, target.asks_routing,
+                               settings.target.routed_experts_sample)
+                    if routing is not None else None,
                     expert_recorder(settings, run_dir, place.workers))
 
 

@@ -30,7 +30,7 @@ import signal
 from loadgen.reference.pacer import PROTOCOLS, Pacer
 from loadgen.reference.routing import SHAPE
 from records.cli import Parser
-from records.load_settings import moe_shape_problem
+from records.routing import moe_shape_problem
 
 SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
 

@@ -113,7 +113,10 @@ class Stress:
                 yield next(index), t
 
     def observe(self, result: StreamResult) -> None:
-        """Every finished request counts, warm-up included (the steps are the measurement)."""
+        """Every finished request counts, warm-up included (the steps are the measurement),
+        but one answered whole, which is not timed."""
+        if not result.streamed:
+            return
         timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens) \
             if result.ok else None
         self._done.append((result, timing))

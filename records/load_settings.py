@@ -24,6 +24,7 @@ from records.declare import (
     urls_or_off,
     within,
 )
+from records.routing import moe_shape_problem
 from records.scenarios import scenario_problem
 
 MODES = ("fixed", "stress", "mixed", "closed", "sessions", "sla")
@@ -43,13 +44,6 @@ SESSIONS = {"mode": "sessions"}
 OPENAI = {"target": "openai"}
 TRITON = {"target": "triton"}
 TRACED = {"trace": GIVEN}  # a trace's options: only with --trace
-
-
-def moe_shape_problem(value: str) -> str | None:
-    parts = value.split("x") if value else []
-    if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
-        return f"must be LAYERSxEXPERTSxTOP_K, three positive integers (48x128x8), got {value!r}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -88,6 +82,14 @@ class TargetSettings(Settings):
                                   "SGLang or this project's servers",
                                   choices=("off", "on", "auto"), compared=False,
                                   label="Routed experts", when=OPENAI)
+    routed_experts_sample: float = setting(0.1, "openai, with --routed-experts: the share of "
+                                           "requests sent non-streamed, whose replies carry "
+                                           "the routed experts where vLLM's and this project's "
+                                           "do (streamed ones never do); their TTFT, TPOT and "
+                                           "ITL are not measured. 1: every request",
+                                           check=within(0, 1),
+                                           label="Routed experts: share not streamed",
+                                           when=OPENAI)
     moe_shape: str = setting("", "the model's LAYERSxEXPERTSxTOP_K (48x128x8): needed to read "
                              "SGLang's flat routed-expert ids; vLLM's layers, top-k and ids "
                              "are checked against it",

@@ -24,9 +24,12 @@ class RequestRow:
     sent_ms: float | None  # None: never sent
     output_tokens: int
     messages: int
-    ttft_ms: float | None  # None unless ok
-    tpot_ms: float | None  # None unless ok with two tokens or more
-    e2e_ms: float | None
+    ttft_ms: float | None  # None unless ok and streamed
+    tpot_ms: float | None  # None unless ok and streamed with two tokens or more
+    e2e_ms: float | None  # None unless ok and streamed
+    # False: sent to be answered whole, for its routed experts (--routed-experts-sample): not
+    # timed
+    streamed: bool = field(True, omit=True)
     session: str = field("", omit="")  # the session it is a turn of (sessions mode)
     turn: int = field(0, omit=0)  # its turn there, from 1
     server_prompt_tokens: int | None = field(None, omit=None)
@@ -44,8 +47,8 @@ class RequestRow:
 
     @property
     def measured_ok(self) -> bool:
-        """In the latency histograms: finished OK and scheduled after the warm-up."""
-        return self.status == "OK" and not self.warmup
+        """In the latency histograms: finished OK, streamed and scheduled after the warm-up."""
+        return self.status == "OK" and self.streamed and not self.warmup
 
     @property
     def finish_ms(self) -> float | None:

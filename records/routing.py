@@ -24,14 +24,22 @@ from records.jsonform import field
 WIDTHS = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32}
 
 
+def moe_shape_problem(value: str) -> str | None:
+    """What is wrong with a model's LAYERSxEXPERTSxTOP_K (--moe-shape), None when nothing is."""
+    parts = value.split("x") if value else []
+    if value and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)):
+        return f"must be LAYERSxEXPERTSxTOP_K, three positive integers (48x128x8), got {value!r}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoutedRow:
     request_id: str
     warmup: bool  # scheduled during the warm-up
     sent_ms: float | None  # ms from the run's start; None: never sent
     finish_ms: float | None  # when its last message came; None: it did not end with one
-    # the reply's form: "lists" (vLLM's [tokens][layers][top-k] ids), "base64" (SGLang's flat
-    # int32 ids); "" none came
+    # the reply's form: "npy" (vLLM's base64 .npy), "lists" (older vLLM's [tokens][layers]
+    # [top-k] ids), "base64" (SGLang's flat int32 ids); "" none came
     source: str
     lacking: str = field("", omit="")  # why the routing is missing or was not read
     layers: int = 0

@@ -34,10 +34,10 @@ class Serving(Settings):
     http_port_file: str | None = setting(None, "write the bound HTTP port here once serving",
                                          compared=False)
     enable_return_routed_experts: bool = setting(
-        False, "HTTP API: each response carries its request's routed experts as vLLM's do "
-        "(routed_experts on the choice, prompt_routed_experts beside it: [tokens][layers][top-k] "
-        "expert ids; -1 for prompt tokens taken from the prefix cache); each step copies its "
-        "tokens' expert ids to the host. Not with --ep", compared=False)
+        False, "HTTP API: each reply not streamed carries its request's routed experts as "
+        "vLLM's do (routed_experts on the choice: base64 of an .npy of [tokens, layers, top-k] "
+        "ids, the prompt's past the prefix cache's tokens, then the output's but the last); "
+        "each step copies its tokens' expert ids to the host. Not with --ep", compared=False)
     reasoning_tokens: int = setting(0, "HTTP chat: the first N tokens of each answer stream as "
                                     "reasoning (reasoning_content deltas, a message holding the "
                                     "N-th token whole), the rest as content, as a thinking "

@@ -100,6 +100,9 @@ class Accounting:
     warmup: int  # scheduled during the warm-up: sent and counted, not measured
     rows_omitted: int = 0  # past --max-request-rows, so not in requests.jsonl
     cancelled: int = field(0, omit=0)  # by the client on purpose (--cancel-share)
+    # ok, answered whole, not streamed, for their routed experts (--routed-experts-sample):
+    # counted here and in throughput, not in the latency figures or goodput
+    unstreamed: int = field(0, omit=0)
 
 
 @dataclass(frozen=True, kw_only=True)

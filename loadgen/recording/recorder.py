@@ -44,7 +44,7 @@ SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 SESSION_ENDS = ("completed", "failed", "cancelled", "stopped")  # SessionFigures' counts
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
-                 "slo_judged", "rows_omitted", "off_length")
+                 "slo_judged", "rows_omitted", "off_length", "unstreamed")
 
 
 @dataclass
@@ -82,6 +82,7 @@ class Recorder:
     slo_met: Counter = field(default_factory=Counter)
     slo_judged: int = 0  # measured ok requests
     off_length: int = 0  # ok requests whose server counted another output length than asked
+    unstreamed: int = 0  # ok requests answered whole (--routed-experts-sample): not timed
     # measured ok requests that reasoned: tokens of each kind, requests with no answer, and
     # the times to the first token of each kind
     reasoned: Counter = field(default_factory=Counter)
@@ -117,11 +118,13 @@ class Recorder:
         self.window_tokens += sum(n for t, n in zip(result.recv_ns, result.tokens, strict=True)
                                   if self.in_window(t))
         timing = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens,
-                               result.server_elapsed_us) if result.ok else None
+                               result.server_elapsed_us) if result.ok and result.streamed else None
         checks = objectives.checks(self.slo, timing) if timing else {}
-        if timing and self.in_window(result.recv_ns[-1]):
+        whole = result.ok and not result.streamed
+        self.unstreamed += whole
+        if (timing or whole) and self.in_window(result.recv_ns[-1]):
             self.window_ok += 1
-            self.window_good += all(checks.values())
+            self.window_good += bool(timing) and all(checks.values())
         warmup = result.scheduled_ns < self.warmup_end_ns
         self.warmup += warmup
         if len(self.rows) < self.max_rows:
@@ -267,7 +270,7 @@ class Recorder:
             output_tokens=sum(r.tokens), messages=len(r.tokens),
             ttft_ms=t.ttft_us / 1000 if t else None,
             tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,
-            e2e_ms=t.e2e_us / 1000 if t else None,
+            e2e_ms=t.e2e_us / 1000 if t else None, streamed=r.streamed,
             session=r.session, turn=r.turn,
             **{f"server_{k}": v for k, v in r.usage.items()}, **self._reasoning_fields(r))
 
@@ -295,7 +298,7 @@ class Recorder:
                           failed=sum(failed.values()), not_sent=self.not_sent,
                           failed_by_code=failed, warmup=self.warmup,
                           rows_omitted=self.rows_omitted,
-                          cancelled=self.statuses[CLIENT_CANCELLED])
+                          cancelled=self.statuses[CLIENT_CANCELLED], unstreamed=self.unstreamed)
 
     @property
     def window_s(self) -> float:

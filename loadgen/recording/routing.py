@@ -14,14 +14,18 @@ from records.rundir import ROUTED
 
 
 class RoutingLog:
-    def __init__(self, run_dir: Path, asked: bool):
+    def __init__(self, run_dir: Path, asked: bool, sample: float):
         """asked: the requests asked for routing (--routed-experts on, or auto and the server
-        is one that answers)."""
+        is one that answers); sample: the share sent non-streamed (--routed-experts-sample)."""
         self.file = open(run_dir / ROUTED, "w")
-        self.asked = asked
+        self.asked, self.sample = asked, sample
         self.read = self.lacking = 0
 
     def add(self, r: StreamResult, start_ns: int, warmup: bool) -> None:
+        """The request's line; none for a streamed one without routing in a run that reads it
+        from the replies not streamed (vLLM streams none)."""
+        if self.sample and r.streamed and not r.routing.get("source"):
+            return
         finish_ns = r.recv_ns[-1] if r.recv_ns else 0
         row = RoutedRow(request_id=r.request_id, warmup=warmup,
                         sent_ms=(r.sent_ns - start_ns) / 1e6 if r.sent_ns else None,
@@ -38,6 +42,11 @@ class RoutingLog:
     def warnings(self) -> tuple[str, ...]:
         if not self.asked or not self.lacking:
             return ()
+        if not self.sample and not self.read:
+            return (f"routed experts: none of {self.lacking} streamed replies carried them: "
+                    "vLLM and this project's server put them only in a reply not streamed, "
+                    "so --routed-experts-sample 0 reads nothing from them (0.1 sends a tenth "
+                    "of the requests non-streamed); SGLang streams them",)
         return (f"routed experts: {self.lacking} of {self.read + self.lacking} requests came "
                 "without readable routing (routed_experts.jsonl says why each): is the server "
                 "started with --enable-return-routed-experts?",)

@@ -11,15 +11,15 @@ Faults: `http-500` (an error reply), `not-sse` (a JSON body instead of a stream)
 (no [DONE] at the end), `bad-json` (one event that is not JSON, then the stream goes on),
 `error-event` (an error event after the first chunk, and the end), `drop` (the connection
 closed after the first chunk); with --routed-experts, `routing-none` (the reply without them),
-`routing-range` (an id past the experts), `routing-layers` (a layer fewer), `routing-ragged`
-(vllm: a row of uneven width), `routing-base64` and `routing-truncated` (sglang: base64 that
-does not decode, or ends mid-token).
+`routing-range` (an id past the experts), `routing-layers` (a layer fewer), `routing-base64`
+(base64 that does not decode) and `routing-truncated` (the ids end mid-token).
 
---routed-experts vllm sends each request's routed experts (loadgen/reference/routing.py) as
-vLLM does, `routed_experts` on the last choice and `prompt_routed_experts` beside it; sglang
-as SGLang does when the request asks (`return_routed_experts`), base64 in `sglext` on a chunk
-of its own; /expert_truth answers what was sent, and the SGLang recorder's endpoints are
-served (loadgen/reference/recorder.py).
+A request with `stream` false gets one JSON reply after the same schedule, as vLLM's
+non-streamed completions do. --routed-experts vllm sends each request's routed experts
+(loadgen/reference/routing.py) as vLLM does: only in such a reply, base64 of an .npy file on its
+choice; sglang as SGLang does when the request asks (`return_routed_experts`), base64 in
+`sglext` on a chunk of its own; /expert_truth answers what was sent, and the SGLang recorder's
+endpoints are served (loadgen/reference/recorder.py).
 """
 
 from __future__ import annotations
@@ -133,13 +133,17 @@ async def broken_after_first(response: web.StreamResponse, request: web.Request,
 
 
 async def completion(pacer: Pacer, request: web.Request) -> web.StreamResponse:
-    """/v1/completions and /v1/chat/completions: the pacer's messages as server-sent events."""
+    """/v1/completions and /v1/chat/completions: the pacer's messages as server-sent events,
+    or, not streamed, as one reply when the last is due."""
     body = await request.json()
     chat = request.path.endswith("/chat/completions")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
     fault = pacer.fault()
     if (refused := refusal(fault, max_tokens)) is not None:
         return refused
+    prompt = prompt_of(body, chat)
+    if body.get("stream") is False:
+        return await whole_reply(pacer, body, chat, prompt, fault)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     envelope = {"id": "cmpl-delay", "object": "chat.completion.chunk" if chat
@@ -147,33 +151,50 @@ async def completion(pacer: Pacer, request: web.Request) -> web.StreamResponse:
     if chat:
         await response.write(event(envelope | {"choices": [
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
-    prompt = prompt_of(body, chat)
-    choice_routing = event_routing = {}  # drawn at the last message: TTFT does not pay
+    event_routing = {}  # drawn at the last message: TTFT does not pay
     thinking = pacer.args.reasoning_tokens if chat else 0
     token_ids = bool(body.get("return_token_ids"))
     async for m in pacer.messages(max_tokens, prompt):
         if m.last:
-            choice_routing, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
-        sent = choices(m, chat, thinking, token_ids)
-        for choice in sent:
-            extra = {}
-            if choice is sent[-1] and m.last and choice_routing:  # vLLM: on the last chunk
-                choice |= choice_routing
-                extra = event_routing
-            await response.write(event(envelope | extra | {
+            _, event_routing = pacer.routing(body, len(prompt), max_tokens, fault)
+        for choice in choices(m, chat, thinking, token_ids):
+            await response.write(event(envelope | {
                 "choices": [choice], "server_elapsed_us": m.elapsed_us}))
         if m.index == 0 and await broken_after_first(response, request, fault):
             return response
-    if event_routing and not choice_routing:  # SGLang: a chunk of its own, no choices
+    if event_routing:  # SGLang: a chunk of its own, no choices
         await response.write(event(envelope | {"choices": []} | event_routing))
     if (body.get("stream_options") or {}).get("include_usage"):
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
-                 "total_tokens": len(prompt) + max_tokens}
-        await response.write(event(envelope | {"choices": [], "usage": usage}))
+        await response.write(event(envelope | {"choices": [],
+                                               "usage": usage_of(prompt, max_tokens)}))
     if fault != "no-done":
         await response.write(event("[DONE]"))
     await response.write_eof()
     return response
+
+
+def usage_of(prompt: list, max_tokens: int) -> dict:
+    return {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
+            "total_tokens": len(prompt) + max_tokens}
+
+
+async def whole_reply(pacer: Pacer, body: dict, chat: bool, prompt: list,
+                      fault: str) -> web.Response:
+    """A request not streamed: its reply once the schedule's last message is due, its routed
+    experts on the choice (vLLM's) or the reply (SGLang's)."""
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+    async for _ in pacer.messages(max_tokens, prompt):
+        pass
+    choice_routing, reply_routing = pacer.routing(body, len(prompt), max_tokens, fault)
+    text = WORD * max_tokens
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
+              else {"index": 0, "text": text}) | {"finish_reason": "length"} | choice_routing
+    if body.get("return_token_ids"):
+        choice["token_ids"] = [65] * max_tokens
+    return web.json_response({"id": "cmpl-delay", "object": "chat.completion" if chat
+                              else "text_completion", "created": 0, "model": MODEL,
+                              "choices": [choice], "usage": usage_of(prompt, max_tokens)}
+                             | reply_routing)
 
 
 async def serve_app(application: web.Application, port: int):

@@ -50,7 +50,7 @@ class Pacer:
         if mode == "off":
             return {}, {}
         request = Asked(prompt_tokens, max_tokens, mode, bool(body.get("return_routed_experts")),
-                        fault)
+                        body.get("stream") is False, fault)
         sent = draw(self.shape, self.args.seed, next(self.routed_numbers) % POOL, request)
         if any(sent.fields) and not fault.startswith("routing-"):
             self.truth.add(sent)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import io
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,7 @@ class Asked:
     max_tokens: int
     mode: str  # --routed-experts: vllm or sglang
     asked: bool  # the request asked for its routing (SGLang sends it only then)
+    whole: bool  # the request is not streamed (vLLM sends routing only then)
     fault: str  # the stream's fault ("" for none)
 
 
@@ -112,7 +114,7 @@ def draw(shape: Shape, seed: int, index: int, request: Asked) -> Drawn:
     ids = shape.route(seed, index, prompt_tokens + request.max_tokens - 1)
     prompt_ids, output_ids = ids[:prompt_tokens], ids[prompt_tokens:]
     sets = [sorted(set(ids[:, layer].ravel().tolist())) for layer in range(shape.layers)]
-    return Drawn(reply_fields(request.mode, request.asked, prompt_ids, output_ids, request.fault),
+    return Drawn(reply_fields(request, prompt_ids, output_ids, shape.experts),
                  counts_of(prompt_ids, shape.experts), counts_of(output_ids, shape.experts), sets)
 
 
@@ -121,7 +123,15 @@ def as_base64(ids: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(ids, dtype="<i4").tobytes()).decode()
 
 
-def spoiled(fault: str, ids: np.ndarray) -> np.ndarray | list | None:
+def as_npy(ids: np.ndarray, experts: int) -> bytes:
+    """vLLM's form before its base64: an .npy file of uint8 ids (uint16 past 256 experts)."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(ids, np.uint8 if experts <= 256 else np.uint16),
+            allow_pickle=False)
+    return buffer.getvalue()
+
+
+def spoiled(fault: str, ids: np.ndarray) -> np.ndarray | None:
     """A routing fault's ids (None: the reply leaves them out)."""
     if fault == "routing-none":
         return None
@@ -129,25 +139,24 @@ def spoiled(fault: str, ids: np.ndarray) -> np.ndarray | list | None:
         return np.where(np.arange(ids.size).reshape(ids.shape) == 0, OUT_OF_RANGE, ids)
     if fault == "routing-layers":
         return ids[:, :-1]
-    if fault == "routing-ragged":
-        lists = ids.tolist()
-        lists[0][0] = lists[0][0][:1]
-        return lists
     return ids
 
 
-def reply_fields(mode: str, asked: bool, prompt_ids: np.ndarray, output_ids: np.ndarray,
-                 fault: str) -> tuple[dict, dict]:
-    """(fields of the last choice, fields of a response-level event) as vLLM (lists on the
-    choice and the response) or SGLang (base64 in sglext, only when the request asked) send
-    them; either may be empty."""
-    if mode == "vllm":
-        prompt, output = spoiled(fault, prompt_ids), spoiled(fault, output_ids)
-        if output is None:
+def reply_fields(request: Asked, prompt_ids: np.ndarray, output_ids: np.ndarray,
+                 experts: int) -> tuple[dict, dict]:
+    """(fields of the last choice, fields of a response-level event) as vLLM (base64 .npy of
+    the prompt's and the output's rows on the choice of a reply not streamed) or SGLang
+    (base64 in sglext, only when the request asked) send them; either may be empty."""
+    fault = request.fault
+    if request.mode == "vllm":
+        ids = spoiled(fault, np.concatenate([prompt_ids, output_ids]))
+        if ids is None or not request.whole:
             return {}, {}
-        listed = [a if isinstance(a, list) else a.tolist() for a in (prompt, output)]
-        return {"routed_experts": listed[1]}, {"prompt_routed_experts": listed[0]}
-    if mode != "sglang" or not asked:
+        raw = as_npy(ids, max(experts, OUT_OF_RANGE + 1) if fault == "routing-range" else experts)
+        raw = raw[:-1] if fault == "routing-truncated" else raw
+        text = base64.b64encode(raw).decode()
+        return {"routed_experts": text[:-3] + "!!!" if fault == "routing-base64" else text}, {}
+    if request.mode != "sglang" or not request.asked:
         return {}, {}
     both = spoiled(fault, np.concatenate([prompt_ids, output_ids]))
     if both is None:

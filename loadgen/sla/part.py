@@ -128,7 +128,8 @@ class ProbePart:
         self._next.set()
 
     def observe(self, result: StreamResult) -> None:
-        if self.probe >= 0 and result.scheduled_ns >= self._probe_ns:
+        """A finished request of the probe, unless it came whole (not timed)."""
+        if self.probe >= 0 and result.scheduled_ns >= self._probe_ns and result.streamed:
             self._done.append(done_of(result, self._probe_ns))
 
     def sample(self, inflight: Iterable[StreamResult]) -> Sample:

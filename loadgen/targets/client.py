@@ -51,6 +51,7 @@ class StreamResult:
     # process that records the request reads it, not the one that times the streams
     routed_raw: list[str] = field(default_factory=list)
     routing: dict = field(default_factory=dict)  # RoutedRow's fields, once read (routing on)
+    streamed: bool = True  # False: its reply came whole (Chunk.whole), so it is not timed
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
@@ -77,6 +78,7 @@ class StreamResult:
                 if chunk.text or chunk.history_text:
                     self.reply_texts.append(chunk.text or chunk.history_text)
         self.received_bytes += chunk.size
+        self.streamed = self.streamed and not chunk.whole
         if chunk.routed:
             self.routed_raw.append(chunk.routed)
         self.finish_reason = chunk.finish_reason or self.finish_reason
@@ -115,7 +117,7 @@ class StreamResult:
     def read_routing(self, reader: RoutingReader) -> None:
         """Once it has ended: the routed experts that came, decoded (routing capture on)."""
         pieces = [piece for text in self.routed_raw for piece in reader.pieces(text)]
-        self.routing = reader.fields(pieces, self.usage.get("prompt_tokens", 0))
+        self.routing = reader.fields(pieces, self.usage)
         if not self.ok and not self.routed_raw:
             self.routing["lacking"] = f"the request ended {self.status}"
         self.routed_raw = []

@@ -8,6 +8,10 @@ Each event is one message: its text (or its token ids, with --token-ids), the fi
 the usage on the last, and `server_elapsed_us` where the server sends it (this project's
 servers). The stream must end with `[DONE]`.
 
+A request the workload sends whole (RequestSpec.stream False, --routed-experts-sample) goes with
+`stream` false where routing is asked: vLLM and this project's server put the routed experts in
+a non-streamed reply only. Its one JSON reply is one message holding every token (Chunk.whole).
+
 Greenlets read with geventhttpclient (the HTTP client of Locust's FastHttpUser) and the aio
 sender with loadgen/targets/http1.py; both reuse connections and read in large blocks (a
 64 KiB buffer, aiohttp's default, costs at long contexts: vLLM issue 39963).
@@ -19,6 +23,7 @@ import asyncio
 import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +38,7 @@ from records.load_settings import TargetSettings
 MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on in-flight requests
 ERROR_BODY = 4096  # bytes of an error reply kept for its message
 MODELS_BODY = 1024 * 1024  # bytes of /v1/models read for the model's name
+WHOLE_BODY = 256 * 1024 * 1024  # bytes of a non-streamed reply read, routed experts and all
 CONNECT_S = 10.0  # the aio sender's wait for a new connection
 DONE = "[DONE]"
 
@@ -121,10 +127,16 @@ class OpenAITarget:
 
     # --- the protocol ---
 
+    def whole(self, spec: RequestSpec) -> bool:
+        """Whether the request goes non-streamed: the workload drew it so, and it asks for
+        routing here (a server that sends none gets every request streamed)."""
+        return not spec.stream and self.asks_routing
+
     def body(self, spec: RequestSpec) -> bytes:
         s = self.settings
-        body = {"max_tokens": spec.max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = ({"max_tokens": spec.max_tokens, "stream": False} if self.whole(spec) else
+                {"max_tokens": spec.max_tokens, "stream": True,
+                 "stream_options": {"include_usage": True}})
         if self.model:
             body["model"] = self.model
         if self.chat:
@@ -150,40 +162,37 @@ class OpenAITarget:
         reached the client (0: unknown)."""
         if data == DONE:
             return None
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise TargetError("BAD_STREAM", f"an event is not JSON: {data[:200]!r}") from None
-        if not isinstance(event, dict):
-            raise TargetError("BAD_STREAM", f"an event is not a JSON object: {data[:200]!r}")
-        if "error" in event:
-            error = event["error"]
-            message = error.get("message", error) if isinstance(error, dict) else error
-            raise TargetError("SERVER_ERROR", str(message)[:300])
-        choices = event.get("choices") or []
+        event, choice = parsed(data)
+        part = (choice.get("delta") if self.chat else choice) if choice is not None else None
+        return self.chunk(data, event, choice, part, arrived_ns)
+
+    def whole_chunk(self, data: bytes, arrived_ns: int) -> Chunk:
+        """A non-streamed reply as the one message holding all its tokens: the server's count
+        (usage), else its ids' or its text's."""
+        text = data.decode("utf-8", errors="replace")
+        event, choice = parsed(text)
+        if choice is None:
+            raise TargetError("BAD_REPLY", f"a reply without a choice: {text[:200]!r}")
+        part = choice.get("message") if self.chat else choice
+        chunk = self.chunk(text, event, choice, part, arrived_ns)
+        chunk.whole, chunk.size = True, len(data)
+        if (counted := chunk.usage.get("completion_tokens")) is not None:
+            chunk.history_text = chunk.history_text or self.said(part)[0]
+            chunk.tokens, chunk.text = counted, ""
+        return chunk
+
+    def chunk(self, data: str, event: dict, choice: dict | None, part: dict | None,
+              arrived_ns: int) -> Chunk:
+        """event (data, parsed), its first choice and the part of it holding the text (a
+        completion's choice, a chat delta or message) as a Chunk."""
         usage = event.get("usage") or {}
-        if not isinstance(choices, list) or not isinstance(usage, dict):
-            raise TargetError("BAD_STREAM", f"an event without a choices list: {data[:200]!r}")
         counts = {k: usage[k] for k in USAGE_KEYS if isinstance(usage.get(k), int)}
         elapsed = event.get("server_elapsed_us", 0)
-        choice = choices[0] if choices else None
-        if choice is not None and not isinstance(choice, dict):
-            raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
         routed = data if self.reads_routing and carries_routing(event, choice) else ""
         if choice is None:
             return Chunk(usage=counts, server_elapsed_us=elapsed if counts else 0,
                          arrived_ns=arrived_ns, routed=routed)
-        thinking, thinks = "", False
-        if self.chat:
-            delta = choice.get("delta") or {}
-            # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning. A delta
-            # with the key is reasoning even when its text is empty (a character held back
-            # until whole: its token ids still came)
-            thinks = any(delta.get(k) is not None for k in ("reasoning_content", "reasoning"))
-            thinking = str(delta.get("reasoning_content") or delta.get("reasoning") or "")
-            answer = str(delta.get("content") or "")
-        else:
-            answer = str(choice.get("text") or "")
+        answer, thinking, thinks = self.said(part)
         ids = choice.get("token_ids")
         ids = ids if isinstance(ids, list) else ()
         tokens = len(ids)
@@ -193,12 +202,28 @@ class OpenAITarget:
                      finish_reason=choice.get("finish_reason") or "", usage=counts,
                      reasoning=thinks and not answer, arrived_ns=arrived_ns, routed=routed)
 
-    def check_reply(self, status: int, content_type: str, body: bytes) -> None:
-        """Raises unless the reply is the start of an event stream; body: an error's first
-        bytes."""
+    def said(self, part: dict | None) -> tuple[str, str, bool]:
+        """(answer, reasoning, whether it reasons) of a completion choice, or of a chat delta
+        or message."""
+        part = part or {}
+        if not self.chat:
+            return str(part.get("text") or ""), "", False
+        # vLLM and SGLang: reasoning_content; newer vLLM and OpenRouter: reasoning. A delta
+        # with the key is reasoning even when its text is empty (a character held back
+        # until whole: its token ids still came)
+        thinks = any(part.get(k) is not None for k in ("reasoning_content", "reasoning"))
+        thinking = str(part.get("reasoning_content") or part.get("reasoning") or "")
+        return str(part.get("content") or ""), thinking, thinks
+
+    def check_reply(self, status: int, content_type: str, body: bytes, whole: bool) -> None:
+        """Raises unless the reply is the start of an event stream (whole: a JSON reply);
+        body: an error's first bytes."""
         if status != 200:
             raise error_message(status, body)
-        if not content_type.startswith("text/event-stream"):
+        if whole and not content_type.startswith("application/json"):
+            raise TargetError("BAD_REPLY", f"the server answered {content_type or 'no type'} "
+                              "to a request not streamed, not JSON")
+        if not whole and not content_type.startswith("text/event-stream"):
             raise TargetError("BAD_STREAM", f"the server answered {content_type or 'no type'}, "
                               f"not an event stream: does {self.settings.endpoint} stream?")
 
@@ -222,9 +247,12 @@ class OpenAITarget:
             response = conn.request("POST", self.settings.endpoint, body=self.body(spec),
                                     headers=self.headers_of(spec))
             try:
-                status = response.status_code
+                status, whole = response.status_code, self.whole(spec)
                 self.check_reply(status, response.get("content-type", ""),
-                                 response.read(ERROR_BODY) if status != 200 else b"")
+                                 response.read(ERROR_BODY) if status != 200 else b"", whole)
+                if whole:
+                    yield self.whole_chunk(response.read(), time.monotonic_ns())
+                    return
                 reader = Reader(self)
                 while not reader.done and (line := response.readline(b"\n")):
                     if (chunk := reader.line(line)) is not None:
@@ -262,9 +290,15 @@ class OpenAITarget:
             response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
                                           self.body(spec))
             try:
-                status = response.status
+                status, whole = response.status, self.whole(spec)
                 self.check_reply(status, response.headers.get("content-type", ""),
-                                 await response.read(ERROR_BODY) if status != 200 else b"")
+                                 await response.read(ERROR_BODY) if status != 200 else b"",
+                                 whole)
+                if whole:
+                    data = await response.read(WHOLE_BODY)
+                    yield self.whole_chunk(data, time.monotonic_ns())
+                    response.keep()
+                    return
                 reader = Reader(self)
                 while not reader.done and (line := await response.readline()):
                     if (chunk := reader.line(line, response.line_ns)) is not None:
@@ -312,6 +346,28 @@ class OpenAITarget:
 
     def stats(self, host: str) -> None:
         return None
+
+
+def parsed(data: str) -> tuple[dict, dict | None]:
+    """An event's (or a whole reply's) JSON object and its first choice (None: it has none);
+    TargetError where it is not one, or says the server failed."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise TargetError("BAD_STREAM", f"an event is not JSON: {data[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise TargetError("BAD_STREAM", f"an event is not a JSON object: {data[:200]!r}")
+    if "error" in event:
+        error = event["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise TargetError("SERVER_ERROR", str(message)[:300])
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not isinstance(event.get("usage") or {}, dict):
+        raise TargetError("BAD_STREAM", f"an event without a choices list: {data[:200]!r}")
+    choice = choices[0] if choices else None
+    if choice is not None and not isinstance(choice, dict):
+        raise TargetError("BAD_STREAM", f"a choice is not a JSON object: {data[:200]!r}")
+    return event, choice
 
 
 def owner_of(body: bytes) -> str:

@@ -5,10 +5,15 @@ that records it (the aio sender's parent, not the sender) reads them again and d
 the per-layer counts of records/routing.py, so the process that times the streams pays nothing
 more for them.
 
-- vLLM (--enable-return-routed-experts): `prompt_routed_experts` on the response and
-  `routed_experts` on the choice, [tokens][layers][top-k] expert ids as JSON lists. Older
-  versions sent one array for the prompt and the output together: its first usage.prompt_tokens
-  rows are then the prompt's.
+- vLLM (--enable-return-routed-experts; vllm/entrypoints/openai/completion/serving.py and
+  vllm/utils/serial_utils.py numpy2base64): only in a non-streamed reply, `routed_experts` on
+  the choice: base64 of an `.npy` file (np.save), [rows, layers, top-k] of uint8 (up to 256
+  experts) or uint16, one row per token from the request's routed_experts_prompt_start through
+  the prompt and the output but the last token (never fed back through the model): its last
+  usage.completion_tokens - 1 rows are the output's, the rows before them the prompt's. Older
+  releases sent JSON lists, `prompt_routed_experts` on the response beside `routed_experts`;
+  a base64 string and a list are told apart by type, and .npy from SGLang's raw ids by the .npy
+  magic, never by a guess.
 - SGLang (--enable-return-routed-experts and the request's `return_routed_experts`): base64 of
   int32 ids, [tokens, layers, top-k] flattened, in `sglext.routed_experts` (a chunk of its own,
   with no choices, when streaming) or the native API's `meta_info.routed_experts`; it covers the
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import json
 from typing import Any
 
@@ -33,6 +39,7 @@ from records.routing import counts_of, encode_counts
 
 ENGINES_THAT_ANSWER = ("vllm", "sglang", "moe-loadlab")  # /v1/models' owned_by, for auto
 MAX_EXPERTS = 1 << 16  # ids above this are garbage, not a model's expert
+NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts
 
 
 def carries_routing(event: dict, choice: dict | None) -> bool:
@@ -74,25 +81,24 @@ class RoutingReader:
         return pieces_of(event, choices[0] if choices and isinstance(choices[0], dict)
                          else None)
 
-    def fields(self, pieces: list, prompt_tokens: int) -> dict:
+    def fields(self, pieces: list, usage: dict[str, int]) -> dict:
         """pieces: (kind, value) in the order they came (a kind in several messages: its
-        tokens in turn); prompt_tokens: the server's count (usage), 0 unknown."""
+        tokens in turn); usage: the server's counts (prompt_tokens, completion_tokens)."""
         if not pieces:
             return {"source": "", "lacking": "the reply carried no routed experts"}
-        source = "base64" if any(isinstance(v, str) for _, v in pieces) else "lists"
         parts: dict[str, list[np.ndarray]] = {}
+        # the form each piece came in (npy once read): base64 text or lists
+        forms = ["base64" if isinstance(value, str) else "lists" for _, value in pieces]
         try:
-            for kind, value in pieces:
-                parts.setdefault(kind, []).append(self._ids(value))
+            for i, (kind, value) in enumerate(pieces):
+                ids, forms[i] = self._ids(value)
+                # vLLM's .npy covers the prompt and the output, wherever it comes
+                parts.setdefault("npy" if forms[i] == "npy" else kind, []).append(ids)
             joined = {kind: joined_rows(arrays) for kind, arrays in parts.items()}
         except ValueError as exc:
-            return {"source": source, "lacking": str(exc)}
-        prompt, output = joined.get("prompt"), joined.get("output")
-        if (whole := joined.get("all")) is not None and output is None:
-            # SGLang's array covers the prompt and the output in turn
-            cut = len(prompt) if prompt is not None else min(prompt_tokens, len(whole))
-            prompt = whole[:cut] if prompt is None else prompt
-            output = whole[cut:]
+            return {"source": "/".join(sorted(set(forms))), "lacking": str(exc)}
+        source = "/".join(sorted(set(forms)))
+        prompt, output = split(joined, usage)
         arrays = [a for a in (prompt, output) if a is not None and len(a)]
         if not arrays:
             return {"source": source, "lacking": "the reply's routed experts held no token"}
@@ -116,29 +122,38 @@ class RoutingReader:
                 out[f"{name}_counts"] = encode_counts(counts_of(ids, experts))
         return out
 
-    def _ids(self, value) -> np.ndarray:
-        """One piece as int64 [tokens, layers, top_k] ([0, 0, 0] when it holds no token);
-        ValueError saying what is wrong."""
+    def _ids(self, value) -> tuple[np.ndarray, str]:
+        """One piece as int64 [tokens, layers, top_k] ([0, 0, 0] when it holds no token) and
+        its form (npy, base64 or lists); ValueError saying what is wrong."""
         if isinstance(value, str):
-            if not (self.layers and self.top_k):
-                raise ValueError("flat base64 ids need the model's shape: give --moe-shape "
-                                 "LAYERSxEXPERTSxTOP_K")
             try:
                 raw = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise ValueError("routed experts in malformed base64") from None
-            per_token = 4 * self.layers * self.top_k
-            if len(raw) % per_token:
-                raise ValueError(f"truncated routed experts: {len(raw)} bytes is not a whole "
-                                 f"number of tokens of {self.layers} layers x top-{self.top_k} "
-                                 "int32 ids")
-            return np.frombuffer(raw, "<i4").astype(np.int64).reshape(-1, self.layers,
-                                                                       self.top_k)
+            if raw.startswith(NPY_MAGIC):
+                return self._checked(npy_ids(raw)), "npy"
+            return self._flat(raw), "base64"
         try:
             ids = np.asarray(value, dtype=np.int64)
         except (ValueError, TypeError, OverflowError):
             raise ValueError("routed experts that are not [tokens][layers][top-k] integers "
                              "(rows of uneven width?)") from None
+        return self._checked(ids), "lists"
+
+    def _flat(self, raw: bytes) -> np.ndarray:
+        """SGLang's int32 ids, flattened: shaped by --moe-shape."""
+        if not (self.layers and self.top_k):
+            raise ValueError("flat base64 ids need the model's shape: give --moe-shape "
+                             "LAYERSxEXPERTSxTOP_K")
+        per_token = 4 * self.layers * self.top_k
+        if len(raw) % per_token:
+            raise ValueError(f"truncated routed experts: {len(raw)} bytes is not a whole "
+                             f"number of tokens of {self.layers} layers x top-{self.top_k} "
+                             "int32 ids")
+        return np.frombuffer(raw, "<i4").astype(np.int64).reshape(-1, self.layers, self.top_k)
+
+    def _checked(self, ids: np.ndarray) -> np.ndarray:
+        """[tokens, layers, top_k] ids, their layers against --moe-shape's."""
         if ids.size == 0:
             return ids.reshape(0, 0, 0)
         if ids.ndim != 3:
@@ -150,6 +165,36 @@ class RoutingReader:
         if (far := np.abs(ids).max()) >= MAX_EXPERTS:
             raise ValueError(f"expert id {int(far)} out of range")
         return ids
+
+
+def npy_ids(raw: bytes) -> np.ndarray:
+    """vLLM's .npy bytes as int64 ids; ValueError unless an integer array that loads without
+    pickle."""
+    try:
+        ids = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"truncated or malformed routed experts (.npy): {exc}") from None
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"routed experts (.npy) of {ids.dtype}, not integer ids")
+    return ids.astype(np.int64)
+
+
+def split(joined: dict[str, np.ndarray], usage: dict[str, int]
+          ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(prompt, output) rows of a reply's kinds: vLLM's .npy ends with the output's tokens but
+    the last (usage.completion_tokens - 1 rows; the rows before are the prompt's from its
+    routed_experts_prompt_start on); SGLang's array covers the prompt (usage.prompt_tokens
+    rows) then the output; older vLLM's lists come apart."""
+    prompt, output = joined.get("prompt"), joined.get("output")
+    if (whole := joined.get("npy")) is not None:
+        done = usage.get("completion_tokens", 0)
+        cut = max(len(whole) - max(done - 1, 0), 0) if done else len(whole)
+        return whole[:cut], whole[cut:]
+    if (whole := joined.get("all")) is not None and output is None:
+        cut = len(prompt) if prompt is not None else min(usage.get("prompt_tokens", 0),
+                                                         len(whole))
+        return (whole[:cut] if prompt is None else prompt), whole[cut:]
+    return prompt, output
 
 
 def joined_rows(arrays: list[np.ndarray]) -> np.ndarray:

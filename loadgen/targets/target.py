@@ -48,6 +48,9 @@ class RequestSpec:
     # a session's conversation as texts, user and assistant by turns, ending with the new
     # message: chat endpoints send it as messages (the prompt is its concatenation)
     dialogue: tuple[str, ...] = ()
+    # False: sent to be answered in one reply, not streamed, for the routed experts only such a
+    # reply carries (--routed-experts-sample; the openai target, where the server answers)
+    stream: bool = True
 
     @property
     def prompt_units(self) -> tuple:
@@ -85,6 +88,9 @@ class Chunk:
     # where it carries routed experts: its JSON text, read once the stream has ended
     # (loadgen/targets/routed_experts.py); "" none
     routed: str = ""
+    # the whole reply, not streamed (RequestSpec.stream): its tokens came at once, so it has
+    # no TTFT, TPOT or ITL of its own
+    whole: bool = False
 
 
 class TargetError(Exception):

@@ -104,7 +104,7 @@ class History:
         else:  # the settings check asks for --tokenizer where this could come
             raise ValueError("the history holds text and token ids: give --tokenizer")
         spec = RequestSpec(rid, self.plan.max_tokens[turn - 1], **prompt, **common)
-        return self.workload.with_cancel(spec, f"{self.plan.session_id}:{turn}")
+        return self.workload.with_draws(spec, f"{self.plan.session_id}:{turn}")
 
     def answered(self, spec: RequestSpec, reply: Part) -> None:
         """The turn went through: its message and the server's reply join the history."""

@@ -96,6 +96,8 @@ class Workload:
         self.dataset = load_dataset(c.dataset) if c.dataset and not sessions else []
         self.trace = replayed(settings.traffic) if settings.traffic.trace else ()
         self.block_tokens = settings.traffic.trace_block_tokens
+        target = settings.target
+        self.unstreamed = target.routed_experts_sample if target.routed_experts != "off" else 0.0
 
     def request(self, index: int) -> RequestSpec:
         """The request with this run-wide index (its class '' without classes), its shared
@@ -107,11 +109,14 @@ class Workload:
             spec = replace(spec, prompt_ids=prefix + spec.prompt_ids)
         elif prefix:
             spec = replace(spec, prompt_text=bytes(prefix).decode("ascii") + spec.prompt_text)
-        return self.with_cancel(spec, str(index))
+        return self.with_draws(spec, str(index))
 
-    def with_cancel(self, spec: RequestSpec, key: str) -> RequestSpec:
-        """spec, cancelled by the client part-way where the draw for `key` (a request's index,
-        a session's turn) says so (--cancel-share)."""
+    def with_draws(self, spec: RequestSpec, key: str) -> RequestSpec:
+        """spec, sent non-streamed or else cancelled by the client part-way where the draws for
+        `key` (a request's index, a session's turn) say so (--routed-experts-sample,
+        --cancel-share; a reply read whole is never cancelled)."""
+        if random.Random(f"{self.seed}:{key}:whole").random() < self.unstreamed:
+            return replace(spec, stream=False)
         rng = random.Random(f"{self.seed}:{key}:cancel")
         if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
             return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))

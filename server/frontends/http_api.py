@@ -8,8 +8,12 @@ Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`:
 gRPC calls INVALID_ARGUMENT, 429 for RESOURCE_EXHAUSTED, 503 while draining or after the engine
 failed, 404 for an unknown model or path. A failure mid-stream is an `error` event and the
 stream ends without `[DONE]`. vLLM's extensions a benchmark needs are accepted: `ignore_eos`,
-`min_tokens`, `priority`, `return_token_ids`; with --enable-return-routed-experts the last
-chunk carries vLLM's `routed_experts` and `prompt_routed_experts`. Each chunk also carries
+`min_tokens`, `priority`, `return_token_ids`; with --enable-return-routed-experts a reply not
+streamed carries vLLM's `routed_experts` on its choice, as vLLM 0.32 sends them (its
+vllm/entrypoints/openai/completion/serving.py): base64 of an .npy file of uint8 ids (uint16 past
+id 255), [rows, layers, top-k], one row per prompt token from `routed_experts_prompt_start` (and
+past the prefix cache's tokens, whose routing this server does not keep) and per output token
+but the last; a streamed reply carries none, as vLLM's. Each chunk also carries
 `server_elapsed_us`, the server's time from receiving the request to sending the chunk, and
 the usage the server's own times as the gRPC Usage has them (`queue_us`, `prefill_us`,
 `decode_us`, `ttft_us`; docs/targets.md). /metrics serves the same families as --metrics-port.
@@ -18,6 +22,8 @@ the usage the server's own times as the gRPC Usage has them (`queue_us`, `prefil
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import math
 import time
@@ -26,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -70,6 +78,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     token_ids: bool  # return_token_ids: each choice carries its token ids
+    routing_start: int = 0  # routed_experts_prompt_start: prompt tokens left out of its routing
 
 
 def _field(body: dict, name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -141,9 +150,12 @@ def call_of(body: Any, chat: bool, model: str) -> CompletionRequest:
                             temperature=float(_field(body, "temperature", (int, float), 1.0)),
                             seed=_field(body, "seed", int, 0),
                             priority=_field(body, "priority", int, 0), **prompt)
+    start = _field(body, "routed_experts_prompt_start", int, 0)
+    if start < 0:
+        raise InvalidRequestError(f"routed_experts_prompt_start must be at least 0, got {start}")
     return CompletionRequest(ask, chat, _field(body, "stream", bool, False),
                              bool(options.get("include_usage")),
-                             _field(body, "return_token_ids", bool, False))
+                             _field(body, "return_token_ids", bool, False), start)
 
 
 class OpenAIApi:
@@ -287,8 +299,9 @@ class CompletionResponse:
             out = {"index": 0, "text": batch.text, "logprobs": None, "finish_reason": reason}
         if self.call.token_ids:
             out["token_ids"] = batch.ids
-        if batch.usage is not None and batch.usage.routed_experts is not None:
-            out["routed_experts"] = batch.usage.routed_experts[1].tolist()
+        if not streamed and batch.usage is not None and batch.usage.routed_experts is not None:
+            out["routed_experts"] = routed_npy(*batch.usage.routed_experts,
+                                               self.call.routing_start)
         return out
 
     def envelope(self, streamed: bool) -> dict:
@@ -321,7 +334,7 @@ class CompletionResponse:
                 if batch.error is not None:
                     await send(response, body_of(batch.error))
                     return response  # no [DONE]: the stream did not end well
-                await self.emit(response, self.envelope(True) | prompt_routing(batch) | {
+                await self.emit(response, self.envelope(True) | {
                     "choices": [self.choice(batch, first=first, streamed=True,
                                             thinking=self.thinking(batch))]})
                 first = False
@@ -344,7 +357,7 @@ class CompletionResponse:
             (thought if self.thinking(batch) else text).append(batch.text)
             last = batch
         whole = Batch(ids, "".join(text), last.finish_reason, last.usage)
-        return web.json_response(self.envelope(False) | prompt_routing(whole) | {
+        return web.json_response(self.envelope(False) | {
             "choices": [self.choice(whole, first=True, streamed=False,
                                     reasoning="".join(thought))],
             "usage": self.usage(whole)})
@@ -359,11 +372,16 @@ class CompletionResponse:
                 "ttft_us": (self.first_ns - self.received_ns) // 1000}
 
 
-def prompt_routing(batch: Batch) -> dict:
-    """vLLM's response-level field, beside the choice's routed_experts, on the last batch."""
-    if batch.usage is None or batch.usage.routed_experts is None:
-        return {}
-    return {"prompt_routed_experts": batch.usage.routed_experts[0].tolist()}
+def routed_npy(prompt: torch.Tensor, output: torch.Tensor, start: int) -> str:
+    """A request's routing as vLLM's routed_experts: the prompt's rows from `start` and past
+    the prefix cache's (-1 rows: they lead the prompt), then the output's; an .npy file of
+    uint8 (uint16 past id 255), base64."""
+    cached = int((prompt < 0).all(dim=(1, 2)).sum()) if len(prompt) else 0
+    rows = torch.cat([prompt[max(start, cached):], output]).numpy()
+    buffer = io.BytesIO()
+    np.save(buffer, rows.astype(np.uint8 if rows.size == 0 or rows.max() < 256 else np.uint16),
+            allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 async def send(response: web.StreamResponse, event: dict) -> None:
