@@ -66,6 +66,7 @@ class AioSender:
         self.results = 0  # requests the sender reported
         self.not_sent = 0
         self.cpu_s: float | None = None  # the sender's CPU from time zero, at its end
+        self.cpu_wait_s: float | None = None  # and the time it waited for a core meanwhile
         self.offered = Offered()  # what the sender's requests asked for, at its end
         self.ready = Event()  # set once the sender is connected (or gone)
         self.schedule_over = Event()  # a finite schedule (a trace) is sent
@@ -98,7 +99,7 @@ class AioSender:
                 self.schedule_over.set()
             elif data.get("end"):
                 self.not_sent = data["not_sent"]
-                self.cpu_s = data["cpu_s"]
+                self.cpu_s, self.cpu_wait_s = data["cpu_s"], data.get("cpu_wait_s")
                 self.offered = Offered.of_state(data["offered"])
                 ended = True
                 break

@@ -11,7 +11,8 @@ the run is set up; once the target's client is imported and connected the sender
 reads one JSON line per finished request from its stdout, and writes
 "stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
-(loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero} and exits. Every
+(loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero, "cpu_wait_s": the
+seconds it waited for a core meanwhile (null: unknown; loadgen/recording/cpu.py)} and exits. Every
 second it also writes {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
 (loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
 (loadgen/traffic/). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.recording.cpu import CpuClock
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import Target, target_of
@@ -96,7 +98,7 @@ class Sender:
 
     async def run(self, start_ns: int, reader: asyncio.StreamReader, schedule) -> None:
         """The schedule from start_ns until "stop" (or its end), then the drain."""
-        cpu_start_s = time.process_time()  # its CPU from time zero, not its imports
+        cpu = CpuClock()  # from time zero, not its imports
         stopped = asyncio.Event()
 
         async def watch_stdin():
@@ -113,8 +115,9 @@ class Sender:
         await drain(self.tasks, self.done, self.settings.sender.drain_s, self.emit)
         probe.cancel()
         lags.flush()
+        cpu_s, waited_s = cpu.spent()
         self.emit({"end": True, "not_sent": not_sent, "offered": offered.state(),
-                   "cpu_s": time.process_time() - cpu_start_s})
+                   "cpu_s": cpu_s, "cpu_wait_s": waited_s})
         while self.transport.get_write_buffer_size():
             await asyncio.sleep(0.01)
 

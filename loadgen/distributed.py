@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from loadgen.recording.cpu import GeneratorCpu
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.rundir import write_json, write_run_dir
 from loadgen.recording.summary import Span, histogram_encodings, summarize
@@ -23,7 +24,8 @@ PART_GRACE_S = 15.0  # beyond --drain-s, how long the master waits for a worker'
 def worker_message(index: int, run) -> dict:
     return {"worker": index, "export": run.recorder.export(), "started_at": run.started_at,
             "duration_s": run.duration_s, "window_s": run.recorder.window_s,
-            "cpu_percent": run.cpu_percent, "warnings": list(run.warnings),
+            "cpu_percent": run.cpu.used_percent, "cpu_wait_percent": run.cpu.waited_percent,
+            "warnings": list(run.warnings),
             "notes": list(run.notes)}
 
 
@@ -51,8 +53,10 @@ def merge_parts(settings: LoadSettings, parts: list[dict], expected: int,
     notes = dict.fromkeys(note for p in parts for note in p["notes"])
     started_at = min(p["started_at"] for p in parts)
     duration_s = max(p["started_at"] + p["duration_s"] for p in parts) - started_at
+    waits = [p["cpu_wait_percent"] for p in parts if p.get("cpu_wait_percent") is not None]
+    cpu = GeneratorCpu(max(p["cpu_percent"] for p in parts), max(waits, default=None))
     summary = summarize(settings, merged, Span(started_at, max(duration_s, window_s), window_s),
-                        max(p["cpu_percent"] for p in parts), (*missing, *warnings), tuple(notes))
+                        cpu, (*missing, *warnings), tuple(notes))
     workers = [WorkerFigures(worker=p["worker"], sent=sum(p["export"]["statuses"].values()),
                              cpu_percent=p["cpu_percent"], window_s=p["window_s"]) for p in parts]
     return dataclasses.replace(summary, server=server, workers=workers, sla=sla), merged

@@ -20,6 +20,7 @@ import psutil
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
+from loadgen.recording.cpu import CpuClock, GeneratorCpu
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
@@ -128,7 +129,7 @@ class Run:
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
-        self._cpu_start_s = time.process_time()
+        self._cpu = CpuClock()
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
@@ -397,12 +398,12 @@ class Run:
         return (self.stop_ns - self.start_ns) / 1e9
 
     @property
-    def cpu_percent(self) -> float:
-        """The CPU of the process that sends and times the streams over the run and its
-        drain, % of one core: this one, or with --client aio its sender."""
-        used_s = (self.aio.cpu_s if self.aio is not None and self.aio.cpu_s is not None
-                  else time.process_time() - self._cpu_start_s)
-        return 100 * used_s / ((time.monotonic_ns() - self.start_ns) / 1e9)
+    def cpu(self) -> GeneratorCpu:
+        """The CPU the process that sends and times the streams used over the run and its
+        drain, and the time it waited for a core: this one, or with --client aio its sender."""
+        aio = self.aio is not None and self.aio.cpu_s is not None
+        used_s, waited_s = (self.aio.cpu_s, self.aio.cpu_wait_s) if aio else self._cpu.spent()
+        return GeneratorCpu.of(used_s, waited_s, (time.monotonic_ns() - self.start_ns) / 1e9)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -423,7 +424,7 @@ class Run:
 
     def summary(self) -> Summary:
         span = Span(self.started_at, self.duration_s, self.recorder.window_s)
-        summary = summarize(self.settings, self.recorder, span, self.cpu_percent, self.warnings,
+        summary = summarize(self.settings, self.recorder, span, self.cpu, self.warnings,
                             self.notes)
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())

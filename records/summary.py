@@ -105,6 +105,12 @@ class Accounting:
     unstreamed: int = field(0, omit=0)
 
 
+# the generator waiting for a core past this share of its run: its sends and timestamps were held
+# up by other processes, in stretches of up to hundreds of ms (a healthy run beside a spinning
+# vLLM CPU server in the same login session waits 2-3%, one from another session 30-50%)
+CPU_WAIT_PERCENT = 10.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Generator:
     """The load generator's own health."""
@@ -113,6 +119,9 @@ class Generator:
     late_threshold_ms: float
     cpu_percent: float  # of one core, over the run and its drain
     warnings: list[str]  # what may make the figures wrong, and what to do
+    # of the run and its drain: runnable but waiting for a core (Linux's run-queue time); None
+    # where unknown, and in runs recorded before it was kept
+    cpu_wait_percent: float | None = field(None, omit=None)
     # who sent and timed the streams (--client, auto resolved): aio or gevent; "" in runs
     # recorded before it was kept
     client: str = field("", omit="")

@@ -101,7 +101,8 @@ def test_fixed_rate_run_writes_a_complete_run_dir(tmp_path):
     assert set(summary["throughput"]) == {"window_s", "output_tokens_per_s", "requests_per_s",
                                           "goodput_requests_per_s"}
     assert set(summary["generator"]) == {"late_sends", "late_threshold_ms", "cpu_percent",
-                                         "warnings", "client"}
+                                         "warnings", "client", "cpu_wait_percent"}
+    assert 0 <= summary["generator"]["cpu_wait_percent"] < 100  # the kernel's run-queue time
     assert summary["generator"]["client"] == "aio"  # the default's sender in an open-loop run
     assert set(summary["config"]) >= {"mode", "rate", "arrival", "prompt_tokens", "max_tokens",
                                       "warmup_s", "seed"}

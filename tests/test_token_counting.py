@@ -7,6 +7,7 @@ a server that ends a request short of the length asked is counted and warned abo
 
 import pytest
 
+from loadgen.recording.cpu import GeneratorCpu
 from loadgen.recording.health import generator_health
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.timing import stream_timing
@@ -83,5 +84,5 @@ def test_an_output_length_other_than_asked_is_counted_and_warned_about():
                              finish_reason="stop", usage={"completion_tokens": done}))
     rec.add(StreamResult("no-usage", 0, max_tokens=8, sent_ns=0, recv_ns=[MS], tokens=[3]))
     assert rec.off_length == 1
-    warnings = generator_health(rec, cpu_percent=1.0).warnings
+    warnings = generator_health(rec, GeneratorCpu(1.0)).warnings
     assert any(w.startswith("1 of 4 ok requests got another output length") for w in warnings)

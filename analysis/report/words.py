@@ -57,8 +57,12 @@ def answer(report: Report) -> str:
                for name, stats in (("TTFT", report.latency.get("ttft")),
                                    ("TPOT", report.latency.get("tpot")))
                if stats is not None and stats.count]
+    late = next((f for f in report.findings if f.rule == "generator_limited" and f.fired), None)
     if latency:
-        parts.append("; ".join(latency) + ".")
+        parts.append("; ".join(latency) + (", as the load generator measured them while it "
+                                           "was itself late (Load generator limited): they hold "
+                                           "its lateness, not the server's alone." if late
+                                           else "."))
     codes = ", ".join(f"{code} {n}" for code, n in by_count(r.failed_by_code))
     parts.append(f"{r.ok} of {r.sent} requests ok" + (f", {r.failed} failed ({codes})"
                                                       if r.failed else "")
@@ -181,8 +185,11 @@ def accounting_line(run: Run) -> str:
 def generator_lines(run: Run) -> list[str]:
     generator = run.summary.generator
     sender = f"{generator.client} sender, " if generator.client else ""
+    waited = ("" if generator.cpu_wait_percent is None else
+              f"; waited for a core {generator.cpu_wait_percent:.1f}% of the run")
     lines = [f"{sender}late sends {generator.late_sends} (sent more than "
-             f"{generator.late_threshold_ms:.1f} ms after their scheduled time)"]
+             f"{generator.late_threshold_ms:.1f} ms after their scheduled time); CPU "
+             f"{generator.cpu_percent:.1f}% of a core{waited}"]
     for name, what in (("send_lag", "send lag (scheduled -> sent)"),
                        ("loop_lag", "loop lag (the generator's event loop woke late)"),
                        ("delivery_lag", "delivery lag (server emit -> client timestamp)")):

@@ -24,7 +24,7 @@ from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals
 from analysis.tables import fmt_ms
 from records.server_stats import BucketStats, bucket_stats
-from records.summary import Stats
+from records.summary import CPU_WAIT_PERCENT, Stats
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,11 @@ def generator_limited(d: Signals) -> Finding:
     finest = min(p50s.values(), default=None)
     evidence, reasons, lags = _lag_evidence(d, finest)
     evidence.append(f"generator CPU {generator.cpu_percent:.0f}% of a core")
+    if (waited := generator.cpu_wait_percent) is not None:
+        evidence.append(f"it waited for a core {waited:.1f}% of the run (runnable, while "
+                        "other processes held the cores)")
+        if waited > CPU_WAIT_PERCENT:
+            reasons.append(f"it waited for a core {waited:.0f}% of the run")
     warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
     closed = (summary.config.traffic.mode == "closed"

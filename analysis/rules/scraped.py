@@ -13,6 +13,7 @@ import numpy as np
 
 from analysis.readers.server_metrics import SourceSeries, figures
 from analysis.readers.server_stats import server_view
+from analysis.rules.delivery import generator_limited
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals
 from records.metric_maps import BY_CONCEPT
@@ -195,6 +196,10 @@ def front_door(d: Signals) -> Finding:
     series, why = _with(d, "ttft")
     if series is None:
         return Finding(*FRONT_DOOR, False, why, [], judged=False)
+    if (late := generator_limited(d)).fired:
+        return Finding(*FRONT_DOOR, False, "The load generator was late (Load generator "
+                       "limited): its own lateness, not the server's front door, may hold the "
+                       "client's TTFT above the server's.", late.evidence[:2], judged=False)
     window = figures(series)["ttft"].window
     client = d.run.histograms.get("ttft")
     if window is None or window.mean is None or client is None or not client.total_count:

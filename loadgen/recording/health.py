@@ -3,15 +3,16 @@ the server's answers make some figures suspect (summary.json's `generator`)."""
 
 from __future__ import annotations
 
+from loadgen.recording.cpu import GeneratorCpu
 from loadgen.recording.recorder import LATE_SEND_MS, Recorder
-from records.summary import Generator
+from records.summary import CPU_WAIT_PERCENT, Generator
 
 LATE_LOOP_MS = 5.0  # the generator's loop lag p99 above this: its timestamps are that late
 # past this, gevent grpc's delivery lag grows (docs/measured.md): timing less exact
 BUSY_CPU_PERCENT = 50.0
 
 
-def generator_health(rec: Recorder, cpu_percent: float, closed_loop: bool = False,
+def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False,
                      client: str = "") -> Generator:
     """Whether the load generator kept its schedule and timed the streams truly, from what rec
     recorded: its warnings, each saying what to change. client: who sent and timed the streams
@@ -23,18 +24,17 @@ def generator_health(rec: Recorder, cpu_percent: float, closed_loop: bool = Fals
                         "sending, so a slow or stalled server received fewer requests and "
                         "its queueing is under-stated (coordinated omission); use --mode "
                         "fixed to measure latency under a given load")
-    if cpu_percent > BUSY_CPU_PERCENT:
-        warnings.append(f"the load generator used {cpu_percent:.0f}% of a core; above "
-                        f"{BUSY_CPU_PERCENT:g}% its receive timestamps lag (tens of ms at "
-                        "p99): add Locust worker processes (--processes N, with -u N) or "
-                        "lower the rate")
+    warnings += cpu_warnings(cpu)
+    # kept waiting by other processes, more of its own would wait too
+    more = ("see its wait for a core above" if (cpu.waited_percent or 0) > CPU_WAIT_PERCENT else
+            "add Locust worker processes (--processes N, with -u N) or lower the rate")
     loop = rec.client["loop_lag"].stats()
     if (loop.p99 or 0) > LATE_LOOP_MS:
         warnings.append(
             f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
             f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; "
             + ("use --client aio (fixed and mixed modes), " if client == "gevent" else "")
-            + "add Locust worker processes (--processes N, with -u N), or lower the rate")
+            + more)
     if rec.late_sends:
         warnings.append(
             f"{rec.late_sends} of {sum(rec.statuses.values())} requests were sent more than "
@@ -42,8 +42,7 @@ def generator_health(rec: Recorder, cpu_percent: float, closed_loop: bool = Fals
             f"(send lag p99 {lag.p99 or 0:.1f} ms, "
             f"max {lag.max or 0:.1f} ms): "
             "the load generator could not keep up; latencies still count from the schedule, "
-            "but add Locust worker processes (--processes N, with -u N) or lower the rate to "
-            "measure the server alone")
+            f"but to measure the server alone {more}")
     if rec.not_sent:
         warnings.append(f"{rec.not_sent} scheduled requests were not sent: over "
                         "--max-in-flight (the server is not keeping up with the offered "
@@ -59,4 +58,24 @@ def generator_health(rec: Recorder, cpu_percent: float, closed_loop: bool = Fals
         warnings.append(f"{clamped} latency values fell outside the histogram range "
                         "and were clamped")
     return Generator(late_sends=rec.late_sends, late_threshold_ms=LATE_SEND_MS,
-                     cpu_percent=cpu_percent, warnings=warnings, client=client)
+                     cpu_percent=cpu.used_percent, warnings=warnings, client=client,
+                     cpu_wait_percent=cpu.waited_percent)
+
+
+def cpu_warnings(cpu: GeneratorCpu) -> list[str]:
+    """The generator short of CPU: busy itself, or kept waiting for a core by others."""
+    warnings = []
+    if cpu.used_percent > BUSY_CPU_PERCENT:
+        warnings.append(f"the load generator used {cpu.used_percent:.0f}% of a core; above "
+                        f"{BUSY_CPU_PERCENT:g}% its receive timestamps lag (tens of ms at "
+                        "p99): add Locust worker processes (--processes N, with -u N) or "
+                        "lower the rate")
+    if (cpu.waited_percent or 0) > CPU_WAIT_PERCENT:
+        warnings.append(f"the process that timed the streams waited for a core "
+                        f"{cpu.waited_percent:.0f}% of the run while it had work, using "
+                        f"{cpu.used_percent:.0f}% of one: other processes held the cores (a "
+                        "server on this machine, such as vLLM's CPU worker, which spins), so "
+                        "its sends and timestamps were late by as much; give it cores of its "
+                        "own, or start it from the same login session as the server, which "
+                        "Linux schedules as one group with it (docs/measured.md)")
+    return warnings

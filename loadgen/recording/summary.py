@@ -6,6 +6,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from loadgen.recording.cpu import GeneratorCpu
 from loadgen.recording.health import generator_health
 from loadgen.recording.recorder import Recorder
 from records.load_settings import LoadSettings
@@ -22,13 +23,13 @@ class Span:
     window_s: float
 
 
-def summarize(settings: LoadSettings, rec: Recorder, span: Span, cpu_percent: float,
+def summarize(settings: LoadSettings, rec: Recorder, span: Span, cpu: GeneratorCpu,
               warnings: tuple[str, ...] = (), notes: tuple[str, ...] = ()) -> Summary:
     """The run's summary, without the server's snapshots, stress steps or workers (added by whoever
     has them); warnings: the caller's, after the recorder's own; notes: what the figures rest
     on (information, not a warning)."""
     window_s = span.window_s
-    generator = generator_health(rec, cpu_percent, closed_loop=settings.traffic.mode == "closed",
+    generator = generator_health(rec, cpu, closed_loop=settings.traffic.mode == "closed",
                                  client=settings.client)
     reasoning = rec.reasoning()
     if reasoning is not None and reasoning.no_answer:
