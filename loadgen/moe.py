@@ -12,6 +12,8 @@ its own connection, so -u/-r are not needed. Locust's own statistics count each 
 are the load settings of records/load_settings.py; loadgen/listener.py does the rest.
 """
 
+import argparse
+
 import gevent
 import grpc.experimental.gevent as grpc_gevent
 
@@ -30,6 +32,9 @@ from records.load_settings import LoadSettings  # noqa: E402
 def add_options(parser):
     # Locust's web UI lists only the parser's own options
     add_arguments(parser, LoadSettings, REGISTRIES, locust=True)
+    # the reference servers' word (python -m loadgen.delay_server --protocol): refused, naming
+    # this one's (loadgen/listener.py), where Locust's parser would suggest --profile
+    parser.add_argument("--protocol", help=argparse.SUPPRESS, include_in_web_ui=False)
     # the web UI starts and stops load tests: this machine only, unless --web-host says otherwise
     parser.set_defaults(web_host="127.0.0.1")
 

@@ -130,6 +130,7 @@ class Run:
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
         self._cpu = CpuClock()
+        self.interrupted_s: float | None = None  # how far into the schedule Ctrl-C ended it
         self._ticker = gevent.spawn(self._tick_every_interval)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
         if self.stress is not None:
@@ -405,11 +406,19 @@ class Run:
         used_s, waited_s = (self.aio.cpu_s, self.aio.cpu_wait_s) if aio else self._cpu.spent()
         return GeneratorCpu.of(used_s, waited_s, (time.monotonic_ns() - self.start_ns) / 1e9)
 
+    def interrupted(self) -> None:
+        """Ctrl-C ends it now (loadgen/listener.py)."""
+        self.interrupted_s = (time.monotonic_ns() - self.start_ns) / 1e9
+
     @property
     def warnings(self) -> tuple[str, ...]:
-        """What makes the run's figures suspect, beyond the recorder's own: a part that died."""
+        """What makes the run's figures suspect, beyond the recorder's own: a part that died,
+        or Ctrl-C."""
         failed = (f"the run failed: {self.failure}; the schedule's requests it had not "
                   "reported are counted as not sent",) if self.failure else ()
+        if self.interrupted_s is not None:
+            failed += (f"interrupted (Ctrl-C) {self.interrupted_s:.1f} s into its schedule: "
+                       "the figures are of that part",)
         return (failed + (self.routing_log.warnings if self.routing_log is not None else ())
                 + (self.expert_recorder.warnings if self.expert_recorder is not None else ()))
 

@@ -9,6 +9,7 @@ import sys
 from typing import NoReturn
 
 USAGE_ERROR = 2  # a bad flag, a bad value, or a target that cannot be reached
+INTERRUPTED = 130  # ended by Ctrl-C (128 + SIGINT, as shells report it), what ran written
 
 
 class Parser(argparse.ArgumentParser):

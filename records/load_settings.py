@@ -70,10 +70,11 @@ class TargetSettings(Settings):
                                  "server take them); --no-exact-length for servers that refuse "
                                  "fields they do not know",
                                  label="Ask for exactly the output tokens", when=OPENAI)
-    token_ids: bool = setting(False, "openai: ask for each chunk's token ids (return_token_ids: "
-                              "vLLM 0.10.2+ and this project's server), so output tokens are "
-                              "counted exactly without --tokenizer", compared=False,
-                              label="Ask for token ids", when=OPENAI)
+    token_ids: bool | None = setting(None, "openai: ask for each chunk's token ids "
+                                     "(return_token_ids: vLLM 0.10.2+ and this project's "
+                                     "server), so output tokens are counted exactly without "
+                                     "--tokenizer; default: where /v1/models names either",
+                                     compared=False, label="Ask for token ids", when=OPENAI)
     routed_experts: str = setting("off", "openai: the experts the server's router chose for each "
                                   "request, into routed_experts.jsonl (docs/targets.md). on: "
                                   "ask (SGLang's return_routed_experts; vLLM sends them when "
@@ -82,14 +83,11 @@ class TargetSettings(Settings):
                                   "SGLang or this project's servers",
                                   choices=("off", "on", "auto"), compared=False,
                                   label="Routed experts", when=OPENAI)
-    routed_experts_sample: float = setting(0.1, "openai, with --routed-experts: the share of "
-                                           "requests sent non-streamed, whose replies carry "
-                                           "the routed experts where vLLM's and this project's "
-                                           "do (streamed ones never do); their TTFT, TPOT and "
-                                           "ITL are not measured. 1: every request",
-                                           check=within(0, 1),
-                                           label="Routed experts: share not streamed",
-                                           when=OPENAI)
+    routed_experts_sample: float = setting(
+        0.1, "openai, with --routed-experts: the share of requests sent non-streamed, whose "
+        "replies carry the routed experts where vLLM's and this project's do (streamed ones "
+        "never do); their TTFT, TPOT and ITL are not measured. 1: every request",
+        check=within(0, 1), label="Routed experts: share not streamed", when=OPENAI)
     moe_shape: str = setting("", "the model's LAYERSxEXPERTSxTOP_K (48x128x8): needed to read "
                              "SGLang's flat routed-expert ids; vLLM's layers, top-k and ids "
                              "are checked against it",

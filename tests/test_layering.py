@@ -6,7 +6,8 @@ telemetry, scheduling, front ends, the wiring, the tools), so the engine never i
 scheduling or a front end and expert parallelism's machinery never imports the engine; only the
 gRPC front end and the wiring touch gRPC; inside the load generator the protocols, the traffic,
 the recording and the reference servers never reach up into the web UI or the Locust glue, and
-only the locustfile and its listener import locust; no folder holds more than 20 modules; and no
+only the locustfile and its listener import locust; engines (the real-engine tier's tools) import
+nothing else of ours; no folder holds more than 20 modules; and no
 module imports another that imports it back, however long the way round."""
 
 import ast
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("records", "proto", "server", "loadgen", "analysis")
+PACKAGES = ("records", "proto", "server", "loadgen", "analysis", "engines")
 MAX_MODULES = 20
 
 # server: each room may import the rooms at its level and below (a module of the wiring is a
@@ -97,8 +98,9 @@ def test_every_module_is_seen_however_deep():
     assert "analysis.readers.rundir" in MODULES and len(MODULES) > 100
 
 
-@pytest.mark.parametrize("name", of("records") + of("proto"))
-def test_records_and_proto_import_nothing_of_ours(name):
+@pytest.mark.parametrize("name", of("records") + of("proto") + of("engines"))
+def test_records_proto_and_engines_import_nothing_of_ours(name):
+    # engines/ drives real engines and our tools as processes, through their command lines
     assert top(ours(IMPORTS[name])) <= {name.split(".")[0]}
 
 

@@ -239,9 +239,19 @@ def test_vllm_style_routing_end_to_end_equals_what_the_server_sent(tmp_path, cli
             for r in read]
     assert affinity(np.asarray(both)).shared == pytest.approx(affinity(sets).shared)
     assert (run_dir / "routed_experts.png").exists()
+    # the imbalance rule reads the same routing as the section (no GetStats here)
+    assert "the routed experts of" in out and "not judged Expert load imbalance" not in out
     what_if = analysis("what-if", run_dir, "--max-batch-size", "2", "--ep-ranks", "4").stdout
     assert "expert_aware would cut distinct experts per decode step" in what_if
     assert "on 4 ranks: the hottest rank carries" in what_if
+    last = json.loads(what_if.strip().splitlines()[-1])  # its figures, a line of JSON
+    assert last["requests"] == len(read) and last["placement"]["ranks"] == 4
+    grouped = last["grouping"]
+    assert grouped["batch"] == 2 and grouped["max_in_flight"] > 2
+    assert grouped["steps_with_choice"] > 0 and grouped["expert_aware_experts"] > 0
+    roomy = analysis("what-if", run_dir, "--max-batch-size", "500").stdout
+    assert f"at most {json.loads(roomy.splitlines()[-1])['grouping']['max_in_flight']} " \
+        "requests were in flight" in roomy
     bad = analysis("what-if", run_dir, "--ep-ranks", "3")
     assert bad.returncode != 0 and "do not divide over 3 ranks" in bad.stderr
 

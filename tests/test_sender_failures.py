@@ -2,7 +2,8 @@
 against our server sends its schedule and ends at -t, and a target that needs one is refused
 before the run in one line; an aio sender killed mid-run ends the run within seconds, non-zero,
 saying the sender died, with the schedule it had not reported counted as not sent; a test ended
-by two things at once writes its results."""
+by two things at once writes its results; Ctrl-C ends a run cleanly, writes what it measured,
+says so and exits 130."""
 
 import json
 import os
@@ -98,3 +99,25 @@ def test_a_run_ended_by_two_things_at_once_still_writes_its_summary(tmp_path):
     assert run.returncode == 0, out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stress"]["steps"] and summary["requests"]["ok"] > 0
+
+
+def test_ctrl_c_ends_the_run_writes_what_it_measured_and_exits_130(tmp_path):
+    run_dir = tmp_path / "run"
+    with server_process(tmp_path) as (_, port):
+        # a terminal's Ctrl-C reaches the whole process group: the sender's and the scraper's too
+        proc = subprocess.Popen([str(REPO / ".venv/bin/locust"), "-f", "loadgen/moe.py",
+                                 "--host", f"127.0.0.1:{port}", "--headless", "--only-summary",
+                                 "--run-dir", str(run_dir), "-t", "60s", "--rate", "5"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        time.sleep(5)  # about 3 s of schedule after Locust's start
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out
+    assert "interrupted (Ctrl-C)" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    requests = summary["requests"]
+    assert requests["ok"] == requests["sent"] >= 5 and not requests["failed"]
+    assert any(w.startswith("interrupted (Ctrl-C)") for w in summary["generator"]["warnings"])

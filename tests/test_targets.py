@@ -2,8 +2,9 @@
 --protocol), with both clients: TTFT, TPOT and the per-token ITL within a stated error of the
 truth, a stall of every stream seen in TTFT p99, streams of two-token chunks counted right;
 bad replies each counted with their own status and nothing lost; the `openai` target against
-this project's own server over its HTTP port; settings a target cannot run with refused
-before any request."""
+this project's own server over its HTTP port; settings a target cannot run with, a server that
+speaks another protocol and the reference servers' --protocol refused before any request, in one
+line; token ids asked of the servers that send them."""
 
 import json
 import logging
@@ -14,7 +15,8 @@ from analysis.readers.rundir import load_run
 from analysis.rules.delivery import write_delay
 from loadgen.settings import check
 from loadgen.targets.moe import MoeTarget
-from loadgen.targets.target import TARGETS
+from loadgen.targets.openai import OpenAITarget
+from loadgen.targets.target import TARGETS, RequestSpec
 from records.declare import SettingsError, build
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
@@ -184,3 +186,40 @@ def test_a_moe_server_without_the_health_service_is_still_a_server(tmp_path, cap
     with delay_server_process(tmp_path / "full", "--protocol", "moe") as (_, port):
         assert target.probe(f"127.0.0.1:{port}") == ""  # serving, said by its health service
     assert "not answering" in target.probe("127.0.0.1:9")  # nobody there
+
+
+@pytest.mark.slow
+def test_a_server_of_another_protocol_is_refused_in_one_line_naming_it(tmp_path):
+    http_port_file = tmp_path / "http.port"
+    with server_process(tmp_path, "--http-port", "0", "--http-port-file",
+                        str(http_port_file)) as (_, grpc_port):
+        http_port = http_port_file.read_text().strip()
+        # the openai target at the gRPC port, the moe target at the HTTP port
+        at_grpc = locust(f"http://127.0.0.1:{grpc_port}", tmp_path / "a", "--target", "openai",
+                         "-t", "2s")
+        at_http = locust(f"127.0.0.1:{http_port}", tmp_path / "b", "-t", "2s")
+        # the reference servers' word for --target
+        misnamed = locust(f"127.0.0.1:{grpc_port}", tmp_path / "c", "--protocol", "moe",
+                          "-t", "2s")
+    for done, says in ((at_grpc, "does not answer in HTTP/1.1: it speaks gRPC (HTTP/2)"),
+                       (at_http, "does not answer in gRPC: it speaks HTTP/1.1"),
+                       (misnamed, "--protocol: the server's protocol is --target here")):
+        last = done.stdout.strip().splitlines()[-1]
+        assert done.returncode == 2 and says in last, done.stdout
+        assert "Traceback" not in done.stdout
+
+
+def test_token_ids_are_asked_of_the_servers_that_send_them_unless_told():
+    def target(owner: str, **values) -> OpenAITarget:
+        t = OpenAITarget(build(LoadSettings, {"target": "openai"} | values).target)
+        t.owner = owner
+        return t
+
+    asked = {(owner, str(values)): target(owner, **values).token_ids
+             for owner in ("vllm", "moe-loadlab", "sglang", "")
+             for values in ({}, {"token_ids": False}, {"token_ids": True})}
+    assert {key for key, on in asked.items() if on} == {
+        ("vllm", "{}"), ("moe-loadlab", "{}"), *((o, "{'token_ids': True}") for o in
+                                                   ("vllm", "moe-loadlab", "sglang", ""))}
+    assert b'"return_token_ids": true' in target("vllm").body(RequestSpec("r", 4, (65,)))
+    assert not target("sglang").token_ids and target("sglang").streams_text

@@ -1,8 +1,9 @@
 """Who is late: the delivery lag split into the generator's own loop lag (a timer on its event
 loop), the server's write delay (GetStats write_ms) and the rest; percentiles of the server's
-bucketed histogram; the diagnosis accusing the generator only on its own lag and naming the
-server's writes when they dominate. Then real runs: a real server at low load leaves the
-generator unaccused, and a generator starved by a greenlet that does not yield is accused."""
+bucketed histogram; the diagnosis accusing the generator only on its own lag (or its wait for
+a core) and naming the server's writes when they dominate. Then real runs: a real server at low
+load leaves the generator unaccused, and a generator starved by a greenlet that does not yield
+is accused."""
 
 import json
 import subprocess
@@ -12,7 +13,11 @@ import pytest
 from analysis.diagnosis import diagnose
 from analysis.readers.rundir import load_run
 from analysis.rules.delivery import delivery_split
+from loadgen.recording.cpu import GeneratorCpu
+from loadgen.recording.health import generator_health
+from loadgen.recording.recorder import Recorder
 from records.server_stats import Histogram, bucket_stats
+from tests.cli import analysis
 from tests.conftest import REPO, server_process
 from tests.rundirs import encoded
 from tests.test_analysis import write_run
@@ -61,6 +66,24 @@ def test_the_split_and_a_server_write_delay_that_dominates(tmp_path):
     assert writes.fired and "most of the delivery lag" in writes.verdict
     assert "interpreter lock" in writes.verdict
     assert not finding(findings, "generator_limited").fired  # 4 ms delivery lag, not its own
+
+
+def test_a_generator_kept_waiting_for_a_core_is_accused_and_the_headline_says_so(tmp_path):
+    run = run_with(tmp_path, [4.0] * 100, [0.2] * 100, [90, 10, 0, 0, 0, 0], 20.0)
+    summary = json.loads((run.path / "summary.json").read_text())
+    summary["generator"]["cpu_wait_percent"] = 33.0  # measured beside a vLLM CPU worker
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    late = finding(diagnose(load_run(run.path)), "generator_limited")
+    assert late.fired and "it waited for a core 33% of the run" in late.verdict
+    headline = analysis("report", run.path).stdout.splitlines()[2]
+    assert "as the load generator measured them while it was itself late" in headline
+    summary["generator"]["cpu_wait_percent"] = 3.0  # the same, from the server's own session
+    (run.path / "summary.json").write_text(json.dumps(summary))
+    assert not finding(diagnose(load_run(run.path)), "generator_limited").fired
+    warned = generator_health(Recorder(0, 0.0), GeneratorCpu(4.0, 33.0)).warnings
+    assert any("waited for a core 33% of the run" in w and "same login session" in w
+               for w in warned)
+    assert not generator_health(Recorder(0, 0.0), GeneratorCpu(4.0, 3.0)).warnings
 
 
 def test_small_writes_leave_the_server_unaccused(tmp_path):

@@ -20,6 +20,7 @@ from analysis.readers.rundir import Run, RunDirError, load_run
 from analysis.routing.views import Balance, RoutingView, view_of
 from analysis.routing.what_if import MAX_WAIT_MS, Grouping, Placing, grouping, placing
 from analysis.tables import fmt_ms, markdown_table
+from records.jsonform import dumps
 
 ROUTING_PNG = "routed_experts.png"
 BATCH = 8  # the report's what-if batch (analysis what-if --max-batch-size for another)
@@ -120,9 +121,11 @@ def routing_lines(r: RoutingReport) -> list[str]:
 
 def _grouping_line(g: Grouping, routing: Routing, expert_bytes: int) -> str:
     if not g.steps_with_choice:
-        return (f"what-if grouping: no decode step had more than {g.batch} requests in flight "
-                f"({g.steps} steps of {fmt_ms(g.step_ms)} ms replayed): fcfs and expert_aware "
-                f"run the same batches, {g.fcfs_all:.2f} distinct experts a layer a step")
+        return (f"what-if grouping: at most {g.max_in_flight} requests were in flight in the "
+                f"{g.steps} decode steps replayed ({fmt_ms(g.step_ms)} ms a step), never more "
+                f"than a batch of {g.batch}: fcfs and expert_aware run the same batches, "
+                f"{g.fcfs_all:.2f} distinct experts a layer a step (a higher load, or a "
+                "smaller --max-batch-size, gives expert_aware a choice)")
     cut = 1 - g.expert_aware / g.fcfs if g.fcfs else 0.0
     text = (f"what-if grouping at a batch of {g.batch}: expert_aware would cut distinct experts "
             f"per decode step from {g.fcfs:.2f} to {g.expert_aware:.2f} a layer ({cut:.1%}) over "
@@ -183,3 +186,25 @@ def main(args: argparse.Namespace) -> None:
         raise RunDirError(f"{args.run_dir}: no routed experts to replay (run with "
                           "--routed-experts on against a server that returns them)")
     print("\n".join(routing_lines(report)))
+    print(dumps(what_if_figures(run, report)))
+
+
+def what_if_figures(run: Run, r: RoutingReport) -> dict:
+    """The what-if's last line: what it replayed and what each plan did."""
+    v, g, p = r.view, r.grouping, r.placing
+    figures = {"run_dir": str(run.path), "requests": v.routing.requests,
+               "layers": v.routing.layers, "experts": v.routing.experts,
+               "top_k": v.routing.top_k, "hot_over_mean": v.balance.hot_over_mean,
+               "balancedness": v.balance.balancedness}
+    if g is not None:
+        figures["grouping"] = {"batch": g.batch, "step_ms": g.step_ms, "steps": g.steps,
+                               "max_in_flight": g.max_in_flight,
+                               "steps_with_choice": g.steps_with_choice,
+                               "fcfs_experts": g.fcfs if g.steps_with_choice else g.fcfs_all,
+                               "expert_aware_experts": (g.expert_aware if g.steps_with_choice
+                                                        else g.fcfs_all)}
+    if p is not None:
+        figures["placement"] = {"ranks": p.ranks, "redundant": p.redundant,
+                                "contiguous_hot_over_mean": p.contiguous,
+                                "balanced_hot_over_mean": p.balanced}
+    return figures

@@ -60,6 +60,7 @@ class Grouping:
     expert_aware: float
     fcfs_all: float  # ... over every step (where the batches are the same)
     batches: list[tuple[list[str], list[str]]]  # per step with a choice: (fcfs, expert_aware)
+    max_in_flight: int  # the most requests in flight at any replayed step
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def grouping(routing: Routing, batch: int, step_ms: float,
                           signature(routing.output[i], routing.top_k), 0) for i in order}
     index = {id(state): i for i, state in states.items()}
     sent = np.asarray([rows[i].sent_ms for i in order])
-    chosen_f, chosen_a, all_f, batches = [], [], [], []
+    chosen_f, chosen_a, all_f, batches, most = [], [], [], [], 0
     begin, end = sent[0], max(rows[i].finish_ms for i in order)
     for window in step_times(begin, end, step_ms):
         flying: list[int] = []
@@ -130,6 +131,7 @@ def grouping(routing: Routing, batch: int, step_ms: float,
             arrived = came
             if not flying:
                 continue
+            most = max(most, len(flying))
             now_ns = int(t * 1e6)
             if t == window[0]:  # a stretch's start: nobody is overdue yet
                 for i in flying:
@@ -151,7 +153,7 @@ def grouping(routing: Routing, batch: int, step_ms: float,
         return None
     mean = lambda values: float(np.mean(values)) if values else float("nan")  # noqa: E731
     return Grouping(batch, step_ms, len(all_f), len(chosen_f), mean(chosen_f), mean(chosen_a),
-                    mean(all_f), batches)
+                    mean(all_f), batches, most)
 
 
 def placing(routing: Routing, ranks: int, redundant: int) -> Placing | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.readers.routing import read_routing
 from analysis.readers.server_stats import expert_shares, server_view
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals, when
@@ -19,14 +20,30 @@ DATA_MOVEMENT_SHARE = 0.2
 TOP_INTERVALS = 3  # most imbalanced intervals listed beside the run-wide figure
 
 
+def expert_load(d: Signals) -> tuple[np.ndarray, str] | None:
+    """[layers, experts] tokens routed over the run and where they were read: the server's
+    GetStats, else the routed experts its replies carried (routed_experts.jsonl: vLLM's,
+    SGLang's); None where neither holds any."""
+    view = server_view(d.run.summary.server)
+    if view is not None and view.expert_tokens is not None:
+        return view.expert_tokens.astype(float), view.basis
+    routing = read_routing(d.run.path)
+    measured = routing.measured() if routing is not None else []
+    if routing is None or not len(measured):
+        return None
+    return (routing.load(measured).astype(float),
+            f"the routed experts of {len(measured)} replies, routed_experts.jsonl")
+
+
 def expert_imbalance(d: Signals) -> Finding:
     rule = ("expert_imbalance", "Expert load imbalance")
-    view = server_view(d.run.summary.server)
-    if view is None or view.expert_tokens is None:
-        return Finding(*rule, False, "summary.json has no server expert_tokens over the run "
-                       "(no start/end GetStats, or no token was routed in the window)", [],
+    load = expert_load(d)
+    if load is None:
+        return Finding(*rule, False, "no expert load over the run: summary.json has no server "
+                       "expert_tokens (no start/end GetStats, or no token routed in the window) "
+                       "and no reply carried routed experts (--routed-experts)", [],
                        judged=False)
-    tokens = view.expert_tokens.astype(float)
+    tokens, basis = load
     ratio = tokens.max(axis=1) / tokens.mean(axis=1)  # [L]
     shares = expert_shares(tokens)
     over = np.flatnonzero(ratio > IMBALANCE_MAX_OVER_MEAN)
@@ -36,7 +53,7 @@ def expert_imbalance(d: Signals) -> Finding:
                 f"(token, expert) pairs (mean {1 / tokens.shape[1]:.1%}), "
                 f"max/mean {ratio[worst]:.2f}",
                 f"{len(over)} of {len(ratio)} layers above {IMBALANCE_MAX_OVER_MEAN:g} "
-                f"({view.basis})"]
+                f"({basis})"]
     if d.series is not None and np.isfinite(d.imbalance).any():
         imb = np.nan_to_num(d.imbalance, nan=-1.0)
         top = np.argsort(-imb, kind="stable")[:TOP_INTERVALS]
@@ -46,7 +63,8 @@ def expert_imbalance(d: Signals) -> Finding:
                                     for i in top if imb[i] >= 0)
                         + (f"; {sparse} interval(s) under {d.min_routed_per_layer:.0f} "
                            "(token, expert) pairs per layer left out" if sparse else ""))
-    settings = d.run.summary.server.latest.reported_settings()
+    latest = d.run.summary.server.latest
+    settings = latest.reported_settings() if latest is not None else {}
     if settings.get("routing_skew"):
         factor = settings.get("capacity_factor")
         evidence.append(f"router {settings.get('router', '?')}, "

@@ -200,8 +200,10 @@ def causes(d: Signals, spike: Spike) -> tuple[list[tuple[str, str]], str]:
         found["cache-miss burst"] = _miss_burst(s, near)
         found["queue growth"] = _queue_growth(d, near, start)
     else:
-        looked += ("; no server_stats.jsonl, so hot expert, cache misses and the queue gauge "
-                   "unchecked")
+        found["queue growth"], gauge = _scraped_queue_growth(d, start, end)
+        looked += ("; no server_stats.jsonl, so hot expert and cache misses unchecked"
+                   + (f", the queue read from the scraped {gauge}" if gauge
+                      else " and the queue unchecked (no scraped waiting gauge)"))
     if metric == "ttft" and (queued := _queue_share(slow)):
         found["queue growth"] = "; ".join(filter(None, [found.get("queue growth"), queued]))
     found["generator lateness"] = _generator_late(d, spike, slow)
@@ -259,6 +261,26 @@ def _queue_growth(d: Signals, near: np.ndarray, start_s: float) -> str | None:
         full.append(f"the batch full ({s.running[i]:.0f} running)")
     return (f"waiting {base:.0f} -> {s.waiting[i]:.0f} by {s.t_s[i]:.1f} s"
             + (" with " + " and ".join(full) if full else ", with room in the batch and KV pool"))
+
+
+def _scraped_queue_growth(d: Signals, start_s: float, end_s: float
+                          ) -> tuple[str | None, str]:
+    """The server's own waiting gauge, scraped (vLLM's num_requests_waiting and the like), where
+    there is no GetStats: (its rise over [start_s, end_s] above its value before, the gauge's
+    family; "" where no source exposes one)."""
+    for series in d.scraped.engines if d.scraped is not None else ():
+        if "waiting" not in series.sources():
+            continue
+        t, waiting = np.asarray(series.t_s), series.values("waiting")
+        family = f"`{series.sources()['waiting'].family}`"
+        before = np.flatnonzero((t <= start_s) & ~np.isnan(waiting))
+        near = np.flatnonzero((t >= start_s) & (t <= end_s + 1.0) & ~np.isnan(waiting))
+        base = float(waiting[before[-1]]) if len(before) else 0.0
+        if not len(near) or waiting[near].max() - base < 1:
+            return None, family
+        i = int(near[waiting[near].argmax()])
+        return f"waiting {base:.0f} -> {waiting[i]:.0f} by {t[i]:.1f} s ({family})", family
+    return None, ""
 
 
 def _queue_share(slow: list[RequestRow]) -> str | None:

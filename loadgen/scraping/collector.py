@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import ssl
 import sys
 import threading
@@ -85,6 +86,7 @@ class Collector:
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: its parent ends it, its file whole
     p = Parser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="server_metrics.jsonl to write")

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import grpc
 
 from loadgen.targets.credentials import Credentials
+from loadgen.targets.sniff import HTTP1, spoken
 from loadgen.targets.target import Chunk, RequestSpec, failure_of
 from records.load_settings import TargetSettings
 from records.server_stats import ServerStats
@@ -124,7 +125,14 @@ class GrpcTarget:
                                                           metadata=self.credentials.metadata)
 
     def not_answering(self, host: str, exc: grpc.RpcError) -> str:
-        return f"{self.name} server at {host} is not answering: {exc.code().name}: {exc.details()}"
+        return self.wrong_protocol(host, exc) or (
+            f"{self.name} server at {host} is not answering: {exc.code().name}: {exc.details()}")
+
+    def wrong_protocol(self, host: str, exc: grpc.RpcError) -> str:
+        """Where the call failed as unavailable and the server speaks HTTP/1.1: so saying."""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and (other := spoken(host)) == HTTP1:
+            return f"{self.name} server at {host} does not answer in gRPC: it speaks {other}"
+        return ""
 
     def stats(self, host: str) -> ServerStats | None:
         return None

@@ -65,6 +65,8 @@ class MoeTarget(GrpcTarget):
         return ""
 
     def not_answering(self, host: str, exc: grpc.RpcError) -> str:
+        if wrong := self.wrong_protocol(host, exc):
+            return wrong
         port = host.rpartition(":")[2]
         return (f"{super().not_answering(host, exc)} (start one with: python -m server --port "
                 f"{port}; or check --host)")

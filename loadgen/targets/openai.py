@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator
 from loadgen.targets.credentials import Credentials
 from loadgen.targets.http1 import READ_BLOCK, Pool
 from loadgen.targets.routed_experts import ENGINES_THAT_ANSWER, carries_routing
+from loadgen.targets.sniff import GRPC, spoken
 from loadgen.targets.sse import EventStream
 from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
@@ -39,6 +40,7 @@ MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on 
 ERROR_BODY = 4096  # bytes of an error reply kept for its message
 MODELS_BODY = 1024 * 1024  # bytes of /v1/models read for the model's name
 WHOLE_BODY = 256 * 1024 * 1024  # bytes of a non-streamed reply read, routed experts and all
+SENDS_TOKEN_IDS = ("vllm", "moe-loadlab")  # /v1/models' owned_by of servers taking return_token_ids
 CONNECT_S = 10.0  # the aio sender's wait for a new connection
 DONE = "[DONE]"
 
@@ -106,7 +108,6 @@ class OpenAITarget:
     def __init__(self, settings: TargetSettings):
         self.settings = settings
         self.chat = settings.endpoint.rstrip("/").endswith("/chat/completions")
-        self.streams_text = not settings.token_ids
         self.model = settings.model  # "" until /v1/models names one
         self.owner = ""  # the engine /v1/models names (its owned_by), "" until it answers
         self.reads_routing = settings.routed_experts != "off"
@@ -118,6 +119,16 @@ class OpenAITarget:
         for header in settings.headers:
             name, _, value = header.partition(":")
             self.headers[name.strip()] = value.strip()
+
+    @property
+    def token_ids(self) -> bool:
+        """--token-ids, or by default where /v1/models names a server that sends them."""
+        asked = self.settings.token_ids
+        return asked if asked is not None else self.owner in SENDS_TOKEN_IDS
+
+    @property
+    def streams_text(self) -> bool:
+        return not self.token_ids
 
     @property
     def asks_routing(self) -> bool:
@@ -147,7 +158,7 @@ class OpenAITarget:
             body["prompt"] = list(spec.prompt_ids) or spec.prompt_text
         if s.exact_length:
             body |= {"ignore_eos": True, "min_tokens": spec.max_tokens}
-        if s.token_ids:
+        if self.token_ids:
             body["return_token_ids"] = True
         if self.asks_routing:  # SGLang's switch; vLLM answers or not as it was started
             body["return_routed_experts"] = True
@@ -333,6 +344,10 @@ class OpenAITarget:
                                         timeout=5, context=tls) as reply:
                 body = reply.read()
                 self.model, self.owner = self.model or model_of(body), owner_of(body)
+        except http.client.HTTPException as exc:  # not HTTP/1.x: what does it speak?
+            other = spoken(host)
+            return (f"openai server at {base_url(host)} does not answer in HTTP/1.1"
+                    + (f": it speaks {other}" if other == GRPC else f" ({exc!r:.100})"))
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 return f"openai server at {base_url(host)} refused GET /v1/models with HTTP " \

@@ -115,7 +115,7 @@ class Workload:
         """spec, sent non-streamed or else cancelled by the client part-way where the draws for
         `key` (a request's index, a session's turn) say so (--routed-experts-sample,
         --cancel-share; a reply read whole is never cancelled)."""
-        if random.Random(f"{self.seed}:{key}:whole").random() < self.unstreamed:
+        if self.unstreamed and random.Random(f"{self.seed}:{key}:whole").random() < self.unstreamed:
             return replace(spec, stream=False)
         rng = random.Random(f"{self.seed}:{key}:cancel")
         if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
