@@ -88,7 +88,6 @@ def test_our_timing_beside_vllm_bench_on_the_same_server(vllm, tmp_path):
     # that ours is not above 1.2x vLLM's beyond that noise (its 95% interval's low end)
     for metric in ("ttft", "tpot"):
         point, low, high = ratio_interval(mine, bench, metric, 99)
-        print(f"{metric} p99 ours / vllm bench: x{point:.2f} [{low:.2f}, {high:.2f}]")
         assert low <= 1.2, f"{metric} p99 x{point:.2f} [{low:.2f}, {high:.2f}]"
     # a stalled client reads a whole reply at once: none that vLLM's bench did not also see
     assert mine.at_once <= bench.at_once
