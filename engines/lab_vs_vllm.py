@@ -23,11 +23,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.side_by_side import locust
 from engines.tiny_model import write_model
 from engines.vllm_server import REPO, VllmServer
 
 CONCURRENCY = (1, 8)
-LENGTHS = ["--prompt-tokens", "64", "--max-tokens", "32"]
+LENGTHS = ("--prompt-tokens", "64", "--max-tokens", "32")
 # the stress run: from 2 requests/s, x1.5 a step, until a step does not hold
 STRESS = ["--mode", "stress", "--rate", "2", "--rate-mult", "1.5", "--max-steps", "9"]
 
@@ -39,26 +40,15 @@ class Figures:
     knee_rps: float | None
 
 
-def locust(url: str, run_dir: Path, *flags: str, timeout_s: float) -> dict:
-    """A headless run of our load generator; its summary.json."""
-    command = [str(REPO / ".venv" / "bin" / "locust"), "-f", "loadgen/moe.py", "--host", url,
-               "--target", "openai", "--token-ids", "--headless", "--only-summary",
-               "--run-dir", str(run_dir), *LENGTHS, *flags]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode:
-        raise RuntimeError(f"locust exited with code {done.returncode}:\n{done.stdout[-2000:]}"
-                           f"{done.stderr[-2000:]}")
-    return json.loads((run_dir / "summary.json").read_text())
-
-
 def measure(name: str, url: str, out: Path, run_s: float) -> Figures:
     tpot = {}
     for users in CONCURRENCY:
-        summary = locust(url, out / f"{name}-c{users}", "--mode", "closed", "-u", str(users),
-                         "-r", str(users), "-t", f"{run_s:g}s", timeout_s=run_s + 120)
+        summary = locust(url, out / f"{name}-c{users}", *LENGTHS, "--mode", "closed", "-u",
+                         str(users), "-r", str(users), "-t", f"{run_s:g}s",
+                         timeout_s=run_s + 120)
         tpot[users] = summary["metrics"]["tpot_ms"]["p50"]
     step_s = run_s / 2
-    stress = locust(url, out / f"{name}-stress", *STRESS, "--step-s", f"{step_s:g}",
+    stress = locust(url, out / f"{name}-stress", *LENGTHS, *STRESS, "--step-s", f"{step_s:g}",
                     "-t", f"{10 * step_s:g}s", timeout_s=10 * step_s + 180)
     return Figures(name, tpot, (stress.get("stress") or {}).get("knee_rps"))
 

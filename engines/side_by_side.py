@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,19 +70,24 @@ class Figures:
         self.failed += other.failed
 
 
-def ours(url: str, load: Load, run_dir: Path, seed: int) -> Figures:
-    """A headless run of our load generator (the default client) at the load."""
-    locust = REPO / ".venv" / "bin" / "locust"
-    command = [str(locust), "-f", "loadgen/moe.py", "--host", url, "--target", "openai",
-               "--token-ids", "--headless", "--only-summary", "-t", f"{load.duration_s:g}s",
-               "--rate", str(load.rate), "--prompt-tokens", str(load.prompt_tokens),
-               "--max-tokens", str(load.output_tokens), "--seed", str(seed),
-               "--server-metrics", "off", "--run-dir", str(run_dir)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          timeout=load.duration_s + 120)
+def locust(url: str, run_dir: Path, *flags: str, timeout_s: float) -> dict:
+    """A headless run of our load generator (openai target, token ids) into run_dir; its
+    summary.json."""
+    command = [str(REPO / ".venv" / "bin" / "locust"), "-f", "loadgen/moe.py", "--host", url,
+               "--target", "openai", "--token-ids", "--headless", "--only-summary",
+               "--run-dir", str(run_dir), *flags]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode:
         raise RuntimeError(f"our run exited with code {done.returncode}:\n{done.stdout[-3000:]}"
                            f"{done.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def ours(url: str, load: Load, run_dir: Path, seed: int) -> Figures:
+    """A headless run of our load generator (the default client) at the load."""
+    locust(url, run_dir, "-t", f"{load.duration_s:g}s", "--rate", str(load.rate),
+           "--prompt-tokens", str(load.prompt_tokens), "--max-tokens", str(load.output_tokens),
+           "--seed", str(seed), "--server-metrics", "off", timeout_s=load.duration_s + 120)
     rows = [json.loads(line) for line in open(run_dir / "requests.jsonl")]
     ok = [r for r in rows if r["status"] == "OK"]
     return Figures("ours", [r["ttft_ms"] for r in ok],
@@ -160,7 +164,6 @@ def main() -> None:
     print(json.dumps({"load": asdict(load), "rounds": args.rounds,
                       **{f.tool: {m: f.percentiles(m) for m in ("ttft", "tpot")}
                          | {"at_once": f.at_once, "failed": f.failed} for f in (mine, bench)}}))
-    sys.exit(0)
 
 
 if __name__ == "__main__":

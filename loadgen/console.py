@@ -43,8 +43,10 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
         print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo.requests} requests")
     failed = ", ".join(f"{k} {v}" for k, v in r.failed_by_code.items()) or "none"
     cancelled = f" + cancelled by the client {r.cancelled}" if r.cancelled else ""
+    unstreamed = (f"; of the ok, {r.unstreamed} sent non-streamed for their routed experts: "
+                  "not timed" if r.unstreamed else "")
     print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}){cancelled}; "
-          f"not sent {r.not_sent}; warm-up {r.warmup}")
+          f"not sent {r.not_sent}; warm-up {r.warmup}{unstreamed}")
     if summary.stress is not None:
         print_stress(summary)
     for note in summary.generator.notes:

@@ -239,6 +239,7 @@ def test_vllm_style_routing_end_to_end_equals_what_the_server_sent(tmp_path, cli
             for r in read]
     assert affinity(np.asarray(both)).shared == pytest.approx(affinity(sets).shared)
     assert (run_dir / "routed_experts.png").exists()
+    assert f"{len(whole)} of the ok sent non-streamed for their routed experts" in out
     # the imbalance rule reads the same routing as the section (no GetStats here)
     assert "the routed experts of" in out and "not judged Expert load imbalance" not in out
     what_if = analysis("what-if", run_dir, "--max-batch-size", "2", "--ep-ranks", "4").stdout

@@ -66,7 +66,8 @@ def answer(report: Report) -> str:
     codes = ", ".join(f"{code} {n}" for code, n in by_count(r.failed_by_code))
     parts.append(f"{r.ok} of {r.sent} requests ok" + (f", {r.failed} failed ({codes})"
                                                       if r.failed else "")
-                 + (f", {r.cancelled} cancelled by the client" if r.cancelled else "") + ".")
+                 + (f", {r.cancelled} cancelled by the client" if r.cancelled else "")
+                 + unstreamed_note(r) + ".")
     fired = [f.title for f in report.findings if f.fired]
     parts.append("Diagnosis: " + ("; ".join(fired) if fired else "no rule fired") + ".")
     return " ".join(parts)
@@ -179,7 +180,14 @@ def accounting_line(run: Run) -> str:
     return (f"sent {requests.sent}, ok {requests.ok}, failed {requests.failed}"
             f"{f' ({by_code})' if by_code else ''}, "
             f"{f'cancelled by the client {requests.cancelled}, ' if requests.cancelled else ''}"
-            f"not sent {requests.not_sent}, warm-up {requests.warmup}")
+            f"not sent {requests.not_sent}, warm-up {requests.warmup}{unstreamed_note(requests)}")
+
+
+def unstreamed_note(requests) -> str:
+    """The ok requests read whole for their routed experts, not timed ("" where none)."""
+    return (f"; {requests.unstreamed} of the ok sent non-streamed for their routed experts "
+            "(--routed-experts-sample): counted, not in TTFT, TPOT, ITL or goodput"
+            if requests.unstreamed else "")
 
 
 def generator_lines(run: Run) -> list[str]:
