@@ -262,7 +262,7 @@ class OpenAITarget:
                 self.check_reply(status, response.get("content-type", ""),
                                  response.read(ERROR_BODY) if status != 200 else b"", whole)
                 if whole:
-                    yield self.whole_chunk(response.read(), time.monotonic_ns())
+                    yield self.whole_chunk(response.read(WHOLE_BODY), time.monotonic_ns())
                     return
                 reader = Reader(self)
                 while not reader.done and (line := response.readline(b"\n")):
