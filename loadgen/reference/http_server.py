@@ -143,7 +143,7 @@ async def completion(pacer: Pacer, request: web.Request) -> web.StreamResponse:
         return refused
     prompt = prompt_of(body, chat)
     if body.get("stream") is False:
-        return await whole_reply(pacer, body, chat, prompt, fault)
+        return await whole_reply(pacer, body, chat, (prompt, max_tokens), fault)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     envelope = {"id": "cmpl-delay", "object": "chat.completion.chunk" if chat
@@ -178,11 +178,11 @@ def usage_of(prompt: list, max_tokens: int) -> dict:
             "total_tokens": len(prompt) + max_tokens}
 
 
-async def whole_reply(pacer: Pacer, body: dict, chat: bool, prompt: list,
+async def whole_reply(pacer: Pacer, body: dict, chat: bool, asked: tuple[list, int],
                       fault: str) -> web.Response:
-    """A request not streamed: its reply once the schedule's last message is due, its routed
-    experts on the choice (vLLM's) or the reply (SGLang's)."""
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+    """A request not streamed (asked: its prompt and max tokens): its reply once the schedule's
+    last message is due, its routed experts on the choice (vLLM's) or the reply (SGLang's)."""
+    prompt, max_tokens = asked
     async for _ in pacer.messages(max_tokens, prompt):
         pass
     choice_routing, reply_routing = pacer.routing(body, len(prompt), max_tokens, fault)
