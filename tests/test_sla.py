@@ -2,8 +2,9 @@
 35 ms in its slot (first token after 20 ms, then 3 more 5 ms apart), first come first served,
 Poisson arrivals: an M/D/20 queue. The rate at which E2E p99 crosses the objective is found
 here from that queueing model (by simulation); the search must bracket it within its
-resolution (in each of three seeds with make bench-sla), every probe's verdict supported by
-MLPerf's rule."""
+resolution (in each of three seeds, with make bench-sla: a benchmark, as how close it comes
+hangs on how fast the machine sends), every probe's verdict supported by MLPerf's rule. A
+distributed search is run here end to end at rates whose verdicts do not hang on the machine."""
 
 import heapq
 import json
@@ -19,8 +20,9 @@ from tests.test_end_to_end import locust
 SLOTS, SERVICE_S = 20, 0.035
 SLO_E2E_MS = 80.0
 RESOLUTION = 0.05
-# make test runs one seed; make bench-sla the three (MOE_SLA_SEEDS=1,2,3)
-SEEDS = [int(s) for s in os.environ.get("MOE_SLA_SEEDS", "1").split(",")]
+# a benchmark: how close the search comes hangs on how fast this machine sends, so make
+# bench-sla runs it, with three seeds (MOE_SLA_SEEDS=1,2,3), and make test does not
+SEEDS = [int(s) for s in os.environ.get("MOE_SLA_SEEDS", "").split(",") if s]
 
 
 def p99_wait_s(rate: float, n: int = 200_000) -> float:
@@ -46,8 +48,8 @@ def true_rate(budget_s: float) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timing
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.skipif(not SEEDS, reason="a benchmark: make bench-sla")
+@pytest.mark.parametrize("seed", SEEDS or [0])
 def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
@@ -81,22 +83,25 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
 
 @pytest.mark.slow
 def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_path):
-    # two workers send, the master judges: above the oracle's 571 requests/s of capacity no
-    # probe can pass, well below it every one does; the rate found is probed once more
+    # two workers send, the master judges. The server: 40 slots of 160 ms, 250 requests/s at
+    # most; at 100/s (40% of it) every request has 140 ms to spare under the 300 ms objective,
+    # at 300/s the queue grows by 50 a second: the first two verdicts do not hang on how fast
+    # a loaded machine sends (tests/test_sla_search.py has the search's decisions alone)
     run_dir = tmp_path / "run"
-    with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
-                              "--ttft-ms", "20", "--itl-ms", "5") as (_, port):
+    with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", "40",
+                              "--ttft-ms", "100", "--itl-ms", "20") as (_, port):
         done = locust(port, run_dir, "--processes", "2", "-u", "2", "--mode", "sla",
-                      "--rate", "300", "--sla-growth", "2", "--sla-warmup-s", "0.5",
-                      "--sla-probe-min-s", "1", "--sla-resolution", "0.5", "--sla-confirm", "1",
-                      "--slo-e2e-ms", str(SLO_E2E_MS), "--max-tokens", "4",
-                      "--prompt-tokens", "8", "-t", "120")
+                      "--rate", "100", "--sla-growth", "3", "--sla-warmup-s", "0.5",
+                      "--sla-probe-min-s", "1", "--sla-resolution", "0.99", "--sla-confirm", "1",
+                      "--slo-e2e-ms", "300", "--max-tokens", "4", "--prompt-tokens", "8",
+                      "-t", "120")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     sla = summary["sla"]
-    assert [p["rate_rps"] for p in sla["probes"]] == [300, 600, 450], sla
+    # a third probe between them; should 200/s fail, a fourth at 150/s
+    assert [p["rate_rps"] for p in sla["probes"]][:3] == [100, 300, 200], sla
     assert [p["verdict"] for p in sla["probes"]][:2] == ["PASS", "FAIL"]
-    assert sla["rate_rps"] in (300, 450) and len(sla["confirmations"]) == 1
+    assert sla["rate_rps"] in (100, 150, 200) and len(sla["confirmations"]) == 1
     assert sla["confirmations"][0]["rate_rps"] == sla["rate_rps"]
     # every probe's judged requests came from both workers, which sent half each
     sent = [w["sent"] for w in summary["workers"]]
@@ -104,7 +109,7 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
     judged = sum(p["claims"][0]["requests"] for p in sla["probes"] + sla["confirmations"])
     assert 0 < judged <= summary["requests"]["sent"]
     first = sla["probes"][0]["claims"][0]
-    assert first["requests"] >= 300 * 1 * 0.7  # a second of both workers' 150/s, judged
+    assert first["requests"] >= 100 * 1 * 0.7  # a second of both workers' 50/s, judged
     out = analysis("report", run_dir).stdout.rstrip().splitlines()
     last = next(line for line in reversed(out) if line.startswith("verdict: "))
     confirmed = sla["confirmations"][0]["verdict"] == "PASS"

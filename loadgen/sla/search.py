@@ -96,8 +96,9 @@ class LocalProbes:
 
 
 class SlaSearch:
-    def __init__(self, settings: LoadSettings, probes: Probes):
-        self.settings, self.probes = settings, probes
+    def __init__(self, settings: LoadSettings, probes: Probes, judge_s: float = JUDGE_S):
+        """judge_s: how often a probe is judged (a test's fake Probes answers at once)."""
+        self.settings, self.probes, self.judge_s = settings, probes, judge_s
         slo = settings.slo
         self.objectives = [(name, key, getattr(slo, limit)) for name, key, limit in OBJECTIVES
                            if getattr(slo, limit) is not None]
@@ -154,7 +155,7 @@ class SlaSearch:
         done: list[Done] = []
         longest = self.rate * c.sla_probe_max_s
         while True:
-            gevent.sleep(JUDGE_S)
+            gevent.sleep(self.judge_s)
             new, waiting = self.probes.collect()
             done += new
             claims, failed = self.judge(done, waiting)
