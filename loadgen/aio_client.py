@@ -118,9 +118,10 @@ class AioSender:
         if self.died:
             self.on_died(self.died)
 
-    def stop(self) -> None:
+    def stop(self, stop_ns: int) -> None:
+        """The schedule stops at stop_ns: what fell due by then and was not sent is counted."""
         if self.started and self.proc.poll() is None:
-            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.write(f'{{"stop_ns": {stop_ns}}}\n'.encode())
             self.proc.stdin.flush()
 
     def wait(self, timeout_s: float) -> None:

@@ -9,7 +9,8 @@ the run is set up; once the target's client is imported and connected the sender
 {"ready": true}, and the parent starts the schedule with a line of its time zero
 ({"start_ns"}); at the end of a finite schedule (a trace) it writes {"schedule_over": true}. It
 reads one JSON line per finished request from its stdout, and writes
-"stop" to end the schedule; the sender then drains for drain_s, cuts off what is left,
+{"stop_ns"} to end the schedule at that time (arrivals due by then that were not sent are
+counted: loadgen/traffic/dispatch.py); the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
 (loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero, "cpu_wait_s": the
 seconds it waited for a core meanwhile (null: unknown; loadgen/recording/cpu.py)} and exits. Every
@@ -34,8 +35,9 @@ from typing import Any
 from loadgen.recording.cpu import CpuClock
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
-from loadgen.targets.target import Target, target_of
+from loadgen.targets.target import RequestSpec, Target, target_of
 from loadgen.targets.text_tokens import TextCounter
+from loadgen.traffic.dispatch import Tally, dispatch
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
@@ -88,6 +90,9 @@ class Sender:
     transport: asyncio.WriteTransport
     spin_s: float  # the last stretch before each send is spun, not slept
     tasks: dict[asyncio.Task, StreamResult] = field(default_factory=dict)  # in flight
+    offered: Offered = field(default_factory=Offered)  # what the requests sent asked for
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    stopped_ns: int | None = None  # the run's stop, as the parent timed it
 
     def emit(self, data: dict) -> None:
         """One JSON line to the parent: buffered by the loop, never blocks."""
@@ -98,59 +103,66 @@ class Sender:
         self.emit(vars(self.tasks.pop(task)))
 
     async def run(self, start_ns: int, reader: asyncio.StreamReader, schedule) -> None:
-        """The schedule from start_ns until "stop" (or its end), then the drain."""
+        """The schedule from start_ns until the stop (or its end), then the drain."""
         cpu = CpuClock()  # from time zero, not its imports
-        stopped = asyncio.Event()
 
         async def watch_stdin():
-            await reader.readline()  # "stop", or EOF when the parent died
-            stopped.set()
+            line = await reader.readline()  # the stop's time, or EOF when the parent died
+            self.stopped_ns = json.loads(line)["stop_ns"] if line.strip() else time.monotonic_ns()
+            self.stopped.set()
 
         watcher = asyncio.create_task(watch_stdin())
         lags = LagLines(self.emit)
         probe = asyncio.create_task(asyncio_probe(lags.add))
-        not_sent, offered = await self.send_schedule(start_ns, schedule, stopped)
-        if not stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops the run
+        tally = Tally()
+        for due_ns in dispatch(schedule, start_ns, self.settings.sender.max_in_flight, self,
+                               tally):
+            await self.until(due_ns)
+        if not self.stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops
             self.emit({"schedule_over": True})
         await watcher
         await drain(self.tasks, self.done, self.settings.sender.drain_s, self.emit)
         probe.cancel()
         lags.flush()
         cpu_s, waited_s = cpu.spent()
-        self.emit({"end": True, "not_sent": not_sent, "offered": offered.state(),
+        self.emit({"end": True, "not_sent": tally.not_sent, "offered": self.offered.state(),
                    "cpu_s": cpu_s, "cpu_wait_s": waited_s})
         while self.transport.get_write_buffer_size():
             await asyncio.sleep(0.01)
 
-    async def send_schedule(self, start_ns: int, schedule, stopped: asyncio.Event
-                            ) -> tuple[int, Offered]:
-        """Each request at its time until stopped; the requests not sent (max_in_flight
-        reached) and what those sent asked for."""
-        sender = self.settings.sender
-        not_sent = 0
-        offered = Offered()
-        for index, offset_s in schedule:
-            due_ns = start_ns + int(offset_s * 1e9)
-            # built before its time, not after: a request's draws cost 0.1 ms, cold, at rest
-            spec = self.workload.request(index)
-            r = StreamResult.of(spec, due_ns)
-            delay_s = (due_ns - time.monotonic_ns()) / 1e9
-            if delay_s > self.spin_s:
-                await asyncio.sleep(delay_s - self.spin_s)
-            while self.spin_s and time.monotonic_ns() < due_ns:
-                await asyncio.sleep(0)
-            if stopped.is_set():
-                break
-            if len(self.tasks) >= sender.max_in_flight:
-                not_sent += 1
-                continue
-            task = asyncio.create_task(astream_request(self.target, self.conn, spec, r,
-                                                       sender.request_timeout_s, self.count))
-            self.tasks[task] = r
-            task.add_done_callback(self.done)
-            await asyncio.sleep(0)  # it is sent now, before the next one is built
-            offered.add(spec)
-        return not_sent, offered
+    async def until(self, due_ns: int | None) -> None:
+        """Until due_ns, its last SPIN_S spun (see main); None: the request just handed over
+        goes out first."""
+        if due_ns is None:
+            await asyncio.sleep(0)
+            return
+        delay_s = (due_ns - time.monotonic_ns()) / 1e9
+        if delay_s > self.spin_s:
+            await asyncio.sleep(delay_s - self.spin_s)
+        while self.spin_s and time.monotonic_ns() < due_ns and not self.stopped.is_set():
+            await asyncio.sleep(0)
+
+    # loadgen/traffic/dispatch.py's Sends
+
+    def build(self, index: int, due_ns: int) -> tuple[RequestSpec, StreamResult]:
+        # before its time, not after: a request's draws cost 0.1 ms, cold, at rest
+        spec = self.workload.request(index)
+        return spec, StreamResult.of(spec, due_ns)
+
+    def send(self, built: tuple[RequestSpec, StreamResult], due_ns: int) -> None:
+        spec, r = built
+        task = asyncio.create_task(astream_request(self.target, self.conn, spec, r,
+                                                   self.settings.sender.request_timeout_s,
+                                                   self.count))
+        self.tasks[task] = r
+        task.add_done_callback(self.done)
+        self.offered.add(spec)
+
+    def in_flight(self) -> int:
+        return len(self.tasks)
+
+    def stop_ns(self) -> int | None:
+        return self.stopped_ns
 
 
 class LagLines:

@@ -11,12 +11,11 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
 import gevent
-import psutil
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
@@ -35,16 +34,16 @@ from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_reques
 from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
+from loadgen.ticker import Ticker
+from loadgen.traffic.dispatch import Tally, dispatch, due_before
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.sessions import History, Part, SessionPlanner
 from loadgen.traffic.traces import read_trace_file
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
-from records.jsonform import dumps, to_json
 from records.load_settings import LoadSettings
 from records.requests import CLIENT_CANCELLED
-from records.server_stats import ServerSample
 from records.summary import Summary
 
 log = logging.getLogger("loadgen")
@@ -52,18 +51,6 @@ log = logging.getLogger("loadgen")
 SESSION_END = {CLIENT_CANCELLED: "cancelled", CUT_OFF: "stopped"}
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 SCRAPE_READY_S = 15.0  # ... and for the first scrape of the server's metrics
-
-
-def generator_rss_bytes() -> int:
-    """The load generator's resident memory: this process and its own (the aio sender's)."""
-    me = psutil.Process()
-    total = me.memory_info().rss
-    for child in me.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:  # gone since it was listed
-            pass
-    return total
 
 
 @dataclass(frozen=True)
@@ -110,37 +97,35 @@ class Run:
         by loadgen/build.py); run_time_s: -t, counted from the schedule's time zero (see
         begin)."""
         self.request_stop, self.scraping = hooks.request_stop, hooks.scraping
-        self.run_time_s = run_time_s
-        self.settings = settings
-        self.sender = settings.sender
-        self.target = target
-        self.on_result = hooks.on_result
+        self.run_time_s, self.settings, self.sender = run_time_s, settings, settings.sender
+        self.target, self.on_result = target, hooks.on_result
         self.started_at = place.started_at
         workers, index = place.workers, place.index
         self.recorder, self.workload, self.sessions = parts.recorder, parts.workload, parts.sessions
-        self.count, self.intervals, self.timeline = parts.count, parts.intervals, parts.timeline
-        self.server_log, self.routing = parts.server_log, parts.routing
+        self.count, self.timeline, self.routing = parts.count, parts.timeline, parts.routing
         self.routing_log, self.expert_recorder = parts.routing_log, parts.expert_recorder
         self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
         self._session_group = Group()  # the sessions' own greenlets (their requests: _group)
-        self._schedule = schedule_of(settings.traffic, workers, index)
         # run-wide unique ids
         self._closed_indexes = (k * workers + index for k in itertools.count())
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
+        # what became of the arrivals this process's users took; None: none dispatched
+        # (closed loop, or the aio sender's)
+        self.tally: Tally | None = None
+        self._dispatching = 0  # users dispatching the schedule now
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
         self._cpu = CpuClock()
         self.interrupted_s: float | None = None  # how far into the schedule Ctrl-C ended it
-        self._ticker = gevent.spawn(self._tick_every_interval)
+        self.ticker = Ticker(self.recorder, parts.intervals, parts.timeline, parts.server_log,
+                             target, self.sender.host, self.started_at, self.scraping)
+        self.ticker.start(settings.recording.interval_s)
         self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
-        if self.stress is not None:
-            self._schedule = self.stress.arrivals(settings.traffic.seed)
         # sla: this process's part of each probe, started and cut by the search (the
         # listener's, or its master's: loadgen/sla/)
         self.probe_part = (ProbePart(settings.traffic, workers, index)
                            if settings.traffic.mode == "sla" else None)
-        if self.probe_part is not None:
-            self._schedule = self.probe_part.arrivals()
+        self._schedule = self._arrivals(workers, index)
         self._stress_watcher: gevent.Greenlet | None = None
         self._begun = False
         self._place = (workers, index)
@@ -150,6 +135,15 @@ class Run:
                     if settings.client == "aio" else None)
         # the loop that timestamps the streams: the aio sender probes its own
         self._probe = gevent_probe(self.recorder.loop_lag) if self.aio is None else None
+
+    def _arrivals(self, workers: int, index: int) -> Iterator[tuple[int, float]]:
+        """This process's share of the schedule: stress's steps, the SLA search's probes, or
+        the rate, profile or trace of the other modes."""
+        if self.stress is not None:
+            return self.stress.arrivals(self.settings.traffic.seed)
+        if self.probe_part is not None:
+            return self.probe_part.arrivals()
+        return schedule_of(self.settings.traffic, workers, index)
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -184,37 +178,35 @@ class Run:
 
     def dispatch(self, conn) -> None:
         """Sends this process's arrivals on conn until the run stops; several users may
-        share the schedule, each taking the next arrival. With --client aio the sender
-        process sends them, and users only wait."""
+        share the schedule, each taking the next arrival (loadgen/traffic/dispatch.py). With
+        --client aio the sender process sends them, and users only wait."""
         self.begin()
         while self.aio is not None and not self.stopping:
             if self.aio.schedule_over.is_set():
                 self._end("the trace is replayed")  # by the sender
             gevent.sleep(0.1)
-        while not self.stopping:
-            arrival = next(self._schedule, None)
-            if arrival is None and self.settings.traffic.trace:
-                self._end("the trace is replayed")
-                return
-            if arrival is None:  # a finite schedule (stress) is over: wait for the stop
-                gevent.sleep(0.1)
-                continue
-            index, offset_s = arrival
-            due_ns = self.start_ns + int(offset_s * 1e9)
-            delay_s = (due_ns - time.monotonic_ns()) / 1e9
-            if delay_s > 0:
-                gevent.sleep(delay_s)
-            if self.stopping:
-                if due_ns <= self.stop_ns:  # due inside the run, but the stop came first
-                    self.recorder.not_sent += 1
-                return
-            if len(self.inflight) >= self.sender.max_in_flight:
-                self.recorder.not_sent += 1
-                continue
-            if self.sessions is not None:
-                self._session_group.spawn(self._session, conn, index, due_ns)
-            else:
-                self._send(conn, self.workload.request(index), due_ns)
+        if self.aio is not None:
+            return
+        if self.tally is None:
+            self.tally = Tally()
+        self._dispatching += 1
+        for due_ns in dispatch(self._schedule, self.start_ns, self.sender.max_in_flight,
+                               UserSends(self, conn), self.tally):
+            # None: a request was handed over, and goes out before the next is built
+            gevent.sleep(0.0 if due_ns is None else max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
+        self._dispatching -= 1
+        if self.settings.traffic.trace and not self._dispatching:
+            self._end("the trace is replayed")
+        while not self.stopping:  # a finite schedule (stress, a trace) is over: the stop
+            gevent.sleep(0.1)
+
+    def send_arrival(self, conn, built, due_ns: int) -> None:
+        """An arrival of the schedule, on conn: its request, or with --mode sessions the
+        session it starts (built: its index)."""
+        if self.sessions is not None:
+            self._session_group.spawn(self._session, conn, built, due_ns)
+        else:
+            self._send(conn, built, due_ns)
 
     def _sender_died(self, why: str) -> None:
         """The aio sender died: the run fails and ends now. What it had not reported of the
@@ -222,9 +214,8 @@ class Run:
         log.error("%s: ending the run", why)
         self.failure = why
         if self._begun:
-            due_s = ((self.stop_ns or time.monotonic_ns()) - self.start_ns) / 1e9
-            schedule = schedule_of(self.settings.traffic, *self._place)
-            due = sum(1 for _ in itertools.takewhile(lambda a: a[1] <= due_s, schedule))
+            due = due_before(schedule_of(self.settings.traffic, *self._place), self.start_ns,
+                             self.stop_ns or time.monotonic_ns())
             self.recorder.not_sent += max(0, due - self.aio.results)
         self.stop()
         self.request_stop()
@@ -294,31 +285,6 @@ class Run:
                                       (last_ns - first_ns) // 1000
                                       if outcome == "completed" else None)
 
-    def _tick_every_interval(self) -> None:
-        """Interval histograms and a GetStats sample (where the target has one) on one clock,
-        every --interval-s."""
-        next_s = time.monotonic()
-        while True:
-            next_s += self.settings.recording.interval_s
-            gevent.sleep(max(0.0, next_s - time.monotonic()))
-            self.tick()
-
-    def tick(self) -> None:
-        """One --interval-s: the interval histograms, and a GetStats sample where the target
-        has one."""
-        now_s = time.time()
-        interval = self.recorder.take_interval()
-        self.intervals.write({name: h.hdr for name, h in interval.items()}, now_s)
-        self.timeline.add(now_s - self.started_at, interval,
-                          self.scraping.now() if self.scraping is not None else {})
-        stats = self.target.stats(self.sender.host)
-        if stats is None:
-            return
-        sample = ServerSample(t_unix_s=now_s, t_run_s=now_s - self.started_at, stats=stats,
-                              generator_rss_bytes=generator_rss_bytes())
-        self.server_log.write(dumps(to_json(sample)) + "\n")
-        self.server_log.flush()
-
     def _finished(self, greenlet: gevent.Greenlet) -> None:
         self._record(self.inflight.pop(greenlet))
 
@@ -352,7 +318,9 @@ class Run:
         if self.stop_ns is None:
             self.recorder.stop_ns = time.monotonic_ns()
             if self.aio is not None:
-                self.aio.stop()
+                self.aio.stop(self.stop_ns)
+            if self.probe_part is not None:  # no probe follows: its schedule ends
+                self.probe_part.end()
 
     def drain(self) -> None:
         """Waits up to drain_s for in-flight requests, then cuts off the rest (counted);
@@ -367,6 +335,9 @@ class Run:
         if self.aio is not None:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
+        elif self.tally is not None:  # the users are gone: the arrivals due none of them took
+            self.tally.overtaken += due_before(self._schedule, self.start_ns, self.stop_ns)
+            self.recorder.not_sent += self.tally.not_sent
         self._group.join(timeout=self.sender.drain_s)
         self._session_group.kill(block=True, timeout=5)  # what still runs ends stopped
         for greenlet, result in list(self.inflight.items()):
@@ -379,12 +350,9 @@ class Run:
             cut_off(result, self.sender.drain_s)
             self._record(result)
         gevent.sleep(0)  # lets the callbacks of requests that finished during the loop run
-        self._ticker.kill()
         if self._probe is not None:
             self._probe.kill()
-        self.tick()
-        self.intervals.close()
-        self.server_log.close()
+        self.ticker.close()
         if self.routing_log is not None:
             self.routing_log.close()
         if self.expert_recorder is not None:
@@ -439,3 +407,24 @@ class Run:
         summary = dataclasses.replace(summary, workload=offered.figures())
         return (summary if self.stress is None
                 else dataclasses.replace(summary, stress=self.stress.result()))
+
+
+@dataclass(frozen=True)
+class UserSends:
+    """A Locust user's sends (loadgen/traffic/dispatch.py's Sends): over its own connection, in
+    greenlets of the run's."""
+
+    run: Run
+    conn: object
+
+    def build(self, index: int, due_ns: int) -> object:
+        return index if self.run.sessions is not None else self.run.workload.request(index)
+
+    def send(self, built: object, due_ns: int) -> None:
+        self.run.send_arrival(self.conn, built, due_ns)
+
+    def in_flight(self) -> int:
+        return len(self.run.inflight)
+
+    def stop_ns(self) -> int | None:
+        return self.run.stop_ns

@@ -46,7 +46,8 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
     if rec.not_sent:
         warnings.append(f"{rec.not_sent} scheduled requests were not sent: over "
                         "--max-in-flight (the server is not keeping up with the offered "
-                        "rate), or due just as the run stopped")
+                        "rate), or due before the run stopped and not reached by then (the "
+                        "load generator behind its schedule)")
     if rec.off_length:
         warnings.append(f"{rec.off_length} of {rec.statuses['OK']} ok requests got another "
                         "output length than --max-tokens asked (the server's usage says so): "

@@ -1,0 +1,123 @@
+"""The send loop's rule (loadgen/traffic/dispatch.py): every arrival due before the stop is sent
+or counted as not sent, exactly once. On the loop itself against a clock it is told (a sender
+that falls behind, a cap reached, callers sharing a schedule, a caller ended as it waits), and
+through both senders, end to end, against the schedule they were given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loadgen.traffic.dispatch import Tally, dispatch, due_before
+from loadgen.traffic.profiles import schedule_of
+from records.load_settings import Traffic
+from tests.conftest import delay_server_process
+from tests.test_end_to_end import locust
+
+S = 1_000_000_000  # ns
+
+
+class Sender:
+    """Sends: a clock moved by hand, the requests in flight closed by hand, a stop."""
+
+    def __init__(self):
+        self.now_ns = 0
+        self.sent: list[int] = []
+        self.open = 0
+        self.stopped: int | None = None
+
+    def build(self, index: int, due_ns: int) -> object:
+        return index
+
+    def send(self, built: object, due_ns: int) -> None:
+        self.sent.append(built)
+        self.open += 1
+
+    def in_flight(self) -> int:
+        return self.open
+
+    def stop_ns(self) -> int | None:
+        return self.stopped
+
+
+def every_second(n: int):
+    return iter([(i, float(i)) for i in range(n)])
+
+
+def drive(loop, sender: Sender, late_ns: int = 0, stop_at_ns: int | None = None) -> None:
+    """Waits as a sender does: to each due time plus late_ns; the run stops at stop_at_ns."""
+    for due_ns in loop:
+        if due_ns is not None:
+            sender.now_ns = max(sender.now_ns, due_ns + late_ns)
+        if stop_at_ns is not None and sender.now_ns >= stop_at_ns:
+            sender.stopped = stop_at_ns
+
+
+def test_on_time_every_arrival_before_the_stop_is_sent():
+    sender, tally = Sender(), Tally()
+    drive(dispatch(every_second(10), 0, 100, sender, tally), sender, stop_at_ns=int(4.5 * S))
+    assert sender.sent == [0, 1, 2, 3, 4] and tally == Tally(sent=5)
+
+
+def test_a_sender_behind_at_the_stop_counts_what_it_did_not_reach():
+    # each wait ends 2.5 s late: arrival 2 (due 2 s) is sent at 4.5 s, the stop at 5 s; due by
+    # then and not reached: 3, 4, 5
+    sender, tally = Sender(), Tally()
+    drive(dispatch(every_second(10), 0, 100, sender, tally), sender, late_ns=int(2.5 * S),
+          stop_at_ns=5 * S)
+    assert sender.sent == [0, 1, 2]
+    assert (tally.sent, tally.overtaken, tally.full) == (3, 3, 0)
+
+
+def test_arrivals_past_the_cap_are_counted_not_sent():
+    sender, tally = Sender(), Tally()
+    drive(dispatch(every_second(10), 0, 3, sender, tally), sender, stop_at_ns=int(7.5 * S))
+    assert sender.sent == [0, 1, 2] and (tally.full, tally.overtaken) == (5, 0)
+    assert tally.sent + tally.not_sent == 8
+
+
+def test_callers_sharing_a_schedule_count_each_arrival_once():
+    arrivals, sender = every_second(20), Sender()
+    tallies = [Tally(), Tally()]
+    loops = [dispatch(arrivals, 0, 100, sender, t) for t in tallies]
+    waiting = [next(loop) for loop in loops]  # each holds an arrival: 0 and 1
+    sender.now_ns = 12 * S
+    sender.stopped = 10 * S  # both resume after the stop: the first counts the rest due
+    for loop in loops:
+        for _ in loop:
+            pass
+    assert waiting == [0, S] and sender.sent == []
+    assert sum(t.overtaken for t in tallies) == 11  # 0 .. 10 s
+    assert due_before(arrivals, 0, 10 * S) == 0  # none left uncounted
+
+
+def test_a_caller_ended_as_it_waits_counts_the_arrival_it_held_if_it_was_due():
+    for stop_s, counted in ((3, 1), (1, 0)):
+        sender, tally = Sender(), Tally()
+        loop = dispatch(iter([(0, 2.0)]), 0, 100, sender, tally)
+        next(loop)
+        sender.stopped = stop_s * S
+        loop.close()  # as a greenlet killed in its sleep closes it
+        assert tally.overtaken == counted
+
+
+def due_count(traffic: Traffic, duration_s: float) -> int:
+    return due_before(schedule_of(traffic, 1, 0), 0, int(duration_s * S))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("client", "users"), [("gevent", 1), ("gevent", 2), ("aio", 1)])
+def test_both_senders_account_for_every_arrival_due(tmp_path, client, users):
+    # 40 requests/s of 250 ms each against a cap of 4 in flight: most are not sent
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--ttft-ms", "100", "--itl-ms", "50") as (_, port):
+        done = locust(port, run_dir, "--client", client, "-u", str(users), "-r", str(users),
+                      "-t", "3s", "--rate", "40", "--seed", "3", "--max-in-flight", "4",
+                      "--prompt-tokens", "4", "--max-tokens", "4")
+    assert done.returncode == 0, done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    req = summary["requests"]
+    due = due_count(Traffic(rate=40, seed=3), summary["duration_s"])
+    assert req["not_sent"] > 0 and req["sent"] > 0, req
+    assert req["sent"] + req["not_sent"] == due, (req, due)
