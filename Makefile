@@ -256,7 +256,7 @@ lint: install
 # The README's option tables, regenerated from the settings' declarations (tests/test_docs.py
 # fails while they are stale).
 docs: install
-	$(PY) -m records.readme README.md docs/targets.md
+	$(PY) -m records.readme docs/options.md docs/targets.md
 
 clean:
 	rm -rf $(VENV) .venv-peers $(VLLM_VENV) $(PROTO_OUT) proto/moe_pb2.pyi runs $(GPU_SITE)

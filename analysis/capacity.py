@@ -244,7 +244,7 @@ def summary_lines(p: Plan) -> list[str]:
              f"capacity at {100 * u:g}% target utilisation: {p.planned:.2f} pairs per expert "
              f"per step ({math.ceil(p.planned - 1e-9)} slots, the server's --capacity-factor "
              f"{capacity_factor(u):g})",
-             "burst headroom (seed 5.1): " + ", ".join(
+             "burst headroom: " + ", ".join(
                  f"{b:g}x average = {b * p.average_load:.2f} "
                  f"({math.ceil(b * p.average_load - 1e-9)} slots)"
                  for b in BURSTS)]
@@ -324,7 +324,7 @@ def headline(p: Plan, md: Path | None) -> dict:
 def add_command(commands) -> None:
     parser = commands.add_parser(
         "capacity",
-        help="expert capacity planning (seed 5.1): from a run's measured loads or from numbers",
+        help="expert capacity planning: from a run's measured loads or from numbers",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="?",
                         help="run directory (or give --tokens, --top-k and --experts)")

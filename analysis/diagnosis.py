@@ -64,7 +64,7 @@ def render_text(findings: list[Finding]) -> str:
 def render_markdown(findings: list[Finding]) -> str:
     fired = [f for f in findings if f.fired]
     parts = ["## Diagnosis",
-             f"{len(fired)} of {len(findings)} rules fired (seed 5.3; thresholds in "
+             f"{len(fired)} of {len(findings)} rules fired (thresholds in "
              "`analysis/diagnosis.py` and `analysis/rules/`)."]
     for f in fired:
         parts += [f"### {f.title}", f.verdict, "\n".join(f"- {e}" for e in f.evidence)]
@@ -78,7 +78,7 @@ def render_markdown(findings: list[Finding]) -> str:
 
 def add_command(commands) -> None:
     parser = commands.add_parser(
-        "diagnose", help="bottleneck rules (seed 5.3) with their evidence: diagnosis.md")
+        "diagnose", help="bottleneck rules with their evidence: diagnosis.md")
     parser.add_argument("run_dir", help="directory holding summary.json, histograms.json and the "
                         "interval files")
     parser.set_defaults(func=main)

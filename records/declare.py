@@ -1,7 +1,7 @@
 """Settings declared once. A setting is a field of a frozen dataclass made with `setting()`:
 its default, help text, flag and check travel with it, and everything else is derived from
 the declaration: command-line options, validation whose errors name the flag, the flat
-name -> value form used in JSON and GetStats, the option tables in the README, and the web
+name -> value form used in JSON and GetStats, the option tables in docs/options.md, and the web
 UI's form (its plain label, and when the setting applies at all).
 
 Groups of settings are dataclasses nested in a top-level one. They organise the code and
@@ -427,7 +427,7 @@ def group_title(cls: type) -> str:
 
 def markdown_tables(cls: type, registries: Mapping[str, Registry] | None = None, *,
                     grouped: bool = True) -> str:
-    """The README's option tables: one per group (or one for all), flag, default, meaning."""
+    """docs/options.md's option tables: one per group (or one for all), flag, default, meaning."""
     tables: dict[str, list[str]] = {}
     for leaf in leaves(cls):
         title = group_title(leaf.group) if grouped else ""

@@ -1,7 +1,7 @@
-"""The docs' generated tables: the README's option tables from the settings declarations, and
-docs/targets.md's table per engine from records/engine_maps.py.
+"""The docs' generated tables: docs/options.md's option tables from the settings declarations,
+and docs/targets.md's table per engine from records/engine_maps.py.
 
-    python -m records.readme README.md docs/targets.md   # rewrites the blocks (make docs)
+    python -m records.readme docs/options.md docs/targets.md   # rewrites the blocks (make docs)
 
 A block sits between `<!-- options: NAME -->` and `<!-- /options -->` (or `<!-- engine: NAME
 -->` and `<!-- /engine -->`); tests/test_docs.py fails while one is stale, so a new setting or
@@ -53,7 +53,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    for path in map(Path, argv or ["README.md"]):
+    for path in map(Path, argv or ["docs/options.md"]):
         old = path.read_text()
         new = render(old)
         if new != old:

@@ -244,7 +244,7 @@ class MoE(Settings):
 
     router: str = setting("topk", "topk (softmax in fp32, top-k, renormalised), noisy_topk "
                           "(Shazeer 2017: Gaussian noise scaled by a learned softplus term, "
-                          "seeded), balanced (the least-loaded dispatcher of seed 3.2: each "
+                          "seeded), balanced (a least-loaded dispatcher: each "
                           "sequence's tokens in a step go to the k experts with the least load so "
                           "far in that step, from a heap; load resets every step), or a custom "
                           "module:Class", choices=Names("routers"))

@@ -1,6 +1,7 @@
-"""The docs keep up with the code: the README's option tables are the settings' declarations
-(records/readme.py), every batching policy the server registers is described, and nothing in
-the repository points at files outside it."""
+"""The docs keep up with the code: docs/options.md's tables are the settings' declarations
+(records/readme.py), every batching policy the server registers is described, the README's
+contents lead to its sections, nothing a user reads names a requirement tag or an issue
+number, and nothing in the repository points at files outside it."""
 
 import ast
 import dataclasses
@@ -21,10 +22,37 @@ from server.scheduling.policies import POLICIES
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_readme_option_tables_are_generated_from_the_declarations():
+def test_the_option_tables_are_generated_from_the_declarations():
+    options = (REPO / "docs" / "options.md").read_text()
+    assert "<!-- options: server -->" in options and "<!-- options: load -->" in options
+    assert render(options) == options, "stale option tables: run make docs"
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, - for space."""
+    return re.sub(r"[^\w\- ]", "", heading.lower().replace("`", "")).replace(" ", "-")
+
+
+def test_the_readmes_contents_lead_to_its_sections_and_name_them_all():
     readme = (REPO / "README.md").read_text()
-    assert "<!-- options: server -->" in readme and "<!-- options: load -->" in readme
-    assert render(readme) == readme, "stale option tables: run make docs"
+    headings = re.findall(r"^###? (.*)$", readme.split("Contents:")[1], flags=re.MULTILINE)
+    listed = re.findall(r"^ *- \[[^]]*\]\(#([^)]+)\)$", readme, flags=re.MULTILINE)
+    assert listed == [anchor(h) for h in headings]
+    first = [h for h in headings if h.startswith(("Which", "What load", "Does it last"))]
+    assert headings.index(first[0]) <= 2 and len(first) == 3  # the decisions come first
+
+
+def user_facing() -> list[Path]:
+    """What a user reads: the README, and the sources of every help text and report line."""
+    return [REPO / "README.md", *sorted(p for top in ("loadgen", "records", "analysis", "server")
+                                        for p in (REPO / top).rglob("*.py"))]
+
+
+def test_no_requirement_tag_or_issue_number_reaches_a_user():
+    tag = re.compile(r"\bseed \d+\.\d+|\bissues? #?\d+\b")
+    found = [f"{p.relative_to(REPO)}: {m[0]}" for p in user_facing()
+             for m in tag.finditer(p.read_text())]
+    assert not found
 
 
 def test_the_targets_doc_has_every_engine_table_generated_from_its_declaration():

@@ -15,7 +15,7 @@ from records.server_metrics import MAX_SCRAPE_BYTES, Scrape
 
 # The text format only: prometheus_client answers OpenMetrics to any Accept naming it, and its
 # OpenMetrics writer turns the colons of vLLM's and SGLang's names into underscores in the
-# samples but not in their TYPE lines (client_python issue 1177), which no parser can read.
+# samples but not in their TYPE lines (prometheus/client_python#1177), which no parser can read.
 # A server that sends OpenMetrics anyway is parsed as such.
 ACCEPT = "text/plain;version=0.0.4,*/*;q=0.1"
 

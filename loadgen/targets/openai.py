@@ -14,7 +14,7 @@ a non-streamed reply only. Its one JSON reply is one message holding every token
 
 Greenlets read with geventhttpclient (the HTTP client of Locust's FastHttpUser) and the aio
 sender with loadgen/targets/http1.py; both reuse connections and read in large blocks (a
-64 KiB buffer, aiohttp's default, costs at long contexts: vLLM issue 39963).
+64 KiB buffer, aiohttp's default, costs at long contexts: vllm-project/vllm#39963).
 """
 
 from __future__ import annotations
