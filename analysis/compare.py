@@ -34,7 +34,7 @@ from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
 from records.declare import compared_names, flat
 from records.jsonform import dumps
-from records.load_settings import LoadSettings, Slo
+from records.load_settings import LoadSettings, SloSettings
 from records.server_settings import ServerSettings
 
 HEADER = ["run", "policy", "out tok/s", "goodput req/s", "TTFT p50", "TTFT p99", "TPOT p50",
@@ -98,7 +98,7 @@ def _cells(f: dict) -> list[str]:
             fmt_num(f["plans_held_back"], "d")]
 
 
-def _objectives(slo: Slo) -> str:
+def _objectives(slo: SloSettings) -> str:
     """TTFT <= 2000 ms and TPOT <= 200 ms; "" when none is set."""
     limits = {"TTFT": slo.slo_ttft_ms, "TPOT": slo.slo_tpot_ms, "E2E": slo.slo_e2e_ms}
     return " and ".join(f"{label} <= {ms:g} ms" for label, ms in limits.items() if ms is not None)

@@ -30,7 +30,7 @@ from analysis.readers.latency import US_PER_MS
 from analysis.readers.rows import column, measured_ok
 from analysis.readers.rundir import Run
 from records.hdr import percentile_us
-from records.load_settings import Slo
+from records.load_settings import SloSettings
 from records.requests import RequestRow
 from records.rundir import REQUESTS
 
@@ -142,12 +142,12 @@ def window_edges_ms(run: Run) -> np.ndarray | None:
     return np.append(edges, end_ms)
 
 
-def slos(run: Run) -> Slo:
+def slos(run: Run) -> SloSettings:
     """The objectives the run's goodput was judged by."""
     return run.summary.config.slo
 
 
-def _meets_slo(rows: list[RequestRow], slo: Slo) -> np.ndarray:
+def _meets_slo(rows: list[RequestRow], slo: SloSettings) -> np.ndarray:
     """As the load generator judges (loadgen/recording/slo.py): every objective given; a
     one-token request has no TPOT and meets it."""
     met = np.ones(len(rows), dtype=bool)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from loadgen.targets.target import target_class
-from records.load_settings import AIO_MODES, LoadSettings
+from records.load_settings import LoadSettings
+from records.load_settings.choices import AIO_MODES
 
 # messages/s one process sent on schedule, TTFT error p50 within 5 ms (make bench-loadgen), by
 # client and wire; 8,000 is the most the bench asks

@@ -44,7 +44,7 @@ from loadgen.web.tab import add_tab
 from loadgen.web.timeline import Timeline
 from records.cli import INTERRUPTED, USAGE_ERROR
 from records.declare import SettingsError, from_options
-from records.load_settings import LoadSettings, Sender
+from records.load_settings import LoadSettings, SenderSettings
 from records.requests import CLIENT_CANCELLED
 from records.scenarios import with_scenario
 from records.server_stats import ServerStats
@@ -391,7 +391,7 @@ def refuse_at_start(message: str) -> NoReturn:
     sys.exit(USAGE_ERROR)
 
 
-def first_look(target: Target, sender: Sender) -> tuple[str, ServerStats | None]:
+def first_look(target: Target, sender: SenderSettings) -> tuple[str, ServerStats | None]:
     """The pre-flight, before the first send: one readiness probe, then the server's telemetry
     (where the protocol has it): (why the server is not ready or "", the telemetry). The caller
     refuses to start a run against a server that is not ready, in one line, rather than queue

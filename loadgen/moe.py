@@ -9,7 +9,7 @@
 its own connection, so -u/-r are not needed. Locust's own statistics count each request once
 (its end-to-end time from the scheduled send); TTFT, TPOT and ITL are in the web UI's Latency
 (HDR) tab; the truthful numbers (HDR, from the scheduled send) go to --run-dir. The options
-are the load settings of records/load_settings.py; loadgen/listener.py does the rest.
+are the load settings of records/load_settings/; loadgen/listener.py does the rest.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""The load generator's side of its settings (declared in records/load_settings.py): the
+"""The load generator's side of its settings (declared in records/load_settings/): the
 formats it parses itself, checked by parsing them, and the run directory a run without
 --run-dir gets."""
 

@@ -1,4 +1,4 @@
-"""The server's side of its settings (declared in records/server_settings.py): the names its
+"""The server's side of its settings (declared in records/server_settings/): the names its
 registries know, the checks that need the model or the device, and the values it resolves at
 start-up (the device, dtype, KV slots and router normalisation a default leaves open).
 

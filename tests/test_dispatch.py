@@ -11,7 +11,7 @@ import pytest
 
 from loadgen.traffic.dispatch import Tally, dispatch, due_before
 from loadgen.traffic.profiles import schedule_of
-from records.load_settings import Traffic
+from records.load_settings import TrafficSettings
 from tests.conftest import delay_server_process
 from tests.test_end_to_end import locust
 
@@ -102,7 +102,7 @@ def test_a_caller_ended_as_it_waits_counts_the_arrival_it_held_if_it_was_due():
         assert tally.overtaken == counted
 
 
-def due_count(traffic: Traffic, duration_s: float) -> int:
+def due_count(traffic: TrafficSettings, duration_s: float) -> int:
     return due_before(schedule_of(traffic, 1, 0), 0, int(duration_s * S))
 
 
@@ -118,6 +118,6 @@ def test_both_senders_account_for_every_arrival_due(tmp_path, client, users):
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     req = summary["requests"]
-    due = due_count(Traffic(rate=40, seed=3), summary["duration_s"])
+    due = due_count(TrafficSettings(rate=40, seed=3), summary["duration_s"])
     assert req["not_sent"] > 0 and req["sent"] > 0, req
     assert req["sent"] + req["not_sent"] == due, (req, due)

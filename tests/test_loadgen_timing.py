@@ -18,7 +18,7 @@ from loadgen.traffic.arrivals import arrival_offsets_s, worker_arrivals
 from records import hdr
 from records.declare import SettingsError, build
 from records.jsonform import to_json
-from records.load_settings import LoadSettings, Slo
+from records.load_settings import LoadSettings, SloSettings
 
 MS = 1_000_000  # ns
 
@@ -105,7 +105,7 @@ def test_histogram_queries_equal_hdrhistogram_s_own(n):
 
 
 def test_every_request_is_accounted_for_and_warmup_is_not_measured():
-    rec = Recorder(start_ns=0, warmup_s=1.0, slo=Slo(slo_ttft_ms=100, slo_e2e_ms=400))
+    rec = Recorder(start_ns=0, warmup_s=1.0, slo=SloSettings(slo_ttft_ms=100, slo_e2e_ms=400))
 
     def result(rid, scheduled_ms, status="OK", first_ms=50):
         r = StreamResult(rid, scheduled_ms * MS, sent_ns=scheduled_ms * MS, status=status)
@@ -160,7 +160,8 @@ def test_merging_exports_equals_recording_everything_in_one():
                                tokens=[1, 1])
 
     def recorder():
-        return Recorder(start_ns=0, warmup_s=0, slo=Slo(slo_ttft_ms=50), stop_ns=10_000 * MS)
+        return Recorder(start_ns=0, warmup_s=0, slo=SloSettings(slo_ttft_ms=50),
+                        stop_ns=10_000 * MS)
 
     a, b, one, merged = recorder(), recorder(), recorder(), recorder()
     for r in results(300, 1):

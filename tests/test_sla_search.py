@@ -8,7 +8,7 @@ import pytest
 
 from loadgen.sla.part import Done, Waiting
 from loadgen.sla.search import MIN_RATE, SlaSearch
-from records.load_settings import LoadSettings, Sla, Slo, Traffic
+from records.load_settings import LoadSettings, SlaSettings, SloSettings, TrafficSettings
 
 LIMIT_MS = 200.0
 BATCH = 600  # requests a probe brings each time it is judged: enough for any p99 claim
@@ -53,8 +53,8 @@ class Stalled(KnownCapacity):
 def settings(rate: float, **sla) -> LoadSettings:
     sla = {"sla_warmup_s": 0.0, "sla_probe_min_s": 0.001, "sla_growth": 2.0,
            "sla_resolution": 0.1, **sla}
-    return LoadSettings(traffic=Traffic(mode="sla", rate=rate), slo=Slo(slo_ttft_ms=LIMIT_MS),
-                        sla=Sla(**sla))
+    return LoadSettings(traffic=TrafficSettings(mode="sla", rate=rate),
+                        slo=SloSettings(slo_ttft_ms=LIMIT_MS), sla=SlaSettings(**sla))
 
 
 def search(probes: KnownCapacity, rate: float, **sla) -> SlaSearch:

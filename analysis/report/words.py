@@ -21,7 +21,7 @@ UNSET = ("", None, ())  # an optional setting's value where it is not given
 
 def applying(config: LoadSettings) -> dict:
     """The run's settings that apply to its mode, arrivals and target (each setting's `when` in
-    records/load_settings.py), by name; an optional one left unset (empty by default: no TLS
+    records/load_settings/), by name; an optional one left unset (empty by default: no TLS
     file, no token, no dataset) is not listed."""
     values = flat(config)
     return {leaf.name: values[leaf.name] for leaf in leaves(LoadSettings)

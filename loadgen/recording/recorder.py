@@ -17,7 +17,7 @@ from loadgen.recording.histograms import Histogram
 from loadgen.recording.timing import StreamTiming, stream_timing
 from loadgen.targets.client import StreamResult
 from records.jsonform import from_json, to_json
-from records.load_settings import LoadSettings, Slo
+from records.load_settings import LoadSettings, SloSettings
 from records.requests import CLIENT_CANCELLED, RequestRow
 from records.summary import (
     Accounting,
@@ -54,7 +54,7 @@ class Recorder:
 
     start_ns: int
     warmup_s: float
-    slo: Slo = field(default_factory=Slo)
+    slo: SloSettings = field(default_factory=SloSettings)
     stop_ns: int | None = None  # end of the schedule, set when the run stops
     client: dict[str, Histogram] = field(
         default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})

@@ -17,7 +17,7 @@ from gevent.event import Event
 from loadgen.recording.timing import stream_timing
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
-from records.load_settings import Traffic
+from records.load_settings import TrafficSettings
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def done_of(result: StreamResult, probe_ns: int) -> Done:
 
 
 class ProbePart:
-    def __init__(self, traffic: Traffic, workers: int = 1, index: int = 0):
+    def __init__(self, traffic: TrafficSettings, workers: int = 1, index: int = 0):
         """workers, index: this process's place among the sending processes; it sends
         1/workers of each probe's rate, its requests numbered index, index + workers, ..."""
         self.traffic, self.workers, self.index = traffic, workers, index

@@ -6,7 +6,7 @@ import itertools
 import random
 from collections.abc import Iterator
 
-from records.load_settings import ARRIVALS
+from records.load_settings.choices import ARRIVALS
 
 
 def gap_s(rng: random.Random, rate: float, arrival: str, burstiness: float = 1.0) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from loadgen.traffic.arrivals import worker_arrivals
 from loadgen.traffic.traces import trace_arrivals
-from records.load_settings import Traffic
+from records.load_settings import TrafficSettings
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def read_trace(path: str) -> list[float]:
     return [t - times[0] for t in times]
 
 
-def schedule_of(traffic: Traffic, workers: int, index: int) -> Iterator[tuple[int, float]]:
+def schedule_of(traffic: TrafficSettings, workers: int, index: int) -> Iterator[tuple[int, float]]:
     """(request index, send offset s) of one of `workers` processes: a --trace's times, the
     --rate-profile's shape when there is one, else --arrival at a constant --rate. The gevent
     and aio senders share it."""

@@ -28,7 +28,8 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
-from records.load_settings import TRACE_FORMATS, Traffic
+from records.load_settings import TrafficSettings
+from records.load_settings.choices import TRACE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def read_trace_file(path: str, fmt: str = "auto") -> Trace:
     return _read(path, fmt, stat.st_mtime_ns, stat.st_size)
 
 
-def replayed(traffic: Traffic) -> tuple[TraceRequest, ...]:
+def replayed(traffic: TrafficSettings) -> tuple[TraceRequest, ...]:
     """The slice the run replays, its times from 0 and divided by --trace-speedup."""
     trace = read_trace_file(traffic.trace, traffic.trace_format)
     start, window = traffic.trace_start_s, traffic.trace_window_s
@@ -215,7 +216,7 @@ def replayed(traffic: Traffic) -> tuple[TraceRequest, ...]:
                               r.max_tokens, r.hash_ids, r.prompt, r.session) for r in kept)
 
 
-def trace_arrivals(traffic: Traffic, workers: int = 1,
+def trace_arrivals(traffic: TrafficSettings, workers: int = 1,
                    index: int = 0) -> Iterator[tuple[int, float]]:
     """This process's share, as (run-wide request index, send time s): the slice once, or with
     --trace-loop again and again, each pass one mean gap after the last."""

@@ -1,5 +1,5 @@
 """The web UI's start form, arranged from the load settings' declarations
-(records/load_settings.py): the fields a test is about first, then the rest by group, folded
+(records/load_settings/): the fields a test is about first, then the rest by group, folded
 until asked for (a group holding a value the command line set starts open), each field with its
 plain label and a line of help, and hidden while the settings chosen above it make it irrelevant
 (its `when`: stress-only fields outside stress mode, say). Choices a registry names (the
@@ -18,20 +18,21 @@ from loadgen.settings import REGISTRIES
 from records.declare import GIVEN, Names, group_title, help_text, leaves, option_default
 from records.load_settings import (
     LoadSettings,
-    Recording,
-    Sender,
-    Sla,
-    Slo,
-    Stress,
+    RecordingSettings,
+    SenderSettings,
+    SlaSettings,
+    SloSettings,
+    StressSettings,
     TargetSettings,
-    Traffic,
-    Workload,
+    TrafficSettings,
+    WorkloadSettings,
 )
 
 FIRST = ("mode", "rate", "prompt_tokens", "prompt_tokens_max", "max_tokens", "run_dir")
 FIRST_TITLE = "The test"
 # then, in this order
-GROUPS = (Traffic, Workload, Stress, Sla, Slo, TargetSettings, Sender, Recording)
+GROUPS = (TrafficSettings, WorkloadSettings, StressSettings, SlaSettings, SloSettings,
+          TargetSettings, SenderSettings, RecordingSettings)
 TITLE = "moe-loadlab settings"  # the form section Locust calls "Custom parameters"
 GIVEN_JS = "given"  # `when`'s GIVEN in the page: the field applies where that one is not empty
 

@@ -122,7 +122,7 @@ ROUTERS = {"topk": TopKRouter, "noisy_topk": NoisyTopKRouter, "balanced": Balanc
 def router_options(router: type[nn.Module], offered: dict) -> dict:
     """The offered settings (None = not set) that the router's constructor takes by name: a
     router sees only the settings it declares, or all of them with **kwargs. So a new router
-    setting is a declaration in records/server_settings.py and a parameter of its router."""
+    setting is a declaration in records/server_settings/ and a parameter of its router."""
     params = inspect.signature(router).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     return {k: v for k, v in offered.items() if v is not None and (takes_any or k in params)}

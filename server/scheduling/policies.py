@@ -11,7 +11,7 @@ pool makes admission wait. The batching loop then cuts the plan's prompt chunks 
 The engine and the service never ask which policy runs.
 
 A policy is a frozen dataclass whose fields are its knobs, named as the batching settings
-that set them (records/server_settings.py), and one entry in POLICIES.
+that set them (records/server_settings/), and one entry in POLICIES.
 """
 
 from __future__ import annotations
