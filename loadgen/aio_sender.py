@@ -37,7 +37,7 @@ from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import RequestSpec, Target, target_of
 from loadgen.targets.text_tokens import TextCounter
-from loadgen.traffic.dispatch import Tally, dispatch
+from loadgen.traffic.dispatch import SendCounts, dispatch
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
@@ -114,7 +114,7 @@ class Sender:
         watcher = asyncio.create_task(watch_stdin())
         lags = LagLines(self.emit)
         probe = asyncio.create_task(asyncio_probe(lags.add))
-        tally = Tally()
+        tally = SendCounts()
         for due_ns in dispatch(schedule, start_ns, self.settings.sender.max_in_flight, self,
                                tally):
             await self.until(due_ns)

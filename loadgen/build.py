@@ -15,7 +15,6 @@ from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.targets.routed_experts import reader_for
 from loadgen.targets.target import Target
 from loadgen.targets.text_tokens import TextCounter
-from loadgen.traffic.sessions import SessionPlanner
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.load_settings import LoadSettings
@@ -27,10 +26,9 @@ def run_parts(settings: LoadSettings, target: Target, place: Place) -> RunParts:
     the run directory."""
     recorder = Recorder.for_settings(settings, time.monotonic_ns())
     workload = Workload(settings)
-    sessions = SessionPlanner(settings, workload) if settings.traffic.mode == "sessions" else None
     run_dir = Path(place.run_dir or settings.recording.run_dir)
     routing = reader_for(settings.target)
-    return RunParts(recorder, workload, sessions, TextCounter(settings.target.tokenizer),
+    return RunParts(recorder, workload, TextCounter(settings.target.tokenizer),
                     IntervalLog(run_dir, list(recorder.interval), place.started_at),
                     Timeline(settings.recording.interval_s), open(run_dir / SAMPLES, "w"),
                     routing,

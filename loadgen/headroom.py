@@ -11,7 +11,7 @@ import math
 
 from loadgen.targets.target import target_class
 from records.load_settings import LoadSettings
-from records.load_settings.choices import AIO_MODES
+from records.load_settings.choices import AIO_MODES, Mode
 
 # messages/s one process sent on schedule, TTFT error p50 within 5 ms (make bench-loadgen), by
 # client and wire; 8,000 is the most the bench asks
@@ -27,10 +27,10 @@ def asked_per_process(settings: LoadSettings, workers: int = 1) -> float | None:
     """Messages/s each process is asked for at the run's offered rate; None where the rate
     is not the run's to say (closed loop, a trace, stress's rising steps: their own)."""
     traffic = settings.traffic
-    if traffic.mode in ("closed", "stress") or traffic.trace:
+    if traffic.mode in (Mode.CLOSED, Mode.STRESS) or traffic.trace:
         return None
     turns = 1.0
-    if traffic.mode == "sessions":  # every turn is a request: a session's turns, at most
+    if traffic.mode == Mode.SESSIONS:  # every turn is a request: a session's turns, at most
         low, _, high = traffic.session_turns.partition("-")
         turns = float(high or low)
     return traffic.rate * turns * settings.workload.max_tokens / workers

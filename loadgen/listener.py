@@ -27,6 +27,7 @@ from loadgen.build import build_run
 from loadgen.console import print_summary
 from loadgen.distributed import MESSAGE, PART_GRACE_S, STOP_MESSAGE, worker_message, write_merged
 from loadgen.headroom import headroom
+from loadgen.modes import mode_class
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.rundir import write_run_dir
 from loadgen.recording.summary import histogram_encodings
@@ -223,9 +224,9 @@ class RunListener:
                                        f"{settings.recording.run_dir}/worker-{self.rank}"))
             log.info("worker %d of %d: %s", self.rank + 1, len(ranks),
                      describe(settings, len(ranks)))
-            if self.run.probe_part is not None:
+            if self.run.mode.searched:
                 self.sla_samples = SampleSender(runner.send_message, self.rank,
-                                                self.run.probe_part, self.run.inflight)
+                                                self.run.mode.part, self.run.inflight)
             say_headroom(settings, len(ranks))
         else:
             started_at = time.time()
@@ -234,8 +235,8 @@ class RunListener:
                                  Place(started_at), self.run_time_s)
             log.info("%s", describe(settings))
             say_headroom(settings)
-            if self.run.probe_part is not None:
-                self.start_search(settings, LocalProbes(self.run.probe_part, self.run.inflight,
+            if self.run.mode.searched:
+                self.start_search(settings, LocalProbes(self.run.mode.part, self.run.inflight,
                                                         self.end_test))
         self.recorder, self.timeline = self.run.recorder, self.run.timeline
 
@@ -251,9 +252,8 @@ class RunListener:
     def start_master(self, settings: LoadSettings, runner: MasterRunner) -> None:
         # a refused test must not pass on the last one's
         self.environment.parsed_options.moe_ranks = None
-        if settings.traffic.mode == "stress":
-            self.refuse("--mode stress runs in one process (it judges each step as it ends); "
-                        "drop --master/--processes")
+        if why := mode_class(settings).one_process:
+            self.refuse(why)
             return
         if runner.target_user_count < runner.worker_count:
             self.refuse(f"{runner.worker_count} workers need at least {runner.worker_count} users "
@@ -271,7 +271,7 @@ class RunListener:
             return
         self.master = MasterState(settings, target, len(ranks), stats,
                                   start_server_metrics(settings, time.time()))
-        if settings.traffic.mode == "sla":
+        if mode_class(settings).searched:
             self.sla_remote = RemoteProbes(self.to_workers, len(ranks), self.end_test)
             self.start_search(settings, self.sla_remote)
 
@@ -330,8 +330,7 @@ class RunListener:
         summary = dataclasses.replace(run.summary(), server=server, sla=self.sla_result())
         path = write_run_dir(run.settings.recording.run_dir, summary,
                              histogram_encodings(run.recorder), run.recorder.rows)
-        if run.stress is not None:
-            run.stress.write_csv(path)
+        run.mode.written(path)
         self.ended(summary, path)
 
     def ended(self, summary: Summary, path: Path) -> None:
@@ -416,19 +415,5 @@ def say_headroom(settings: LoadSettings, workers: int = 1) -> None:
 
 def describe(settings: LoadSettings, workers: int = 1) -> str:
     """The run in one line for the log (a worker's share of the rate where there are several)."""
-    w, t = settings.workload, settings.traffic
-    prompt = (f"{w.prompt_tokens}-{w.prompt_tokens_max}" if w.prompt_tokens_max
-              else str(w.prompt_tokens))
-    shape = (f"request classes {w.classes}" if t.mode == "mixed" and not w.dataset
-             else f"dataset {w.dataset}" if w.dataset
-             else f"{prompt} prompt + {w.max_tokens} output tokens")
     where = f"{settings.client} sender, results to {settings.recording.run_dir}"
-    if t.mode == "closed":
-        return (f"closed loop: each user sends its next request when the last ends; "
-                f"{shape}, {where}")
-    unit = "sessions/s" if t.mode == "sessions" else "requests/s"
-    rate = (f"{t.rate / workers:.3g} of {t.rate:.3g} {unit}" if workers > 1
-            else f"{t.rate:.3g} {unit}")
-    if t.mode == "sessions":
-        shape = f"{t.session_turns} turns, {t.think_time_s} s think time, {shape} a turn"
-    return f"open loop: {rate} ({t.arrival}), {shape}, {where}"
+    return f"{mode_class(settings).describe(settings, workers)}, {where}"

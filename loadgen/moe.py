@@ -63,8 +63,6 @@ class MoEUser(User):
 
     @task
     def send(self):
-        if self.run is not None and self.run.settings.traffic.mode == "closed":
-            self.run.closed_loop(self.conn)
-        elif self.run is not None:
-            self.run.dispatch(self.conn)
+        if self.run is not None:
+            self.run.user(self.conn)
         raise StopUser()

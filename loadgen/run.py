@@ -8,10 +8,9 @@ go on to the next arrival, so a slow server never delays a send (no coordinated 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -19,6 +18,7 @@ import gevent
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
+from loadgen.modes import mode_of
 from loadgen.recording.cpu import CpuClock, GeneratorCpu
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
@@ -28,27 +28,20 @@ from loadgen.recording.summary import Span, summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.server_metrics import ServerMetrics
-from loadgen.sla.part import ProbePart
-from loadgen.stress import Stress
-from loadgen.targets.client import CUT_OFF, StreamResult, cut_off, stream_request
+from loadgen.targets.client import StreamResult, cut_off, stream_request
 from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.ticker import Ticker
-from loadgen.traffic.dispatch import Tally, dispatch, due_before
+from loadgen.traffic.dispatch import SendCounts, dispatch, due_before
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
-from loadgen.traffic.sessions import History, Part, SessionPlanner
-from loadgen.traffic.traces import read_trace_file
 from loadgen.traffic.workload import Workload
 from loadgen.web.timeline import Timeline
 from records.load_settings import LoadSettings
-from records.requests import CLIENT_CANCELLED
 from records.summary import Summary
 
 log = logging.getLogger("loadgen")
-# how a session ends at a turn that did not end ok (other statuses: failed)
-SESSION_END = {CLIENT_CANCELLED: "cancelled", CUT_OFF: "stopped"}
 AIO_READY_S = 30.0  # longest wait for the aio sender's start-up before the schedule begins
 SCRAPE_READY_S = 15.0  # ... and for the first scrape of the server's metrics
 
@@ -80,7 +73,6 @@ class RunParts:
 
     recorder: Recorder
     workload: Workload
-    sessions: SessionPlanner | None  # --mode sessions
     count: TextCounter  # the tokens of streamed text
     intervals: IntervalLog
     timeline: Timeline  # the web UI's chart
@@ -101,17 +93,14 @@ class Run:
         self.target, self.on_result = target, hooks.on_result
         self.started_at = place.started_at
         workers, index = place.workers, place.index
-        self.recorder, self.workload, self.sessions = parts.recorder, parts.workload, parts.sessions
+        self.recorder, self.workload = parts.recorder, parts.workload
         self.count, self.timeline, self.routing = parts.count, parts.timeline, parts.routing
         self.routing_log, self.expert_recorder = parts.routing_log, parts.expert_recorder
         self.offered = Offered()  # what the requests sent asked for (the aio sender keeps its own)
-        self._session_group = Group()  # the sessions' own greenlets (their requests: _group)
-        # run-wide unique ids
-        self._closed_indexes = (k * workers + index for k in itertools.count())
         self.inflight: dict[gevent.Greenlet, StreamResult] = {}
         # what became of the arrivals this process's users took; None: none dispatched
         # (closed loop, or the aio sender's)
-        self.tally: Tally | None = None
+        self.tally: SendCounts | None = None
         self._dispatching = 0  # users dispatching the schedule now
         self._group = Group()
         self.conns: list = []  # the users' connections, closed after the drain
@@ -120,13 +109,8 @@ class Run:
         self.ticker = Ticker(self.recorder, parts.intervals, parts.timeline, parts.server_log,
                              target, self.sender.host, self.started_at, self.scraping)
         self.ticker.start(settings.recording.interval_s)
-        self.stress = Stress(settings, self) if settings.traffic.mode == "stress" else None
-        # sla: this process's part of each probe, started and cut by the search (the
-        # listener's, or its master's: loadgen/sla/)
-        self.probe_part = (ProbePart(settings.traffic, workers, index)
-                           if settings.traffic.mode == "sla" else None)
-        self._schedule = self._arrivals(workers, index)
-        self._stress_watcher: gevent.Greenlet | None = None
+        self.mode = mode_of(settings, workers, index)
+        self._schedule = self.mode.arrivals()
         self._begun = False
         self._place = (workers, index)
         self.failure: str | None = None  # why the run failed, where a part of it died
@@ -135,15 +119,6 @@ class Run:
                     if settings.client == "aio" else None)
         # the loop that timestamps the streams: the aio sender probes its own
         self._probe = gevent_probe(self.recorder.loop_lag) if self.aio is None else None
-
-    def _arrivals(self, workers: int, index: int) -> Iterator[tuple[int, float]]:
-        """This process's share of the schedule: stress's steps, the SLA search's probes, or
-        the rate, profile or trace of the other modes."""
-        if self.stress is not None:
-            return self.stress.arrivals(self.settings.traffic.seed)
-        if self.probe_part is not None:
-            return self.probe_part.arrivals()
-        return schedule_of(self.settings.traffic, workers, index)
 
     def begin(self) -> None:
         """Time zero of the schedule: the first user's first dispatch, not the test start, so
@@ -158,12 +133,9 @@ class Run:
             self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns = time.monotonic_ns()
         if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
-            gevent.spawn_later(self.run_time_s, self._end,
+            gevent.spawn_later(self.run_time_s, self.end,
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
-        if self.stress is not None:
-            self._stress_watcher = gevent.spawn(self.stress.watch)
-        if self.probe_part is not None:
-            self.probe_part.begin(self.start_ns)
+        self.mode.begin(self)
         if self.expert_recorder is not None:  # over the measured window only
             self.expert_recorder.starting = gevent.spawn_later(
                 self.settings.recording.warmup_s, self.expert_recorder.start)
@@ -182,31 +154,27 @@ class Run:
         --client aio the sender process sends them, and users only wait."""
         self.begin()
         while self.aio is not None and not self.stopping:
-            if self.aio.schedule_over.is_set():
-                self._end("the trace is replayed")  # by the sender
+            if self.aio.schedule_over.is_set():  # by the sender
+                self.mode.schedule_over(self)
             gevent.sleep(0.1)
         if self.aio is not None:
             return
         if self.tally is None:
-            self.tally = Tally()
+            self.tally = SendCounts()
         self._dispatching += 1
         for due_ns in dispatch(self._schedule, self.start_ns, self.sender.max_in_flight,
                                UserSends(self, conn), self.tally):
             # None: a request was handed over, and goes out before the next is built
             gevent.sleep(0.0 if due_ns is None else max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
         self._dispatching -= 1
-        if self.settings.traffic.trace and not self._dispatching:
-            self._end("the trace is replayed")
-        while not self.stopping:  # a finite schedule (stress, a trace) is over: the stop
+        if not self._dispatching:  # a finite schedule (stress, a trace) is over
+            self.mode.schedule_over(self)
+        while not self.stopping:
             gevent.sleep(0.1)
 
-    def send_arrival(self, conn, built, due_ns: int) -> None:
-        """An arrival of the schedule, on conn: its request, or with --mode sessions the
-        session it starts (built: its index)."""
-        if self.sessions is not None:
-            self._session_group.spawn(self._session, conn, built, due_ns)
-        else:
-            self._send(conn, built, due_ns)
+    def user(self, conn) -> None:
+        """What a Locust user of the run does, on its own connection (the mode says)."""
+        self.mode.user(self, conn)
 
     def _sender_died(self, why: str) -> None:
         """The aio sender died: the run fails and ends now. What it had not reported of the
@@ -220,7 +188,7 @@ class Run:
         self.stop()
         self.request_stop()
 
-    def _end(self, why: str) -> None:
+    def end(self, why: str) -> None:
         """The run ends (its drain follows), as Locust's -t would end it: the trace is replayed,
         or -t's schedule is over."""
         if not self.stopping:
@@ -228,17 +196,9 @@ class Run:
             self.stop()
             self.request_stop()
 
-    def closed_loop(self, conn) -> None:
-        """Locust's own model (--mode closed): this user sends its next request when the last
-        one ends, and latency counts from the actual send. The request runs in the run's
-        group, so a user stopped mid-stream still leaves it to the drain and the count."""
-        self.begin()
-        while not self.stopping:
-            index = next(self._closed_indexes)
-            self._send(conn, self.workload.request(index), time.monotonic_ns())[0].join()
-
-    def _send(self, conn, spec: RequestSpec,
-              due_ns: int) -> tuple[gevent.Greenlet, StreamResult]:
+    def send_request(self, conn, spec: RequestSpec,
+                     due_ns: int) -> tuple[gevent.Greenlet, StreamResult]:
+        """spec, sent now on conn in a greenlet of the run's, timed from due_ns."""
         self.offered.add(spec)
         result = StreamResult.of(spec, due_ns)
         greenlet = self._group.spawn(stream_request, self.target, conn, spec, result,
@@ -246,44 +206,6 @@ class Run:
         self.inflight[greenlet] = result
         greenlet.link(self._finished)
         return greenlet, result
-
-    def _session(self, conn, index: int, due_ns: int) -> None:
-        """One session (--mode sessions, loadgen/traffic/sessions.py): its turns one after
-        another, each due its think time after the previous reply's end and timed from then,
-        until a turn does not end ok or the run stops. A drain that ends it mid-turn leaves it
-        stopped."""
-        plan = self.sessions.plan(index)
-        history = History(plan, self.workload, self.count.tokenizer)
-        first_ns, last_ns, ok, outcome = due_ns, due_ns, 0, "stopped"
-        try:
-            for turn in range(1, len(plan.messages) + 1):
-                if turn > 1:
-                    due_ns = last_ns + int(plan.think_s[turn - 2] * 1e9)
-                    gevent.sleep(max(0.0, (due_ns - time.monotonic_ns()) / 1e9))
-                    if self.stopping:
-                        self.recorder.not_sent += due_ns <= self.stop_ns
-                        break
-                try:
-                    spec = history.ask(turn)
-                except ValueError as exc:  # a reply without text where the history is text
-                    log.error("session %s ends at turn %d: %s", plan.session_id, turn, exc)
-                    outcome = "failed"
-                    break
-                greenlet, result = self._send(conn, spec, due_ns)
-                greenlet.join()
-                if not result.ok:
-                    outcome = SESSION_END.get(result.status, "failed")
-                    break
-                ok, last_ns = ok + 1, result.recv_ns[-1]
-                texts = "".join(result.reply_texts)
-                history.answered(spec, Part(tuple(result.reply_ids) or None,
-                                            texts if texts or not result.reply_ids else None))
-            else:
-                outcome = "completed"
-        finally:
-            self.recorder.end_session(outcome, len(plan.messages), ok,
-                                      (last_ns - first_ns) // 1000
-                                      if outcome == "completed" else None)
 
     def _finished(self, greenlet: gevent.Greenlet) -> None:
         self._record(self.inflight.pop(greenlet))
@@ -307,10 +229,7 @@ class Run:
             result.read_routing(self.routing)
             self.routing_log.add(result, self.start_ns,
                                  result.scheduled_ns < self.recorder.warmup_end_ns)
-        if self.stress is not None:
-            self.stress.observe(result)
-        if self.probe_part is not None:
-            self.probe_part.observe(result)
+        self.mode.observe(result)
         self.on_result(result, timing)
 
     def stop(self) -> None:
@@ -319,19 +238,12 @@ class Run:
             self.recorder.stop_ns = time.monotonic_ns()
             if self.aio is not None:
                 self.aio.stop(self.stop_ns)
-            if self.probe_part is not None:  # no probe follows: its schedule ends
-                self.probe_part.end()
+            self.mode.stop()
 
     def drain(self) -> None:
         """Waits up to drain_s for in-flight requests, then cuts off the rest (counted);
         then closes the interval logs with the last, partial interval."""
         self.stop()
-        if self._stress_watcher is not None:
-            self._stress_watcher.kill()  # a web UI restart must not inherit it
-            # stopped from outside (-t, the web UI) before saturation
-            if self.stress is not None and not self.stress.stopped_because:
-                self.stress.stopped_because = (f"stopped after {len(self.stress.rows)} steps, "
-                                               "before saturation")
         if self.aio is not None:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
@@ -339,7 +251,7 @@ class Run:
             self.tally.overtaken += due_before(self._schedule, self.start_ns, self.stop_ns)
             self.recorder.not_sent += self.tally.not_sent
         self._group.join(timeout=self.sender.drain_s)
-        self._session_group.kill(block=True, timeout=5)  # what still runs ends stopped
+        self.mode.drained()
         for greenlet, result in list(self.inflight.items()):
             # finished just now, its callback not run yet: count it as it ended
             if greenlet.ready():
@@ -394,10 +306,7 @@ class Run:
     def notes(self) -> tuple[str, ...]:
         """What the run's figures rest on that a reader must know: how tokens were counted,
         what the trace held."""
-        traffic = self.settings.traffic
-        trace = (read_trace_file(traffic.trace, traffic.trace_format).notes if traffic.trace
-                 else ())
-        return ((self.count.how,) if self.target.streams_text else ()) + trace
+        return ((self.count.how,) if self.target.streams_text else ()) + self.mode.notes()
 
     def summary(self) -> Summary:
         span = Span(self.started_at, self.duration_s, self.recorder.window_s)
@@ -405,8 +314,7 @@ class Run:
                             self.notes)
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())
-        return (summary if self.stress is None
-                else dataclasses.replace(summary, stress=self.stress.result()))
+        return self.mode.summary(summary)
 
 
 @dataclass(frozen=True)
@@ -418,10 +326,10 @@ class UserSends:
     conn: object
 
     def build(self, index: int, due_ns: int) -> object:
-        return index if self.run.sessions is not None else self.run.workload.request(index)
+        return self.run.mode.build(self.run, index)
 
     def send(self, built: object, due_ns: int) -> None:
-        self.run.send_arrival(self.conn, built, due_ns)
+        self.run.mode.send(self.run, self.conn, built, due_ns)
 
     def in_flight(self) -> int:
         return len(self.run.inflight)

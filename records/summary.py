@@ -8,6 +8,7 @@ where they apply. docs/run-directory.md describes each field.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from records.early_stopping import Judged
 from records.jsonform import field
@@ -139,6 +140,15 @@ class ClassFigures:
     ttft_ms: Stats
     tpot_ms: Stats
     e2e_ms: Stats
+
+
+class SessionEnd(StrEnum):
+    """How a session ended: SessionFigures counts each."""
+
+    COMPLETED = "completed"  # every turn ok
+    FAILED = "failed"  # at a turn that failed
+    CANCELLED = "cancelled"  # at a turn the client cancelled
+    STOPPED = "stopped"  # the run ended before its last turn
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from loadgen.traffic.dispatch import Tally, dispatch, due_before
+from loadgen.traffic.dispatch import SendCounts, dispatch, due_before
 from loadgen.traffic.profiles import schedule_of
 from records.load_settings import TrafficSettings
 from tests.conftest import delay_server_process
@@ -18,7 +18,7 @@ from tests.test_end_to_end import locust
 S = 1_000_000_000  # ns
 
 
-class Sender:
+class HandClock:
     """Sends: a clock moved by hand, the requests in flight closed by hand, a stop."""
 
     def __init__(self):
@@ -45,7 +45,7 @@ def every_second(n: int):
     return iter([(i, float(i)) for i in range(n)])
 
 
-def drive(loop, sender: Sender, late_ns: int = 0, stop_at_ns: int | None = None) -> None:
+def drive(loop, sender: HandClock, late_ns: int = 0, stop_at_ns: int | None = None) -> None:
     """Waits as a sender does: to each due time plus late_ns; the run stops at stop_at_ns."""
     for due_ns in loop:
         if due_ns is not None:
@@ -55,15 +55,15 @@ def drive(loop, sender: Sender, late_ns: int = 0, stop_at_ns: int | None = None)
 
 
 def test_on_time_every_arrival_before_the_stop_is_sent():
-    sender, tally = Sender(), Tally()
+    sender, tally = HandClock(), SendCounts()
     drive(dispatch(every_second(10), 0, 100, sender, tally), sender, stop_at_ns=int(4.5 * S))
-    assert sender.sent == [0, 1, 2, 3, 4] and tally == Tally(sent=5)
+    assert sender.sent == [0, 1, 2, 3, 4] and tally == SendCounts(sent=5)
 
 
 def test_a_sender_behind_at_the_stop_counts_what_it_did_not_reach():
     # each wait ends 2.5 s late: arrival 2 (due 2 s) is sent at 4.5 s, the stop at 5 s; due by
     # then and not reached: 3, 4, 5
-    sender, tally = Sender(), Tally()
+    sender, tally = HandClock(), SendCounts()
     drive(dispatch(every_second(10), 0, 100, sender, tally), sender, late_ns=int(2.5 * S),
           stop_at_ns=5 * S)
     assert sender.sent == [0, 1, 2]
@@ -71,15 +71,15 @@ def test_a_sender_behind_at_the_stop_counts_what_it_did_not_reach():
 
 
 def test_arrivals_past_the_cap_are_counted_not_sent():
-    sender, tally = Sender(), Tally()
+    sender, tally = HandClock(), SendCounts()
     drive(dispatch(every_second(10), 0, 3, sender, tally), sender, stop_at_ns=int(7.5 * S))
     assert sender.sent == [0, 1, 2] and (tally.full, tally.overtaken) == (5, 0)
     assert tally.sent + tally.not_sent == 8
 
 
 def test_callers_sharing_a_schedule_count_each_arrival_once():
-    arrivals, sender = every_second(20), Sender()
-    tallies = [Tally(), Tally()]
+    arrivals, sender = every_second(20), HandClock()
+    tallies = [SendCounts(), SendCounts()]
     loops = [dispatch(arrivals, 0, 100, sender, t) for t in tallies]
     waiting = [next(loop) for loop in loops]  # each holds an arrival: 0 and 1
     sender.now_ns = 12 * S
@@ -94,7 +94,7 @@ def test_callers_sharing_a_schedule_count_each_arrival_once():
 
 def test_a_caller_ended_as_it_waits_counts_the_arrival_it_held_if_it_was_due():
     for stop_s, counted in ((3, 1), (1, 0)):
-        sender, tally = Sender(), Tally()
+        sender, tally = HandClock(), SendCounts()
         loop = dispatch(iter([(0, 2.0)]), 0, 100, sender, tally)
         next(loop)
         sender.stopped = stop_s * S

@@ -222,7 +222,7 @@ def test_an_oversized_function_is_caught():
 # imports, checked above, may name), and so is one that __init__ keeps and methods read through
 # `self.x.y`.
 TYPED_ROOMS = ("server.parallel", "server.engine", "server.telemetry", "server.scheduling",
-               "loadgen.stress", "loadgen.sla")
+               "loadgen.modes", "loadgen.sla")
 
 
 def _untyped(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:

@@ -9,10 +9,10 @@ import statistics
 import pytest
 from hdrh.histogram import HdrHistogram
 
+from loadgen.modes.stress import short_of_sent
 from loadgen.recording.histograms import HIGHEST_US, Histogram
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.timing import stream_timing
-from loadgen.stress import short_of_sent
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import arrival_offsets_s, worker_arrivals
 from records import hdr

@@ -40,6 +40,7 @@ from analysis.slo_claims import (
     claims,
 )
 from analysis.ttft_split import TtftSplit, ttft_split
+from records.load_settings.choices import Mode
 from records.summary import Stats
 
 LATENCY_ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service")
@@ -97,7 +98,7 @@ def figures(report: Report) -> dict[str, Callable[[Path], None]]:
     if report.client or report.series:
         config = run.summary.config
         phases = Phases(config.recording.warmup_s, run.summary.duration_s,
-                        config.traffic.mode == "closed")
+                        not Mode(config.traffic.mode).open_loop)
         drawn[OVER_TIME_PNG] = lambda path: plot_over_time(report.client, report.series, phases,
                                                            path, report.imbalance)
     if report.series and report.series.stage_ms:

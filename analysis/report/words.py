@@ -15,6 +15,7 @@ from analysis.tables import fmt_ms
 from analysis.ttft_split import PARTS, TtftSplit
 from records.declare import applies, flat, leaves
 from records.load_settings import LoadSettings
+from records.load_settings.choices import Mode
 
 UNSET = ("", None, ())  # an optional setting's value where it is not given
 
@@ -35,7 +36,7 @@ def answer(report: Report) -> str:
     run = report.run
     summary, config = run.summary, run.summary.config
     traffic, r, t = config.traffic, summary.requests, summary.throughput
-    if traffic.mode == "closed":
+    if not Mode(traffic.mode).open_loop:
         offered = "A closed loop (each user sends when its last request ends)"
     elif summary.stress is not None:
         knee = summary.stress.knee_rps
@@ -46,7 +47,7 @@ def answer(report: Report) -> str:
     elif traffic.trace:
         offered = f"Replayed the trace {Path(traffic.trace).name}" + trace_load(summary)
     else:
-        unit = "sessions/s" if traffic.mode == "sessions" else "requests/s"
+        unit = Mode(traffic.mode).rate_unit
         offered = f"Offered {traffic.rate:g} {unit} ({traffic.mode}, {traffic.arrival})"
     parts = [f"{offered} to the {config.target.target} server at {config.sender.host}, "
              f"measured over {summary.window_s:.0f} s: achieved {t.requests_per_s:.2f} "
@@ -92,7 +93,7 @@ def poisson_draw(summary) -> str:
     rate makes them on average: the draw and its usual range, so an achieved rate below the
     offered one is not read as the server falling short."""
     traffic, r = summary.config.traffic, summary.requests
-    if (traffic.arrival != "poisson" or traffic.trace or traffic.mode != "fixed"
+    if (traffic.arrival != "poisson" or traffic.trace or traffic.mode != Mode.FIXED
             or summary.window_s <= 0):
         return ""
     expected = traffic.rate * summary.window_s

@@ -23,6 +23,7 @@ from analysis.readers.server_stats import EMPTY, reset_between
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals
 from analysis.tables import fmt_ms
+from records.load_settings.choices import Mode
 from records.server_stats import BucketStats, bucket_stats
 from records.summary import CPU_WAIT_PERCENT, Stats
 
@@ -106,7 +107,7 @@ def generator_limited(d: Signals) -> Finding:
             reasons.append(f"it waited for a core {waited:.0f}% of the run")
     warnings = generator.warnings
     evidence += [f"warning: {w}" for w in warnings]
-    closed = (summary.config.traffic.mode == "closed"
+    closed = (not Mode(summary.config.traffic.mode).open_loop
               or any(w.startswith("closed loop:") for w in warnings))
     if lags:
         name, worst = max(lags.items(), key=lambda item: item[1])

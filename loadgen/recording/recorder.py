@@ -23,6 +23,7 @@ from records.summary import (
     Accounting,
     ClassFigures,
     Reasoning,
+    SessionEnd,
     SessionFigures,
     SloShares,
     Throughput,
@@ -41,7 +42,6 @@ def reasoning_split(r: StreamResult) -> dict:
 CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2e_service",
                   "send_lag", "delivery_lag", "loop_lag")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
-SESSION_ENDS = ("completed", "failed", "cancelled", "stopped")  # SessionFigures' counts
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
                  "slo_judged", "rows_omitted", "off_length", "unstreamed")
@@ -241,9 +241,9 @@ class Recorder:
         """Each request class on its own: counts, and latency of its measured ok requests."""
         return self.classes.figures()
 
-    def end_session(self, outcome: str, turns_asked: int, turns_ok: int,
+    def end_session(self, outcome: SessionEnd, turns_asked: int, turns_ok: int,
                     duration_us: int | None) -> None:
-        """A session is over: outcome one of SESSION_ENDS; duration_us from its first turn's
+        """A session is over, as outcome says; duration_us from its first turn's
         scheduled send to its last reply's end, for a completed session."""
         self.session_ends[outcome] += 1
         self.session_turns.update(asked=turns_asked, ok=turns_ok)
@@ -254,7 +254,8 @@ class Recorder:
         started = sum(self.session_ends.values())
         if not started:
             return None
-        return SessionFigures(started=started, **{k: self.session_ends[k] for k in SESSION_ENDS},
+        ends = {k.value: self.session_ends[k] for k in SessionEnd}
+        return SessionFigures(started=started, **ends,
                               turns_asked=self.session_turns["asked"] / started,
                               turns_ok=self.session_turns["ok"] / started,
                               duration_ms=self.session_duration.stats(),

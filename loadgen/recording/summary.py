@@ -10,6 +10,7 @@ from loadgen.recording.cpu import GeneratorCpu
 from loadgen.recording.health import generator_health
 from loadgen.recording.recorder import Recorder
 from records.load_settings import LoadSettings
+from records.load_settings.choices import Mode
 from records.summary import Summary
 
 
@@ -29,7 +30,7 @@ def summarize(settings: LoadSettings, rec: Recorder, span: Span, cpu: GeneratorC
     has them); warnings: the caller's, after the recorder's own; notes: what the figures rest
     on (information, not a warning)."""
     window_s = span.window_s
-    generator = generator_health(rec, cpu, closed_loop=settings.traffic.mode == "closed",
+    generator = generator_health(rec, cpu, closed_loop=not Mode(settings.traffic.mode).open_loop,
                                  client=settings.client)
     reasoning = rec.reasoning()
     if reasoning is not None and reasoning.no_answer:

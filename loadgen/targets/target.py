@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 from records.declare import leaves
 from records.load_settings import LoadSettings, TargetSettings
+from records.load_settings.choices import Mode
 from records.server_stats import ServerStats
 
 # name -> module:Class; adding a target is its class and a line here.
@@ -171,7 +172,7 @@ def settings_problem(settings: LoadSettings) -> tuple[str, str] | None:
     if settings.workload.dataset and not cls.takes_text and not settings.target.tokenizer:
         return "dataset", (f"the {name} target takes token ids only: give --tokenizer to turn "
                            "the dataset's prompts into ids")
-    if (settings.traffic.mode == "sessions" and settings.workload.dataset
+    if (settings.traffic.mode == Mode.SESSIONS and settings.workload.dataset
             and not cls.replies_text and not settings.target.tokenizer):
         return "tokenizer", (f"the {name} target streams the replies as token ids: a session "
                              "of the dataset's text turns needs --tokenizer to join them")

@@ -41,7 +41,7 @@ class Sends(Protocol):
 
 
 @dataclass
-class Tally:
+class SendCounts:
     """What became of the arrivals a dispatch took."""
 
     sent: int = 0
@@ -54,7 +54,7 @@ class Tally:
 
 
 def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight: int,
-             sends: Sends, tally: Tally) -> Iterator[int | None]:
+             sends: Sends, tally: SendCounts) -> Iterator[int | None]:
     """Each arrival (request index, s from start_ns) sent at its time or counted in tally,
     until the stop or the schedule's end. Yields each due time (ns): the caller resumes it once
     that time has come, or the run has stopped; and None after each send: the caller resumes
@@ -83,7 +83,11 @@ def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight
 
 
 def due_before(arrivals: Iterator[tuple[int, float]], start_ns: int, stop_ns: int) -> int:
-    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow)."""
+    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow). A
+    schedule a caller is inside, waiting in it for arrivals to come (the SLA search's probes
+    between two probes), has none due."""
+    if getattr(arrivals, "gi_running", False):
+        return 0
     due = 0
     for _, offset_s in arrivals:
         if start_ns + int(offset_s * 1e9) > stop_ns:

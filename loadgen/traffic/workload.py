@@ -23,6 +23,7 @@ from pathlib import Path
 from loadgen.targets.target import RequestSpec
 from loadgen.traffic.traces import replayed
 from records.load_settings import LoadSettings
+from records.load_settings.choices import Mode
 
 PRINTABLE = range(32, 127)
 
@@ -90,9 +91,9 @@ class Workload:
     def __init__(self, settings: LoadSettings):
         self.seed = settings.traffic.seed
         self.shape = c = settings.workload
-        uses_classes = settings.traffic.mode == "mixed" and not c.dataset
+        uses_classes = settings.traffic.mode == Mode.MIXED and not c.dataset
         self.classes = parse_classes(c.classes) if uses_classes else []
-        sessions = settings.traffic.mode == "sessions"  # loadgen/traffic/sessions.py reads it
+        sessions = settings.traffic.mode == Mode.SESSIONS  # loadgen/traffic/sessions.py reads it
         self.dataset = load_dataset(c.dataset) if c.dataset and not sessions else []
         self.trace = replayed(settings.traffic) if settings.traffic.trace else ()
         self.block_tokens = settings.traffic.trace_block_tokens

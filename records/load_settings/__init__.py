@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from records.declare import Settings, group, require
-from records.load_settings.choices import AIO_MODES
+from records.load_settings.choices import AIO_MODES, Mode
 from records.load_settings.objectives import SlaSettings, SloSettings, StressSettings
 from records.load_settings.sender import RecordingSettings, SenderSettings
 from records.load_settings.target import TargetSettings
@@ -33,15 +33,16 @@ class LoadSettings(Settings):
     def __post_init__(self):
         super().__post_init__()
         mode = self.traffic.mode
-        require(mode != "stress" or self.stress.rate_step > 0 or self.stress.rate_mult > 1,
+        require(mode != Mode.STRESS or self.stress.rate_step > 0 or self.stress.rate_mult > 1,
                 "rate-step", "stress mode needs --rate-step above 0 or --rate-mult above 1 "
                 "(the rate starts at --rate)")
-        require(not self.traffic.profile or mode == "mixed", "rate-profile", "is for --mode mixed")
-        require(mode != "sla" or any(v is not None for v in (
+        require(not self.traffic.profile or mode == Mode.MIXED, "rate-profile",
+                "is for --mode mixed")
+        require(mode != Mode.SLA or any(v is not None for v in (
             self.slo.slo_ttft_ms, self.slo.slo_tpot_ms, self.slo.slo_e2e_ms)), "mode",
             "sla searches the highest rate meeting the objectives: give --slo-ttft-ms, "
             "--slo-tpot-ms or --slo-e2e-ms")
-        require(not self.traffic.trace or mode == "fixed", "trace",
+        require(not self.traffic.trace or mode == Mode.FIXED, "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client != "aio" or mode in AIO_MODES, "client",
                 "aio sends the fixed and mixed modes' schedules only: use it with --mode fixed "
@@ -52,4 +53,4 @@ class LoadSettings(Settings):
         """The sender this run uses: --client, with auto resolved by the mode."""
         if self.sender.client != "auto":
             return self.sender.client
-        return "aio" if self.traffic.mode in AIO_MODES else "gevent"
+        return "aio" if Mode(self.traffic.mode).aio else "gevent"

@@ -1,4 +1,4 @@
-"""Stress mode: the offered rate rises step by step until the server saturates,
+"""--mode stress: the offered rate rises step by step until the server saturates,
 then the run stops by itself and names the knee, the highest rate that held.
 
 A step saturates when, over its --step-s:
@@ -24,20 +24,21 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 import gevent
 
+from loadgen.modes.base import RunMode, RunView, registered
 from loadgen.recording import slo
 from loadgen.recording.timing import stream_timing
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
+from records.load_settings.choices import Mode
 from records.rundir import STEPS
-from records.summary import StepRow, StressResult
+from records.summary import StepRow, StressResult, Summary
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
 SAMPLE_S = 0.1  # in-flight sampling period
@@ -69,23 +70,15 @@ def slope(samples: list[tuple[float, int]]) -> float:
     return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
 
 
-class SteppedRun(Protocol):
-    """What stress mode reads of the run it steps (loadgen/run.py): the schedule's time zero,
-    the requests in flight, and how to end the run."""
+@registered(Mode.STRESS)
+class Stress(RunMode):
+    one_process = ("--mode stress runs in one process (it judges each step as it ends); "
+                   "drop --master/--processes")
 
-    @property
-    def start_ns(self) -> int: ...
-
-    @property
-    def inflight(self) -> Mapping[object, StreamResult]: ...
-
-    def request_stop(self) -> None: ...
-
-
-class Stress:
-    def __init__(self, settings: LoadSettings, run: SteppedRun):
-        self.settings = settings
-        self.run = run
+    def __init__(self, settings: LoadSettings, workers: int = 1, index: int = 0):
+        super().__init__(settings, workers, index)
+        self.run: RunView | None = None  # the run it steps, from time zero
+        self._watcher: gevent.Greenlet | None = None
         self.rows: list[StepRow] = []
         self.stopped_because = ""
         self._done: list = []  # (result, timing) of requests finished so far in the current step
@@ -97,9 +90,9 @@ class Stress:
         start = c.rate_start or self.settings.traffic.rate
         return start * c.rate_mult ** step if c.rate_mult else start + c.rate_step * step
 
-    def arrivals(self, seed: int) -> Iterator[tuple[int, float]]:
+    def arrivals(self) -> Iterator[tuple[int, float]]:
         """(request index, send time s): each step's arrivals at its own rate."""
-        rng = random.Random(seed)
+        rng = random.Random(self.settings.traffic.seed)
         index = itertools.count()
         step_s, traffic = self.settings.stress.step_s, self.settings.traffic
         for step in range(self.settings.stress.max_steps):
@@ -111,6 +104,22 @@ class Stress:
                     break
                 self._sent.append(t)
                 yield next(index), t
+
+    def begin(self, run: RunView) -> None:
+        self.run = run
+        self._watcher = gevent.spawn(self.watch)
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.kill()  # a web UI restart must not inherit it
+        if not self.stopped_because:  # stopped from outside (-t, the web UI)
+            self.stopped_because = f"stopped after {len(self.rows)} steps, before saturation"
+
+    def summary(self, summary: Summary) -> Summary:
+        return dataclasses.replace(summary, stress=self.result())
+
+    def written(self, run_dir: Path) -> None:
+        self.write_csv(run_dir)
 
     def observe(self, result: StreamResult) -> None:
         """Every finished request counts, warm-up included (the steps are the measurement),
