@@ -65,7 +65,7 @@ def slots(tokens: float, top_k: int, n_experts: int, factor: float) -> int:
 
 
 @dataclass(frozen=True)
-class Load:
+class ExpertLoads:
     """Routed (token, expert) pairs per interval, layer and expert, and the steps of each
     interval."""
 
@@ -89,14 +89,16 @@ class Load:
         return float(self.tokens.sum() / self.steps.sum())
 
 
-def load_from_numbers(tokens: int, top_k: int, n_experts: int, shares: np.ndarray | None) -> Load:
+def load_from_numbers(tokens: int, top_k: int, n_experts: int,
+                      shares: np.ndarray | None) -> ExpertLoads:
     """One step of `tokens` tokens, the pairs split by `shares` (uniform when None)."""
     shares = np.full(n_experts, 1 / n_experts) if shares is None else shares / shares.sum()
     routed = (shares * tokens * top_k)[None, None, :]
-    return Load(top_k, n_experts, np.ones(1), routed, np.zeros_like(routed), 0.0, "given numbers")
+    return ExpertLoads(top_k, n_experts, np.ones(1), routed, np.zeros_like(routed), 0.0,
+                       "given numbers")
 
 
-def load_from_run(run_dir: Path) -> Load:
+def load_from_run(run_dir: Path) -> ExpertLoads:
     """From server_stats.jsonl's snapshots, or from summary.json's start and end snapshots
     without it."""
     run = load_run(run_dir)
@@ -123,9 +125,11 @@ def load_from_run(run_dir: Path) -> Load:
     basis = (f"{SAMPLES}: {len(intervals)} intervals, the first from summary.json's start snapshot"
              if source.name == SAMPLES
              else f"{SUMMARY}: start and end snapshots (one interval, the whole run)")
-    return Load(last.top_k, last.num_experts, np.asarray([i.steps for i in intervals], dtype=float),
-                np.stack([i.routed for i in intervals]), np.stack([i.dropped for i in intervals]),
-                intervals[-1].capacity_factor, basis, _rank_pairs(last, samples[0].stats))
+    return ExpertLoads(last.top_k, last.num_experts,
+                       np.asarray([i.steps for i in intervals], dtype=float),
+                       np.stack([i.routed for i in intervals]),
+                       np.stack([i.dropped for i in intervals]),
+                       intervals[-1].capacity_factor, basis, _rank_pairs(last, samples[0].stats))
 
 
 def _rank_pairs(last: ServerStats, first: ServerStats) -> np.ndarray | None:
@@ -145,7 +149,7 @@ def _before(start: ServerStats, first: ServerStats) -> bool:
     return bool(start.layers) and start.uptime_s < first.uptime_s
 
 
-def estimated_drops(load: Load, factor: float, lower_bound: bool = False) -> np.ndarray:
+def estimated_drops(load: ExpertLoads, factor: float, lower_bound: bool = False) -> np.ndarray:
     """[I, L, E] pairs over capacity at the interval's mean step; see the module docstring."""
     per_step = load.tokens / load.steps
     if lower_bound:
@@ -167,7 +171,7 @@ class FactorRow:
     measured: float | None  # the run's own drop share, where it ran with this factor
 
 
-def factor_row(load: Load, factor: float) -> FactorRow:
+def factor_row(load: ExpertLoads, factor: float) -> FactorRow:
     drops = estimated_drops(load, factor)
     per_layer = drops.sum(axis=(0, 2)) / load.routed.sum(axis=(0, 2))
     worst = int(per_layer.argmax())
@@ -185,7 +189,7 @@ def factor_row(load: Load, factor: float) -> FactorRow:
 
 @dataclass(frozen=True)
 class Plan:
-    load: Load
+    load: ExpertLoads
     target_utilisation: float
     rows: list[FactorRow]
     from_run: bool
@@ -208,7 +212,8 @@ class Plan:
         return int(layer), int(expert), float(shares[layer, expert])
 
 
-def plan(load: Load, target_utilisation: float, factors: list[float], from_run: bool) -> Plan:
+def plan(load: ExpertLoads, target_utilisation: float, factors: list[float],
+         from_run: bool) -> Plan:
     factors = sorted(set(factors) | ({load.run_factor} if load.run_factor > 0 else set()))
     return Plan(load, target_utilisation, [factor_row(load, f) for f in factors], from_run)
 
@@ -343,7 +348,7 @@ def add_command(commands) -> None:
     parser.set_defaults(func=main, error=parser.error)
 
 
-def _numbers_load(args: argparse.Namespace) -> Load:
+def _numbers_load(args: argparse.Namespace) -> ExpertLoads:
     if args.tokens is None or args.top_k is None or (args.experts is None and args.loads is None):
         args.error("give RUN_DIR, or --tokens and --top-k with --experts or --loads")
     experts = args.experts if args.experts is not None else len(args.loads)

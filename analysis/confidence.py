@@ -41,7 +41,7 @@ LATENCY = ("ttft", "tpot", "e2e")  # histograms.json names, requests.jsonl colum
 
 
 @dataclass(frozen=True)
-class Metric:
+class HeadlineMetric:
     key: str  # as in the JSON headline
     label: str
     unit: str
@@ -51,19 +51,19 @@ class Metric:
 
 
 METRICS = (
-    Metric("ttft_p50_ms", "TTFT p50", "ms", True, "ttft", 50.0),
-    Metric("ttft_p99_ms", "TTFT p99", "ms", True, "ttft", 99.0),
-    Metric("tpot_p50_ms", "TPOT p50", "ms", True, "tpot", 50.0),
-    Metric("tpot_p99_ms", "TPOT p99", "ms", True, "tpot", 99.0),
-    Metric("e2e_p50_ms", "E2E p50", "ms", True, "e2e", 50.0),
-    Metric("e2e_p99_ms", "E2E p99", "ms", True, "e2e", 99.0),
-    Metric("output_tokens_per_s", "output tokens/s", "tokens/s", False, "tokens"),
-    Metric("goodput_requests_per_s", "goodput", "requests/s", False, "good"),
+    HeadlineMetric("ttft_p50_ms", "TTFT p50", "ms", True, "ttft", 50.0),
+    HeadlineMetric("ttft_p99_ms", "TTFT p99", "ms", True, "ttft", 99.0),
+    HeadlineMetric("tpot_p50_ms", "TPOT p50", "ms", True, "tpot", 50.0),
+    HeadlineMetric("tpot_p99_ms", "TPOT p99", "ms", True, "tpot", 99.0),
+    HeadlineMetric("e2e_p50_ms", "E2E p50", "ms", True, "e2e", 50.0),
+    HeadlineMetric("e2e_p99_ms", "E2E p99", "ms", True, "e2e", 99.0),
+    HeadlineMetric("output_tokens_per_s", "output tokens/s", "tokens/s", False, "tokens"),
+    HeadlineMetric("goodput_requests_per_s", "goodput", "requests/s", False, "good"),
 )
 
 
 @dataclass(frozen=True)
-class Sample:
+class RunSample:
     """What one run's requests.jsonl offers the bootstrap."""
 
     problem: str  # why the rows cannot be used ("" when they can)
@@ -86,24 +86,24 @@ class Estimate:
 
 # --- what each run offers: requests.jsonl rows, binned over the measured window ---
 
-def run_sample(run: Run) -> Sample:
+def run_sample(run: Run) -> RunSample:
     if not (run.path / REQUESTS).exists():
-        return Sample(f"{REQUESTS} missing")
+        return RunSample(f"{REQUESTS} missing")
     rows = run.rows
     measured = measured_ok(rows)
     latency = {name: values[~np.isnan(values)] for name in LATENCY
                for values in [column(measured, f"{name}_ms")]}
     if problem := incomplete(run, rows, latency):
-        return Sample(problem)
+        return RunSample(problem)
     edges = window_edges_ms(run)
     if edges is None:
-        return Sample("", latency)
+        return RunSample("", latency)
     done = [r for r in rows if r.status == "OK" and r.ttft_ms is not None and r.e2e_ms is not None]
     finish_ms = column(done, "scheduled_ms") + column(done, "e2e_ms")
     good = finish_ms[_meets_slo(done, run.summary.config.slo)]
     per_bin = {"tokens": tokens_per_bin(done, edges),
                "good": np.histogram(good, edges)[0].astype(float)}
-    return Sample("", latency, np.diff(edges) / 1000, per_bin)
+    return RunSample("", latency, np.diff(edges) / 1000, per_bin)
 
 
 def incomplete(run: Run, rows: list[RequestRow], latency_ms: dict[str, np.ndarray]) -> str:
@@ -191,7 +191,7 @@ def tokens_per_bin(rows: list[RequestRow], edges_ms: np.ndarray) -> np.ndarray:
 
 # --- estimates and comparisons ---
 
-def estimate(run: Run, sample: Sample, metric: Metric, resamples: int, confidence: float,
+def estimate(run: Run, sample: RunSample, metric: HeadlineMetric, resamples: int, confidence: float,
              rng: np.random.Generator) -> Estimate:
     return (_percentile_estimate if metric.q is not None else _rate_estimate)(
         run, sample, metric, resamples, confidence, rng)
@@ -241,7 +241,7 @@ def _rate_estimate(run, sample, metric, resamples, confidence, rng) -> Estimate:
     return Estimate(value, draws, bootstrap.interval(draws, confidence), notes=notes)
 
 
-def versus(a: Estimate, b: Estimate, metric: Metric, confidence: float) -> dict:
+def versus(a: Estimate, b: Estimate, metric: HeadlineMetric, confidence: float) -> dict:
     """Run a against run b: ratio a / b, its interval, verdict and the sentence saying so."""
     if a.value is None or b.value is None:
         return {"ratio": None, "ci": None, "verdict": None, "text": "-"}
@@ -264,8 +264,8 @@ def span(r: float, ci: list[float]) -> str:
             f"[{bootstrap.fmt_ratio(ci[0])[1:]}, {bootstrap.fmt_ratio(ci[1])[1:]}]")
 
 
-def compare_metric(metric: Metric, names: list[str], estimates: list[Estimate], baseline: int,
-                   confidence: float, incomparable: str = "") -> dict:
+def compare_metric(metric: HeadlineMetric, names: list[str], estimates: list[Estimate],
+                   baseline: int, confidence: float, incomparable: str = "") -> dict:
     """Each run against the baseline and the best run; incomparable: why the runs' values do not
     compare (each run keeps its own value and interval, but there is no ratio, verdict or best
     run)."""

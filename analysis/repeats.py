@@ -24,7 +24,7 @@ FIGURES = (("TTFT p50 (ms)", "ttft", "p50"), ("TTFT p99 (ms)", "ttft", "p99"),
 
 
 @dataclass(frozen=True)
-class Interval:
+class TInterval:
     mean: float
     low: float
     high: float
@@ -35,14 +35,14 @@ class Interval:
         return self.low > 0 or self.high < 0
 
 
-def t_interval(values: list[float], confidence: float) -> Interval | None:
+def t_interval(values: list[float], confidence: float) -> TInterval | None:
     """The mean's Student-t interval; None with fewer than two values."""
     x = np.asarray(values, dtype=float)
     if len(x) < 2:
         return None
     half = float(student.ppf((1 + confidence) / 2, len(x) - 1) * x.std(ddof=1)
                  / math.sqrt(len(x)))
-    return Interval(float(x.mean()), float(x.mean()) - half, float(x.mean()) + half, len(x))
+    return TInterval(float(x.mean()), float(x.mean()) - half, float(x.mean()) + half, len(x))
 
 
 def figure(run: Run, metric: str, key: str) -> float | None:
@@ -61,14 +61,14 @@ def values_of(runs: list[Run]) -> dict[str, list[float]]:
 @dataclass(frozen=True)
 class Repeats:
     names: list[str]  # one per configuration: its first run's directory name
-    per_config: list[dict[str, Interval | None]]
+    per_config: list[dict[str, TInterval | None]]
     single: list[dict[str, list[float]]]  # each configuration's runs' own figures
-    paired: dict[str, Interval | None]  # the second configuration minus the first, run by run
+    paired: dict[str, TInterval | None]  # the second configuration minus the first, run by run
 
 
 def repeats(groups: list[list[Run]], confidence: float) -> Repeats:
     values = [values_of(g) for g in groups]
-    paired: dict[str, Interval | None] = {}
+    paired: dict[str, TInterval | None] = {}
     if len(groups) == 2:
         first, second = groups
         for name, metric, key in FIGURES:
@@ -81,7 +81,7 @@ def repeats(groups: list[list[Run]], confidence: float) -> Repeats:
                     for vs in values], values, paired)
 
 
-def _cell(i: Interval | None) -> str:
+def _cell(i: TInterval | None) -> str:
     return "-" if i is None else f"{i.mean:.4g} [{i.low:.4g}, {i.high:.4g}]"
 
 

@@ -34,13 +34,13 @@ STRESS = ["--mode", "stress", "--rate", "2", "--rate-mult", "1.5", "--max-steps"
 
 
 @dataclass
-class Figures:
+class ServerFigures:
     server: str
     tpot_p50_ms: dict[int, float]  # by concurrency
     knee_rps: float | None
 
 
-def measure(name: str, url: str, out: Path, run_s: float) -> Figures:
+def measure(name: str, url: str, out: Path, run_s: float) -> ServerFigures:
     tpot = {}
     for users in CONCURRENCY:
         summary = locust(url, out / f"{name}-c{users}", *LENGTHS, "--mode", "closed", "-u",
@@ -50,7 +50,7 @@ def measure(name: str, url: str, out: Path, run_s: float) -> Figures:
     step_s = run_s / 2
     stress = locust(url, out / f"{name}-stress", *LENGTHS, *STRESS, "--step-s", f"{step_s:g}",
                     "-t", f"{10 * step_s:g}s", timeout_s=10 * step_s + 180)
-    return Figures(name, tpot, (stress.get("stress") or {}).get("knee_rps"))
+    return ServerFigures(name, tpot, (stress.get("stress") or {}).get("knee_rps"))
 
 
 @contextmanager
@@ -75,7 +75,7 @@ def lab_server(model: Path, dtype: str, log: Path):
         proc.wait(timeout=30)
 
 
-def table(lab: Figures, vllm: Figures) -> str:
+def table(lab: ServerFigures, vllm: ServerFigures) -> str:
     def ratio(a: float | None, b: float | None) -> str:
         return f"x{a / b:.2f}" if a and b else "-"
 

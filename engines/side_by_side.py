@@ -38,7 +38,7 @@ PERCENTILES = (50, 90, 99)
 
 
 @dataclass(frozen=True)
-class Load:
+class PoissonLoad:
     rate: float = 4.0  # requests/s, Poisson
     duration_s: float = 20.0  # of each round
     prompt_tokens: int = 64
@@ -50,7 +50,7 @@ class Load:
 
 
 @dataclass
-class Figures:
+class ToolFigures:
     """One tool's requests over its rounds: the latencies of each (ms)."""
 
     tool: str
@@ -63,7 +63,7 @@ class Figures:
         values = getattr(self, f"{metric}_ms")
         return {p: float(np.percentile(values, p)) for p in PERCENTILES} if values else {}
 
-    def add(self, other: Figures) -> None:
+    def add(self, other: ToolFigures) -> None:
         self.ttft_ms += other.ttft_ms
         self.tpot_ms += other.tpot_ms
         self.at_once += other.at_once
@@ -83,42 +83,43 @@ def locust(url: str, run_dir: Path, *flags: str, timeout_s: float) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def ours(url: str, load: Load, run_dir: Path, seed: int) -> Figures:
+def ours(url: str, load: PoissonLoad, run_dir: Path, seed: int) -> ToolFigures:
     """A headless run of our load generator (the default client) at the load."""
     locust(url, run_dir, "-t", f"{load.duration_s:g}s", "--rate", str(load.rate),
            "--prompt-tokens", str(load.prompt_tokens), "--max-tokens", str(load.output_tokens),
            "--seed", str(seed), "--server-metrics", "off", timeout_s=load.duration_s + 120)
     rows = [json.loads(line) for line in open(run_dir / "requests.jsonl")]
     ok = [r for r in rows if r["status"] == "OK"]
-    return Figures("ours", [r["ttft_ms"] for r in ok],
-                   [r["tpot_ms"] for r in ok if r["tpot_ms"] is not None],
-                   sum(r["messages"] >= 2 and r["e2e_ms"] - r["ttft_ms"] < ONCE_MS for r in ok),
-                   len(rows) - len(ok))
+    return ToolFigures("ours", [r["ttft_ms"] for r in ok],
+                       [r["tpot_ms"] for r in ok if r["tpot_ms"] is not None],
+                       sum(r["messages"] >= 2 and r["e2e_ms"] - r["ttft_ms"] < ONCE_MS for r in ok),
+                       len(rows) - len(ok))
 
 
-def theirs(vllm: VllmServer, load: Load, seed: int) -> Figures:
+def theirs(vllm: VllmServer, load: PoissonLoad, seed: int) -> ToolFigures:
     """vLLM's own bench at the load (its --save-detailed per-request figures)."""
     result = vllm.bench(Bench(load.rate, load.requests, load.prompt_tokens, load.output_tokens,
                               seed))
     ok = [i for i, error in enumerate(result["errors"]) if not error]
     ttft = [result["ttfts"][i] * 1e3 for i in ok]
     itls = [result["itls"][i] for i in ok]
-    return Figures("vllm bench", ttft,
-                   [sum(gaps) * 1e3 / len(gaps) for gaps in itls if gaps],
-                   sum(len(gaps) >= 1 and sum(gaps) * 1e3 < ONCE_MS for gaps in itls),
-                   len(result["errors"]) - len(ok))
+    return ToolFigures("vllm bench", ttft,
+                       [sum(gaps) * 1e3 / len(gaps) for gaps in itls if gaps],
+                       sum(len(gaps) >= 1 and sum(gaps) * 1e3 < ONCE_MS for gaps in itls),
+                       len(result["errors"]) - len(ok))
 
 
-def alternate(vllm: VllmServer, load: Load, rounds: int, out: Path) -> tuple[Figures, Figures]:
+def alternate(vllm: VllmServer, load: PoissonLoad, rounds: int,
+              out: Path) -> tuple[ToolFigures, ToolFigures]:
     """Ours, then theirs, `rounds` times; each tool's figures over its rounds."""
-    mine, bench = Figures("ours", [], []), Figures("vllm bench", [], [])
+    mine, bench = ToolFigures("ours", [], []), ToolFigures("vllm bench", [], [])
     for i in range(rounds):
         mine.add(ours(vllm.url, load, out / f"ours-{i}", seed=i))
         bench.add(theirs(vllm, load, seed=i))
     return mine, bench
 
 
-def ratio_interval(mine: Figures, bench: Figures, metric: str, q: float,
+def ratio_interval(mine: ToolFigures, bench: ToolFigures, metric: str, q: float,
                    draws: int = 2000) -> tuple[float, float, float]:
     """Ours over vLLM's bench at percentile q of the metric: the ratio and its 95% bootstrap
     interval (each tool's requests resampled apart; seeded, so a run repeats)."""
@@ -130,7 +131,7 @@ def ratio_interval(mine: Figures, bench: Figures, metric: str, q: float,
     return float(np.percentile(a, q) / np.percentile(b, q)), float(low), float(high)
 
 
-def table(mine: Figures, bench: Figures) -> str:
+def table(mine: ToolFigures, bench: ToolFigures) -> str:
     lines = ["ms            " + "".join(f"{f'p{p}':>9}" for p in PERCENTILES)
              + "  requests  all at once  failed"]
     for metric in ("ttft", "tpot"):
@@ -155,7 +156,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "side-by-side")
     args = parser.parse_args()
-    load = Load(args.rate, args.duration_s)
+    load = PoissonLoad(args.rate, args.duration_s)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as model, \
             VllmServer(write_model(Path(model) / "tiny-qwen3-moe"), args.out / "vllm.log") as vllm:

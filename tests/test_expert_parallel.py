@@ -279,11 +279,11 @@ def test_one_rank_is_not_judged_for_communication():
 def test_capacity_sizes_each_rank_for_the_busiest():
     import numpy as np
 
-    from analysis.capacity import Load, plan, rank_line
+    from analysis.capacity import ExpertLoads, plan, rank_line
 
     routed = np.full((1, 2, 4), 50.0)  # one interval: 100 steps x 1 token x k 2 over 4 experts
-    load = Load(2, 4, np.array([100.0]), routed, np.zeros_like(routed), 0.0, "test",
-                rank_pairs=np.array([[80.0, 120.0], [100.0, 100.0]]))
+    load = ExpertLoads(2, 4, np.array([100.0]), routed, np.zeros_like(routed), 0.0, "test",
+                       rank_pairs=np.array([[80.0, 120.0], [100.0, 100.0]]))
     line = rank_line(plan(load, 0.5, [1.0], True))
     assert "over 2 ranks: a rank's experts computed 1.00 pairs per step" in line
     assert "rank 1 in layer 0, 1.20 (1.20x)" in line and "capacity for 2.40 pairs" in line

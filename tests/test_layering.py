@@ -289,3 +289,16 @@ def test_an_untyped_reach_into_another_rooms_object_is_caught():
     kept = "class S:\n    def __init__(self, run):\n        self.run = run\n" \
            "    def f(self):\n        return self.run.recorder.slo\n"
     assert untyped_reads(kept) == ["f: self.run.recorder"]
+
+
+def test_a_class_name_names_one_thing():
+    # a settings group and the object it configures, or two records of one name, mislead a
+    # reader; the few left are far apart (HDR histograms beside GetStats', a run beside a run
+    # directory read back)
+    defined = collections.defaultdict(list)
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                defined[node.name].append(name)
+    shared = {cls: where for cls, where in defined.items() if len(where) > 1}
+    assert len(shared) <= 3, shared

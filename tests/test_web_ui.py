@@ -15,7 +15,7 @@ from loadgen.recording.recorder import CLIENT_METRICS
 from loadgen.settings import REGISTRIES
 from loadgen.web.form import FIRST, FIRST_TITLE, form_spec
 from loadgen.web.html_report import with_section
-from loadgen.web.timeline import Figures, Timeline
+from loadgen.web.timeline import PeriodFigures, Timeline
 from records.declare import add_arguments, applies, build, leaves
 from records.jsonform import from_json
 from records.load_settings import LoadSettings
@@ -87,7 +87,7 @@ def test_the_timeline_keeps_the_last_periods_with_their_percentiles():
     second = timeline.points[0].figures["ttft"]
     assert second.count == 100 and second.p50_ms == pytest.approx(10, rel=1e-3)
     assert second.p99_ms == pytest.approx(10, rel=1e-3)  # the 99th of 100 values
-    assert timeline.points[1].figures["ttft"] == Figures(0, None, None)
+    assert timeline.points[1].figures["ttft"] == PeriodFigures(0, None, None)
 
 
 def test_the_chart_breaks_its_lines_where_a_period_had_no_samples():

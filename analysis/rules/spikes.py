@@ -78,7 +78,7 @@ class Signals:
 
 
 @dataclass(frozen=True)
-class Window:
+class MergedWindow:
     """Consecutive intervals of one metric's .hlog, merged."""
 
     start_s: float  # start of its first interval holding samples (seconds after the run started)
@@ -91,7 +91,7 @@ class Window:
 @dataclass(frozen=True)
 class Spike:
     metric: str  # ttft or tpot
-    window: Window
+    window: MergedWindow
     p99_ms: float
     typical_ms: float  # the median window p99
     limit_ms: float
@@ -152,7 +152,7 @@ def find_spikes(run: Run, metric: str) -> MetricSpikes | str:
     return MetricSpikes(metric, len(windows), typical, limit, spikes)
 
 
-def merge_windows(intervals: list[Interval]) -> list[Window]:
+def merge_windows(intervals: list[Interval]) -> list[MergedWindow]:
     """Consecutive intervals merged until each window holds MIN_WINDOW_SAMPLES; a short tail joins
     the last."""
     groups, group = [], []
@@ -168,9 +168,9 @@ def merge_windows(intervals: list[Interval]) -> list[Window]:
         # the window's times skip empty intervals
         full = [i for i in group if intervals[i].hist.get_total_count()]
         hist = merged([intervals[i] for i in group])
-        windows.append(Window(intervals[full[0]].start_s, intervals[full[-1]].end_s,
-                              intervals[max(full[0] - 1, 0)].start_s, hist,
-                              hist.get_total_count()))
+        windows.append(MergedWindow(intervals[full[0]].start_s, intervals[full[-1]].end_s,
+                                    intervals[max(full[0] - 1, 0)].start_s, hist,
+                                    hist.get_total_count()))
     return windows
 
 

@@ -16,7 +16,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
-from loadgen.reference.tally import Histogram, Tally
+from loadgen.reference.tally import ExposedHistogram, Tally
 
 MODEL = "delay"
 
@@ -34,7 +34,7 @@ def _families(tally: Tally, names: dict[str, str], labels: dict[str, str]) -> It
         family.add_metric(values, value)
         return family
 
-    def histogram(key: str, h: Histogram):
+    def histogram(key: str, h: ExposedHistogram):
         family = HistogramMetricFamily(names[key], key, labels=keys)
         family.add_metric(values, h.cumulative(), h.sum)
         return family

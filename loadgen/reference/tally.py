@@ -28,7 +28,7 @@ REQUEST_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0
 
 
 @dataclass
-class Histogram:
+class ExposedHistogram:
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)  # per bucket, the last above every bound
     sum: float = 0.0
@@ -57,10 +57,10 @@ class Tally:
         self.streams = self.preemptions = self.finished = 0
         self.prefix_queries = self.prefix_hits = 0
         self.prompt_tokens = self.generation_tokens = 0
-        self.ttft = Histogram(TTFT_BOUNDS)
-        self.itl = Histogram(ITL_BOUNDS)
-        self.queue = Histogram(REQUEST_BOUNDS)
-        self.e2e = Histogram(REQUEST_BOUNDS)
+        self.ttft = ExposedHistogram(TTFT_BOUNDS)
+        self.itl = ExposedHistogram(ITL_BOUNDS)
+        self.queue = ExposedHistogram(REQUEST_BOUNDS)
+        self.e2e = ExposedHistogram(REQUEST_BOUNDS)
         self.cache = PrefixBlocks()
         self.rng = random.Random(seed)
         weights = [1.0 / (e + 1) for e in range(EXPERTS)]  # a Zipf-like skew, expert 0 hottest

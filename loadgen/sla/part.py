@@ -41,7 +41,7 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Sample:
+class ProbeSample:
     """What one process adds to a probe's judgement: the requests that ended since its last
     sample, those still in flight, whether its arrivals were cut, and how many of its requests
     (of any probe) are still in flight."""
@@ -58,7 +58,7 @@ class Sample:
                 "waiting": [[w.since_s, w.age_ms, w.answered] for w in self.waiting]}
 
     @classmethod
-    def from_message(cls, data: dict) -> Sample:
+    def from_message(cls, data: dict) -> ProbeSample:
         return cls(probe=data["probe"], cut=data["cut"], inflight=data["inflight"],
                    done=[Done(*d) for d in data["done"]],
                    waiting=[Waiting(*w) for w in data["waiting"]])
@@ -132,11 +132,11 @@ class ProbePart:
         if self.probe >= 0 and result.scheduled_ns >= self._probe_ns and result.streamed:
             self._done.append(done_of(result, self._probe_ns))
 
-    def sample(self, inflight: Iterable[StreamResult]) -> Sample:
+    def sample(self, inflight: Iterable[StreamResult]) -> ProbeSample:
         now_ns = time.monotonic_ns()
         inflight = list(inflight)
         waiting = [Waiting((r.scheduled_ns - self._probe_ns) / 1e9,
                            (now_ns - r.scheduled_ns) / 1e6, bool(r.recv_ns))
                    for r in inflight if r.scheduled_ns >= self._probe_ns]
         done, self._done = self._done, []
-        return Sample(self.probe, done, waiting, self.cut, len(inflight))
+        return ProbeSample(self.probe, done, waiting, self.cut, len(inflight))

@@ -1,7 +1,7 @@
 """The SLA search in a distributed run: the master decides, the workers send. The master's
 search drives `RemoteProbes`, which tells every worker each probe's start (its number and the
 whole run's rate: a worker sends its share) and its cut; each worker's `SampleSender` sends
-the master its part of the current probe every JUDGE_S (loadgen/sla/part.py's Sample), times
+the master its part of the current probe every JUDGE_S (loadgen/sla/part.py's ProbeSample), times
 from the probe's start as the worker saw it, so no clock is shared."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import gevent
 
-from loadgen.sla.part import Done, ProbePart, Sample, Waiting
+from loadgen.sla.part import Done, ProbePart, ProbeSample, Waiting
 from loadgen.sla.search import JUDGE_S, READY_S
 
 START = "moe_sla_start"  # master -> workers: {"probe", "rate"}
 CUT = "moe_sla_cut"  # master -> workers: {"probe"}
-SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **Sample.to_message()}
+SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **ProbeSample.to_message()}
 
 
 class RemoteProbes:
@@ -27,11 +27,11 @@ class RemoteProbes:
         """to_workers: sends a message to every worker; workers: how many will report."""
         self.to_workers, self.workers, self.request_stop = to_workers, workers, request_stop
         self.probe = -1
-        self._latest: dict[int, Sample] = {}  # each worker's last sample
+        self._latest: dict[int, ProbeSample] = {}  # each worker's last sample
         self._done: list[Done] = []  # the current probe's, not collected yet
 
     def receive(self, data: dict) -> None:
-        sample = Sample.from_message(data)
+        sample = ProbeSample.from_message(data)
         self._latest[data["worker"]] = sample
         if sample.probe == self.probe:
             self._done += sample.done

@@ -33,7 +33,7 @@ Y_TICKS = 4  # at most this many steps up the value axis
 
 
 @dataclass(frozen=True)
-class Figures:
+class PeriodFigures:
     count: int
     p50_ms: float | None
     p99_ms: float | None
@@ -42,7 +42,7 @@ class Figures:
 @dataclass(frozen=True)
 class Point:
     t_s: float  # end of the period, seconds since the run began
-    figures: dict[str, Figures]  # by METRICS key
+    figures: dict[str, PeriodFigures]  # by METRICS key
     server: dict[str, float]  # the server's latest gauges, by concept ({} where none)
 
 
@@ -59,7 +59,7 @@ class Timeline:
         for name in METRICS:
             h = interval[name]
             values = h.percentiles_us([50.0, 99.0]) if h.count else {}
-            figures[name] = Figures(h.count, *(values[p] / 1000 if values else None
+            figures[name] = PeriodFigures(h.count, *(values[p] / 1000 if values else None
                                                for p in (50.0, 99.0)))
         self.points.append(Point(t_s, figures, server or {}))
 

@@ -38,7 +38,7 @@ class CheckpointError(SettingsError):
 
 
 @dataclass(frozen=True)
-class Family:
+class Architecture:
     """One architecture: its config's names for our shapes, and its checkpoint's for our
     parameters."""
 
@@ -83,11 +83,11 @@ def _no_dense_layers(c: dict) -> None:
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 FAMILIES = {
-    "MixtralForCausalLM": Family("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
-                                 _mixtral),
-    "Qwen2MoeForCausalLM": Family("mlp", PROJECTIONS, "moe_intermediate_size", _qwen2_moe),
-    "Qwen3MoeForCausalLM": Family("mlp", PROJECTIONS, "moe_intermediate_size", _qwen3_moe),
-    "OlmoeForCausalLM": Family("mlp", PROJECTIONS, "intermediate_size", _olmoe),
+    "MixtralForCausalLM": Architecture("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
+                                       _mixtral),
+    "Qwen2MoeForCausalLM": Architecture("mlp", PROJECTIONS, "moe_intermediate_size", _qwen2_moe),
+    "Qwen3MoeForCausalLM": Architecture("mlp", PROJECTIONS, "moe_intermediate_size", _qwen3_moe),
+    "OlmoeForCausalLM": Architecture("mlp", PROJECTIONS, "intermediate_size", _olmoe),
 }
 # transformers 5 names the MoE block `mlp` in every family when it saves experts fused
 FUSED_MOE = "mlp"
@@ -97,7 +97,7 @@ FUSED_MOE = "mlp"
 Place = tuple[str, int | str | None, str | None]
 
 
-def table(family: Family, args: ModelArgs, names: set[str]) -> dict[str, Place]:
+def table(family: Architecture, args: ModelArgs, names: set[str]) -> dict[str, Place]:
     """Checkpoint tensor name -> (our parameter, expert or None, projection part or None): the
     architecture's whole name map, per layer in the layout (one by one, or fused) the
     checkpoint holds."""
@@ -202,7 +202,7 @@ class Shards:
 class Checkpoint:
     directory: Path
     architecture: str
-    family: Family
+    family: Architecture
     args: ModelArgs
     dtype: torch.dtype  # the weights' own (config's torch_dtype)
     eos_ids: frozenset[int]
@@ -317,7 +317,7 @@ def open_checkpoint(path: str, max_seq_len: int = 0) -> Checkpoint:
                       eos_of(directory, config, args.vocab_size))
 
 
-def model_args(c: dict, family: Family, max_seq_len: int) -> ModelArgs:
+def model_args(c: dict, family: Architecture, max_seq_len: int) -> ModelArgs:
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {c['hidden_act']!r}; only silu (SwiGLU experts) is supported")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}

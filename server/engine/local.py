@@ -59,7 +59,7 @@ def sample(probs: Tensor, gen: torch.Generator) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Routing:
+class StepRouting:
     """What a step's tokens were routed to, on the device until fetched."""
 
     routed: Tensor  # [L, E] tokens each expert was routed
@@ -251,7 +251,7 @@ class LocalEngine:
                           gpu_busy_ms=times.gpu_busy_ms, gpu_timed_ms=times.gpu_timed_ms,
                           host_transfers=host.count, **numbers)
 
-    def _forward(self, seqs: list[SeqInput]) -> tuple[Tensor, Routing, dict, HostTransfers]:
+    def _forward(self, seqs: list[SeqInput]) -> tuple[Tensor, StepRouting, dict, HostTransfers]:
         """The step in eager mode, any mix of prefill and decode: logits [B, V], the routing
         statistics (server/engine/moe.py StepContext), the step's numbers for its result and
         its host transfers so far."""
@@ -273,14 +273,14 @@ class LocalEngine:
         numbers = {"tokens": len(tokens), "kv_useful": layout.kv_useful,
                    "kv_computed": layout.kv_computed, "prefill_tokens": layout.prefill_tokens,
                    "prefill_padded": layout.prefill_padded, "comm": ctx.comm}
-        routing = Routing(torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
-                          torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active,
-                          torch.stack(ctx.token_experts, dim=1).to(torch.int16)
-                          if ctx.token_experts else None)
+        routing = StepRouting(torch.stack(ctx.routed), torch.stack(ctx.seq_experts, dim=1),
+                              torch.stack(ctx.dropped) if ctx.dropped else None, ctx.active,
+                              torch.stack(ctx.token_experts, dim=1).to(torch.int16)
+                              if ctx.token_experts else None)
         return logits, routing, numbers, ctx.host
 
     def _fixed_forward(self, seqs: list[SeqInput]
-                       ) -> tuple[Tensor, Routing, dict, HostTransfers]:
+                       ) -> tuple[Tensor, StepRouting, dict, HostTransfers]:
         """_forward's answer for a step of decoding sequences only, through the graphs'
         fixed-shape step (server/engine/decode_graphs.py)."""
         logits, routed, seq_experts, active = self.graphs.run(
@@ -290,12 +290,12 @@ class LocalEngine:
         numbers = {"tokens": len(seqs), "kv_useful": useful,
                    "kv_computed": useful + self.graphs.bucket(len(seqs)) - len(seqs),
                    "prefill_tokens": 0, "prefill_padded": 0}
-        routing = Routing(routed, seq_experts, None, list(active), None)
+        routing = StepRouting(routed, seq_experts, None, list(active), None)
         return logits, routing, numbers, HostTransfers()
 
     @staticmethod
-    def _fetch(host: HostTransfers, next_ids: Tensor, routing: Routing
-               ) -> tuple[Tensor, Routing]:
+    def _fetch(host: HostTransfers, next_ids: Tensor, routing: StepRouting
+               ) -> tuple[Tensor, StepRouting]:
         """The sampled tokens [B] and the step's routing on the host, in one transfer; its
         active counts as ints."""
         active, dropped, token_experts = routing.active, routing.dropped, routing.token_experts
@@ -310,7 +310,7 @@ class LocalEngine:
         active = list(active)
         for i, n in zip(on_device, rest[0].tolist() if on_device else [], strict=True):
             active[i] = n
-        return ids, Routing(routed, seq_experts, dropped, active, token_experts)
+        return ids, StepRouting(routed, seq_experts, dropped, active, token_experts)
 
     @torch.no_grad()
     def place(self, placement: Placement) -> int:

@@ -24,7 +24,7 @@ from records.declare import flat, named, text
 from records.engine_telemetry import COUNTER, GAUGE, HISTOGRAM, Metric, families
 from records.server_settings import ServerSettings
 from server.scheduling.engine_thread import EngineThread
-from server.telemetry.histogram import Histogram
+from server.telemetry.histogram import BucketHistogram
 
 FAMILY = {COUNTER: CounterMetricFamily, GAUGE: GaugeMetricFamily,
           HISTOGRAM: HistogramMetricFamily}
@@ -33,7 +33,7 @@ INFO_LABELS = named(ServerSettings, "preset", "checkpoint", "policy", "device", 
                     "kv_slots")
 
 
-def buckets(h: Histogram, scale: float) -> list[tuple[str, int]]:
+def buckets(h: BucketHistogram, scale: float) -> list[tuple[str, int]]:
     """Our per-bucket counts as Prometheus cumulative buckets, bounds times scale."""
     cumulative = list(accumulate(h.counts))
     return ([(repr(b * scale), c) for b, c in zip(h.bounds, cumulative, strict=False)]

@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from server.parallel.group import EpGroup, Pending
+from server.parallel.group import EpGroup, PendingExchange
 from server.parallel.link import Link
 from server.parallel.placement import Placement
 
@@ -104,8 +104,8 @@ class Exchange:
     def modelled(self, bytes_matrix: list[list[int]]) -> float:
         return self.link.ms(bytes_matrix) if self.link is not None else 0.0
 
-    def wait(self, pending: Pending, bytes_matrix: list[list[int]]) -> tuple[tuple[float, float],
-                                                                              float]:
+    def wait(self, pending: PendingExchange,
+             bytes_matrix: list[list[int]]) -> tuple[tuple[float, float], float]:
         modelled = self.modelled(bytes_matrix)
         return pending.wait(modelled if self.emulate else 0.0), modelled
 

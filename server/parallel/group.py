@@ -46,7 +46,7 @@ def spawn(world: int, argv: list[str]) -> tuple[list[subprocess.Popen], str]:
     return ranks, f"tcp://127.0.0.1:{port}"
 
 
-class Pending:
+class PendingExchange:
     """An exchange under way: its output, when it started, and how to wait for it."""
 
     def __init__(self, work: dist.Work, output: Tensor):
@@ -98,23 +98,23 @@ class EpGroup:
         return out.view(self.world, *t.shape)
 
     def all_to_all(self, output: Tensor, t: Tensor, output_splits: list[int],
-                   input_splits: list[int]) -> Pending:
+                   input_splits: list[int]) -> PendingExchange:
         """Rows of t to each rank (input_splits), rows from each into output (started)."""
         work = dist.all_to_all_single(output, t.contiguous(), output_split_sizes=output_splits,
                                       input_split_sizes=input_splits, async_op=True)
-        return Pending(work, output)
+        return PendingExchange(work, output)
 
-    def gather_rows(self, t: Tensor) -> Pending:
+    def gather_rows(self, t: Tensor) -> PendingExchange:
         """Every rank's t [n, ...] (all the same n) into [W * n, ...] (started)."""
         output = t.new_empty((self.world * t.shape[0], *t.shape[1:]))
-        return Pending(GATHER(output, t.contiguous(), async_op=True),
-                       output)
+        return PendingExchange(GATHER(output, t.contiguous(), async_op=True),
+                               output)
 
-    def reduce_rows(self, t: Tensor) -> Pending:
+    def reduce_rows(self, t: Tensor) -> PendingExchange:
         """Sums t [W * n, ...] over the ranks; each rank gets its n rows (started)."""
         output = t.new_empty((t.shape[0] // self.world, *t.shape[1:]))
-        return Pending(REDUCE_SCATTER(output, t.contiguous(), async_op=True),
-                       output)
+        return PendingExchange(REDUCE_SCATTER(output, t.contiguous(), async_op=True),
+                               output)
 
     def close(self) -> None:
         if dist.is_initialized():

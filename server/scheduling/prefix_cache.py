@@ -41,7 +41,7 @@ def block_keys(ids: list[int], block: int, known: list[int] = ()) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Placement:
+class SlotPlacement:
     slot: int  # the free slot the request takes
     cached: int  # prompt tokens it need not compute
     source: int | None  # where they are: its own slot (kept), another (copied); None: no hit
@@ -59,16 +59,16 @@ class PrefixCache:
 
     # --- a new request ---
 
-    def place(self, keys: list[int], prompt_len: int) -> tuple[Placement, int]:
+    def place(self, keys: list[int], prompt_len: int) -> tuple[SlotPlacement, int]:
         """Where a new request goes and what it reuses, and the blocks it evicts; takes the
         slot from the pool."""
         self.clock += 1
         holders, blocks = self._longest(self._usable(keys, prompt_len))
         free = [s for s in holders if s in self.slots]
         if free:
-            placement = Placement(free[-1], blocks * self.block, free[-1])
+            placement = SlotPlacement(free[-1], blocks * self.block, free[-1])
         else:
-            placement = self._copied(holders, blocks) or Placement(
+            placement = self._copied(holders, blocks) or SlotPlacement(
                 self._victim(self.slots.free_on(None)), 0, None)
         if placement.source is not None:
             self.used[placement.source] = self.clock
@@ -95,10 +95,10 @@ class PrefixCache:
             holders, blocks = list(slots), blocks + 1
         return holders, blocks
 
-    def _copied(self, holders: list[int], blocks: int) -> Placement | None:
+    def _copied(self, holders: list[int], blocks: int) -> SlotPlacement | None:
         for source in reversed(holders):  # the newest holder first
             if free := self.slots.free_on(source):
-                return Placement(self._victim(free), blocks * self.block, source)
+                return SlotPlacement(self._victim(free), blocks * self.block, source)
         return None
 
     def _victim(self, free: list[int]) -> int:

@@ -10,7 +10,7 @@ from records.engine_telemetry import COUNT_BOUNDS
 
 
 @dataclass
-class Histogram:
+class BucketHistogram:
     """Fixed-bucket histogram: counts[i] holds values <= bounds[i] (and above the previous
     bound); the last count holds values above every bound."""
 
@@ -33,11 +33,11 @@ class Histogram:
     def mean(self) -> float:
         return self.sum / self.count if self.count else 0.0
 
-    def copy(self) -> Histogram:
-        return Histogram(self.bounds, list(self.counts), self.count, self.sum, self.max)
+    def copy(self) -> BucketHistogram:
+        return BucketHistogram(self.bounds, list(self.counts), self.count, self.sum, self.max)
 
-    def plus(self, other: Histogram) -> Histogram:
-        return Histogram(self.bounds, [a + b for a, b in zip(self.counts, other.counts,
+    def plus(self, other: BucketHistogram) -> BucketHistogram:
+        return BucketHistogram(self.bounds, [a + b for a, b in zip(self.counts, other.counts,
                                                              strict=True)],
                          self.count + other.count, self.sum + other.sum, max(self.max, other.max))
 

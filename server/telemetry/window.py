@@ -29,7 +29,7 @@ from server.engine.expert_cache import CacheCounters
 from server.engine.interface import StepResult
 from server.engine.stages import STAGES
 from server.telemetry.exchange import ExchangeTotals
-from server.telemetry.histogram import Histogram
+from server.telemetry.histogram import BucketHistogram
 from server.telemetry.process import process_cpu_s
 
 REQUEST_PHASES = ("queue", "prefill", "ttft", "tpot")
@@ -47,11 +47,11 @@ class Telemetry:
     bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)
     counts: dict[str, float] = field(  # by declared name
         default_factory=lambda: zeros(window_counters()))
-    histograms: dict[str, Histogram] = field(default_factory=dict)  # by declared name
-    stage_ms: dict[str, Histogram] = field(default_factory=lambda: {
-        s: Histogram(STAGE_BOUNDS) for s in STAGES})
-    request_ms: dict[str, Histogram] = field(default_factory=lambda: {
-        phase: Histogram(REQUEST_BOUNDS) for phase in REQUEST_PHASES})
+    histograms: dict[str, BucketHistogram] = field(default_factory=dict)  # by declared name
+    stage_ms: dict[str, BucketHistogram] = field(default_factory=lambda: {
+        s: BucketHistogram(STAGE_BOUNDS) for s in STAGES})
+    request_ms: dict[str, BucketHistogram] = field(default_factory=lambda: {
+        phase: BucketHistogram(REQUEST_BOUNDS) for phase in REQUEST_PHASES})
     expert_tokens: torch.Tensor = None  # [L, E] (token, expert) pairs routed
     dropped: torch.Tensor = None  # [L, E] pairs over capacity
     active_steps: torch.Tensor = None  # [L, E + 1] steps in which that many experts computed
@@ -66,7 +66,7 @@ class Telemetry:
 
     def __post_init__(self):
         self.histograms = self.histograms or {
-            m.name: Histogram(self.bounds.get(m.name, m.bounds)) for m in metrics_of(ENGINE)
+            m.name: BucketHistogram(self.bounds.get(m.name, m.bounds)) for m in metrics_of(ENGINE)
             if m.kind == HISTOGRAM}
         shape = (self.n_layers, self.n_experts)
         self.expert_tokens = torch.zeros(shape, dtype=torch.long)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.side_by_side import Load, alternate, ratio_interval, table
+from engines.side_by_side import PoissonLoad, alternate, ratio_interval, table
 from engines.tiny_model import MOE_SHAPE
 from engines.vllm_replies import routing_for
 from engines.vllm_server import REPO, environment, python
@@ -79,7 +79,7 @@ def test_a_run_counts_what_vllm_counts_and_the_report_shows_both_sides(vllm, tmp
 
 
 def test_our_timing_beside_vllm_bench_on_the_same_server(vllm, tmp_path):
-    load = Load(rate=4.0, duration_s=20.0)
+    load = PoissonLoad(rate=4.0, duration_s=20.0)
     mine, bench = alternate(vllm, load, rounds=2, out=tmp_path)
     print(f"\n{table(mine, bench)}")
     assert len(mine.ttft_ms) >= 0.9 * 2 * load.requests and not mine.failed
