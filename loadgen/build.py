@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.recorder import Recorder
-from loadgen.recording.routing import RoutingLog
+from loadgen.recording.routing_log import RoutingLog
 from loadgen.run import Hooks, Place, Run, RunParts
 from loadgen.scraping.expert_recorder import ExpertRecorder
 from loadgen.targets.routed_experts import reader_for

@@ -28,9 +28,9 @@ import os
 import signal
 
 from loadgen.reference.pacer import PROTOCOLS, Pacer
-from loadgen.reference.routing import SHAPE
+from loadgen.reference.seeded_routing import SHAPE
 from records.cli import Parser
-from records.routing import moe_shape_problem
+from records.expert_routes import moe_shape_problem
 
 SIDE_METRICS = ("vllm-grpc", "sglang-grpc")  # gRPC servers with /metrics on a side port
 

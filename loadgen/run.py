@@ -23,7 +23,7 @@ from loadgen.recording.cpu import CpuClock, GeneratorCpu
 from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
-from loadgen.recording.routing import RoutingLog
+from loadgen.recording.routing_log import RoutingLog
 from loadgen.recording.summary import Span, summarize
 from loadgen.recording.timing import StreamTiming
 from loadgen.scraping.expert_recorder import ExpertRecorder

@@ -10,5 +10,5 @@ STEPS = "steps.csv"  # stress mode: records/summary.py StepRow, one per row
 WORKERS = "workers.json"  # distributed runs: each worker's own histograms and counts
 HLOG = "{metric}.hlog"  # HdrHistogram interval log of one client metric
 WORKER_DIR = "worker-{rank}"  # a distributed run's worker's own interval logs and samples
-ROUTED = "routed_experts.jsonl"  # records/routing.py RoutedRow, one per line (--routed-experts)
+ROUTED = "routed_experts.jsonl"  # records/expert_routes.py: a RoutedRow a line (--routed-experts)
 EXPERT_RECORDS = "expert_records"  # engines' own expert statistics (SGLang's recorder, TRT-LLM's)

@@ -15,7 +15,7 @@ import torch
 
 from records.declare import Registry, SettingsError, argv_of, check_names, require
 from records.server_settings import Model, ServerSettings
-from server.engine import expert_cache, kernels, routing
+from server.engine import expert_cache, kernels, routers
 from server.engine.checkpoint import Checkpoint, open_checkpoint
 from server.engine.model_args import DTYPES, PRESETS, ModelArgs
 from server.frontends.security import check_exposure, guard_of
@@ -25,8 +25,8 @@ from server.scheduling.policies import POLICIES, build_policy
 REGISTRIES: dict[str, Registry] = {
     "presets": PRESETS,
     "dtypes": DTYPES,
-    "routers": routing.router_class,
-    "skews": routing.Skew.parse,
+    "routers": routers.router_class,
+    "skews": routers.Skew.parse,
     "kernels": {"auto": None, **kernels.KERNELS},
     "cache_policies": expert_cache.POLICIES,
     "policies": POLICIES,
@@ -82,7 +82,7 @@ def check(settings: ServerSettings, args: ModelArgs, ports: bool) -> None:
     """What needs the model's shapes, or reaches outside the process."""
     moe = settings.moe
     try:
-        routing.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
+        routers.Skew.parse(moe.routing_skew).layer_bias(args.n_experts, args.top_k, 0, 0)
     except ValueError as e:
         raise SettingsError(f"--routing-skew: {e}") from None
     build_policy(settings.batching)  # a policy checks its own knobs

@@ -22,7 +22,7 @@ from server.engine.local import LocalEngine
 from server.engine.model import Transformer
 from server.engine.model_args import PRESETS
 from server.engine.moe import StepContext, expert_capacity
-from server.engine.routing import (
+from server.engine.routers import (
     BalancedRouter,
     NoisyTopKRouter,
     Skew,

@@ -19,7 +19,7 @@ import torch
 from proto import moe_pb2
 from records.server_settings import Batching
 from server.engine.interface import StepResult
-from server.engine.routing import request_key
+from server.engine.routers import request_key
 from server.engine.slots import SlotPool
 from server.engine.stages import STAGES
 from server.engine.tokenizer import ByteTokenizer

@@ -13,15 +13,15 @@ import urllib.request
 import numpy as np
 import pytest
 
-from analysis.readers.routing import Routing
+from analysis.readers.routed_experts import Routing
 from analysis.routing.views import affinity
 from analysis.routing.what_if import distinct_experts, grouping, token_shares
 from loadgen.targets.openai import OpenAITarget
 from loadgen.targets.routed_experts import RoutingReader
 from proto import moe_pb2
 from records.declare import SettingsError, build
+from records.expert_routes import RoutedRow, counts_of, decode_counts, encode_counts
 from records.load_settings import LoadSettings
-from records.routing import RoutedRow, counts_of, decode_counts, encode_counts
 from records.server_settings import ServerSettings
 from tests.cli import analysis
 from tests.conftest import delay_server_process, running_server

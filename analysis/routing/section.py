@@ -15,7 +15,7 @@ import numpy as np
 
 from analysis.plots.experts import plot_experts
 from analysis.readers.expert_records import ExpertRecords, read_expert_records
-from analysis.readers.routing import Routing, read_routing
+from analysis.readers.routed_experts import Routing, read_routing
 from analysis.readers.rundir import Run, RunDirError, load_run
 from analysis.routing.views import Balance, RoutingView, view_of
 from analysis.routing.what_if import MAX_WAIT_MS, Grouping, Placing, grouping, placing

@@ -1,4 +1,4 @@
-"""The MoE views of a run's routed experts (analysis/readers/routing.py), for any server that
+"""The MoE views of a run's routed experts (analysis/readers/routed_experts.py), for any server that
 returned them: the load per layer and expert, the hottest experts of each layer, the imbalance
 over the run beside the client's TTFT and TPOT, and how much requests share experts.
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.readers.routing import Routing
+from analysis.readers.routed_experts import Routing
 from records.requests import RequestRow
 
 HOT_PER_LAYER = 3

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.readers.routing import Routing
+from analysis.readers.routed_experts import Routing
 from server.parallel.placement import balanced, contiguous, rank_loads
 from server.scheduling.policies import ExpertAware, Fcfs, View
 

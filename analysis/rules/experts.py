@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.readers.routing import read_routing
+from analysis.readers.routed_experts import read_routing
 from analysis.readers.server_stats import expert_shares, server_view
 from analysis.rules.finding import Finding
 from analysis.rules.spikes import Signals, when

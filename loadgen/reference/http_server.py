@@ -16,8 +16,8 @@ closed after the first chunk); with --routed-experts, `routing-none` (the reply 
 
 A request with `stream` false gets one JSON reply after the same schedule, as vLLM's
 non-streamed completions do. --routed-experts vllm sends each request's routed experts
-(loadgen/reference/routing.py) as vLLM does: only in such a reply, base64 of an .npy file on its
-choice; sglang as SGLang does when the request asks (`return_routed_experts`), base64 in
+(loadgen/reference/seeded_routing.py) as vLLM does: only in such a reply, base64 of an .npy
+file on its choice; sglang as SGLang does when the request asks (`return_routed_experts`), base64 in
 `sglext` on a chunk of its own; /expert_truth answers what was sent, and the SGLang recorder's
 endpoints are served (loadgen/reference/recorder.py).
 """

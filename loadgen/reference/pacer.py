@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from loadgen.reference.routing import POOL, Asked, Shape, Truth, draw
+from loadgen.reference.seeded_routing import POOL, Asked, Shape, Truth, draw
 from loadgen.reference.tally import Tally
 
 PROTOCOLS = ("moe", "openai", "vllm-grpc", "sglang-grpc", "trtllm-grpc", "triton")

@@ -2,7 +2,7 @@
 (docs/targets.md). While the stream runs, the receive loop only notes which messages carry them
 (a few dictionary lookups) and keeps their JSON text; once the request has ended, the process
 that records it (the aio sender's parent, not the sender) reads them again and decodes them into
-the per-layer counts of records/routing.py, so the process that times the streams pays nothing
+the per-layer counts of records/expert_routes.py, so the process that times the streams pays nothing
 more for them.
 
 - vLLM (--enable-return-routed-experts; vllm/entrypoints/openai/completion/serving.py and
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from records.expert_routes import counts_of, encode_counts
 from records.load_settings import TargetSettings
-from records.routing import counts_of, encode_counts
 
 ENGINES_THAT_ANSWER = ("vllm", "sglang", "moe-loadlab")  # /v1/models' owned_by, for auto
 MAX_EXPERTS = 1 << 16  # ids above this are garbage, not a model's expert

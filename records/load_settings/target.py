@@ -13,11 +13,11 @@ from records.declare import (
     url_path,
     within,
 )
+from records.expert_routes import moe_shape_problem
 from records.load_settings.choices import (
     OPENAI,
     TRITON,
 )
-from records.routing import moe_shape_problem
 
 
 @dataclass(frozen=True)

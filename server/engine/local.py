@@ -30,7 +30,7 @@ from server.engine.kernels import grouped_mm_unsupported
 from server.engine.model import KVCache, StepLayout, Transformer
 from server.engine.model_args import PRESETS, ModelArgs
 from server.engine.moe import StepContext, random_expert
-from server.engine.routing import Skew
+from server.engine.routers import Skew
 from server.engine.slots import SlotPool
 from server.engine.stages import StageTimer, StepTimes
 from server.engine.tokenizer import ByteTokenizer

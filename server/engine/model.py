@@ -40,7 +40,7 @@ from server.engine.moe import (
     StepContext,
     random_expert,
 )
-from server.engine.routing import Skew, router_class, router_options
+from server.engine.routers import Skew, router_class, router_options
 from server.parallel.exchange import ExpertSpread
 
 

@@ -21,7 +21,7 @@ import torch
 from records.engine_telemetry import Count
 from server.engine.expert_cache import CacheCounters
 from server.engine.interface import Engine, SeqInput, StepResult
-from server.engine.routing import request_key
+from server.engine.routers import request_key
 from server.errors import QueueFullError
 from server.scheduling.fairness import fair_order
 from server.scheduling.faults import Injector

@@ -42,7 +42,7 @@ from server.engine.local import LocalEngine
 from server.engine.model import Transformer
 from server.engine.model_args import PRESETS
 from server.engine.moe import MoELayer, StepContext
-from server.engine.routing import Skew, request_key
+from server.engine.routers import Skew, request_key
 from server.engine.stages import StageTimer
 from server.tools.bench_reference import IMPLEMENTATIONS, reference_block, reference_forward
 

@@ -22,8 +22,8 @@ from engines.vllm_server import REPO, environment, python
 from loadgen.traffic.workload import Workload
 from records.declare import build
 from records.engine_maps import VLLM
+from records.expert_routes import counts_of, decode_counts
 from records.load_settings import LoadSettings
-from records.routing import counts_of, decode_counts
 from tests.cli import analysis
 from tests.test_end_to_end import locust
 

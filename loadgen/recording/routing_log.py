@@ -1,5 +1,5 @@
-"""routed_experts.jsonl as the run goes (records/routing.py): a line per finished request, with
-the routing its reply carried or why there was none, and the count of each for the run's
+"""routed_experts.jsonl as the run goes (records/expert_routes.py): a line per finished request,
+with the routing its reply carried or why there was none, and the count of each for the run's
 warnings. A distributed run's worker writes its own, in its directory."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from loadgen.targets.client import StreamResult
+from records.expert_routes import RoutedRow
 from records.jsonform import to_json
-from records.routing import RoutedRow
 from records.rundir import ROUTED
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from records.routing import counts_of
+from records.expert_routes import counts_of
 
 SHAPE = "4x16x2"  # the default --moe-shape: layers x experts x top-k
 GROUPS = 4

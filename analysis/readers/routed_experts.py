@@ -1,5 +1,5 @@
-"""A run's routed experts (routed_experts.jsonl, records/routing.py; a distributed run's workers'
-files too), decoded into arrays: per request, per layer, the tokens each expert took.
+"""A run's routed experts (routed_experts.jsonl, records/expert_routes.py; a distributed run's
+workers' files too), decoded into arrays: per request, per layer, the tokens each expert took.
 
 The requests kept are those whose routing was read and whose shape is the run's (the layer
 count and top-k most requests reported; the width, the most experts any of them did): a reply
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from records.expert_routes import RoutedRow, decode_counts
 from records.jsonform import RecordError, from_json
-from records.routing import RoutedRow, decode_counts
 from records.rundir import ROUTED
 
 
