@@ -282,7 +282,7 @@ def test_objects_handed_across_a_room_are_typed(name):
 def test_an_untyped_reach_into_another_rooms_object_is_caught():
     # the exchange reaching into the layer it serves, as it once did
     exchange = MODULES["server.parallel.exchange"].read_text()
-    mutated = exchange.replace("experts: LocalExperts,", "moe,").replace(
+    mutated = exchange.replace("experts: ExpertSlots,", "moe,").replace(
         "experts.slots", "len(moe.experts.held)")
     assert mutated != exchange
     assert "run: moe.experts" in untyped_reads(mutated)

@@ -138,7 +138,7 @@ class Experts(nn.Module):
 
 class HeldExperts:
     """The experts held here through the layer's kernel, as an exchange calls them
-    (server/parallel/exchange.py, LocalExperts): rows sorted by slot."""
+    (server/parallel/exchange.py, ExpertSlots): rows sorted by slot."""
 
     def __init__(self, experts: Experts, kernel: Kernel):
         self.experts, self.kernel = experts, kernel
@@ -218,7 +218,7 @@ class MoELayer(nn.Module):
         if step.token_experts is not None:
             step.token_experts.append(experts)
         if self.exchange is None:
-            out = self.local_experts(x, weights, flat, step)
+            out = self.here(x, weights, flat, step)
         else:
             step.routed.append(tally(flat, self.n_experts))
             out = self.exchange.run(x, weights, flat, self.held_experts, step)
@@ -227,8 +227,7 @@ class MoELayer(nn.Module):
             step.timer.mark("expert_compute")
         return out
 
-    def local_experts(self, x: Tensor, weights: Tensor, flat: Tensor,
-                      step: StepContext) -> Tensor:
+    def here(self, x: Tensor, weights: Tensor, flat: Tensor, step: StepContext) -> Tensor:
         """Every expert in this process: sort the pairs by expert, drop what is over capacity,
         compute each expert's slice, combine."""
         order = flat.argsort(stable=True)  # by expert, then token: earlier tokens keep capacity

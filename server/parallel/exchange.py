@@ -21,7 +21,7 @@ Shape letters: N tokens here, D model dim, k experts per token, P = N k pairs, W
 S expert slots here.
 
 The exchange moves tensors; it reaches into no object of the engine's. The layer hands it the
-experts held here as `LocalExperts` (their slots and their compute) and the step's record as
+experts held here as `ExpertSlots` (their slots and their compute) and the step's record as
 `ExchangeLog` (stage marks, experts that computed, what was exchanged).
 """
 
@@ -59,7 +59,7 @@ class Exchanged:
         self.modelled_ms[phase] += modelled
 
 
-class LocalExperts(Protocol):
+class ExpertSlots(Protocol):
     """The experts held here, as the exchange uses them."""
 
     @property
@@ -110,7 +110,7 @@ class Exchange:
         return pending.wait(modelled if self.emulate else 0.0), modelled
 
 
-def compute(experts: LocalExperts, rows: Tensor, slots: Tensor) -> Tensor:
+def compute(experts: ExpertSlots, rows: Tensor, slots: Tensor) -> Tensor:
     """This rank's experts on the rows sent to them, each row's output in its place."""
     by_slot = slots.argsort(stable=True)
     counts = torch.bincount(slots, minlength=experts.slots).tolist()
@@ -125,7 +125,7 @@ class AllToAll(Exchange):
         super().__init__(group, placement, layer, link, emulate)
         self.overlap = overlap
 
-    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: LocalExperts,
+    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: ExpertSlots,
             log: ExchangeLog) -> Tensor:
         """x [N, D] and its routing, weights and flat [N, k] experts flattened: the layer's
         output [N, D] from the experts wherever they are."""
@@ -190,7 +190,7 @@ class AllToAll(Exchange):
 
 
 class AllGatherReduceScatter(Exchange):
-    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: LocalExperts,
+    def run(self, x: Tensor, weights: Tensor, flat: Tensor, experts: ExpertSlots,
             log: ExchangeLog) -> Tensor:
         n, d = x.shape
         k, world, me = weights.shape[1], self.group.world, self.group.rank
