@@ -13,7 +13,7 @@ import numpy as np
 
 from analysis.readers.rundir import Run
 from analysis.tables import fmt_ms, markdown_table
-from records.early_stopping import Judged, judge, rank_interval
+from records.early_stopping import Judged, Verdict, judge, rank_interval
 from records.requests import RequestRow
 from records.scenarios import QUICK_S, scenario_of
 
@@ -99,8 +99,8 @@ def conditions(run: Run) -> list[tuple[bool, str]]:
 def verdict(found: list[Claim], held: list[tuple[bool, str]] = ()) -> str:
     """The run's: FAIL if any claim fails, else NOT VALID if any lacks support or a condition
     is not met, else PASS."""
-    kinds = {c.verdict for c in found} | {"NOT VALID" for met, _ in held if not met}
-    return next((v for v in ("FAIL", "NOT VALID") if v in kinds), "PASS")
+    kinds = {c.verdict for c in found} | {Verdict.NOT_VALID for met, _ in held if not met}
+    return next((v for v in (Verdict.FAIL, Verdict.NOT_VALID) if v in kinds), Verdict.PASS)
 
 
 def final_word(run: Run, found: list[Claim]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 CONFIDENCE = 0.99  # MLPerf's
 TOLERANCE = 0.0  # MLPerf's server scenario
@@ -110,6 +111,14 @@ def validity(requests: int, over: int, percentile: float) -> Validity:
     return Validity(requests, over, min_passing(over, percentile / 100) + over)
 
 
+class Verdict(StrEnum):
+    """A percentile claim's verdict, as MLPerf's early-stopping rule gives it."""
+
+    PASS = "PASS"  # met, and supported by enough requests
+    FAIL = "FAIL"  # not met
+    NOT_VALID = "NOT VALID"  # met, but too few requests to support it
+
+
 @dataclass(frozen=True, kw_only=True)
 class Judged:
     """An objective as a percentile claim over a sample: "metric p<percentile> <= limit_ms"."""
@@ -131,9 +140,10 @@ class Judged:
         return self.requests >= self.needed
 
     @property
-    def verdict(self) -> str:
-        """PASS (met and supported), FAIL (not met) or NOT VALID (met, too few requests)."""
-        return "FAIL" if not self.met else "PASS" if self.supported else "NOT VALID"
+    def verdict(self) -> Verdict:
+        if not self.met:
+            return Verdict.FAIL
+        return Verdict.PASS if self.supported else Verdict.NOT_VALID
 
 
 def judge(metric: str, values: list[float], limit_ms: float, percentile: float,

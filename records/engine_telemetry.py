@@ -23,6 +23,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
+
+class Stage(StrEnum):
+    """The stages of an engine step, in order (server/engine/stages.py times them)."""
+
+    PREPROCESS = "preprocess"
+    ATTENTION = "attention"
+    ROUTING = "routing"
+    DISPATCH = "dispatch"  # tokens to their experts' ranks (expert parallelism)
+    EXPERT_COMPUTE = "expert_compute"
+    COMBINE = "combine"  # ... and back
+    DECODE = "decode"
+
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
 # The GetStats messages (proto/moe.proto) metrics sit in; "" = /metrics only.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from records.early_stopping import Judged
+from records.early_stopping import Judged, Verdict
 from records.jsonform import field
 from records.load_settings import LoadSettings
 from records.server_stats import ServerStats
@@ -238,7 +238,7 @@ class SlaResult:
         """Every confirmation passed; None: none was run."""
         if not self.confirmations:
             return None
-        return all(p.verdict == "PASS" for p in self.confirmations)
+        return all(p.verdict == Verdict.PASS for p in self.confirmations)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -302,3 +302,38 @@ def test_a_class_name_names_one_thing():
                 defined[node.name].append(name)
     shared = {cls: where for cls, where in defined.items() if len(where) > 1}
     assert len(shared) <= 3, shared
+
+
+def literal_uses(source: str) -> list[str]:
+    """String literals used where an enum member belongs: a verdict, finish reason or stage
+    compared or marked, a mode compared with a `mode`."""
+    from records.early_stopping import Verdict
+    from records.engine_telemetry import Stage
+    from records.load_settings.choices import Mode
+    from server.scheduling.requests import FinishReason
+    symbols = {str(v) for enum in (Verdict, Stage, FinishReason) for v in enum}
+    modes = {str(m) for m in Mode}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            texts = {s.value for s in sides if isinstance(s, ast.Constant)
+                     and isinstance(s.value, str)}
+            named_mode = any(isinstance(s, ast.Attribute | ast.Name)
+                             and getattr(s, "attr", getattr(s, "id", "")) == "mode" for s in sides)
+            found += sorted(texts & symbols) + (sorted(texts & modes) if named_mode else [])
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "mark" and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            found.append(node.args[0].value)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_verdicts_finish_reasons_stages_and_modes_are_enum_members(name):
+    assert not literal_uses(MODULES[name].read_text())
+
+
+def test_a_literal_where_a_member_belongs_is_caught():
+    assert literal_uses('x = v == "PASS"\nt.mark("attention")\nif s.mode != "closed": pass') == [
+        "PASS", "attention", "closed"]

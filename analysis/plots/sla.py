@@ -7,6 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from analysis.plots.cdf import log_scale
+from records.early_stopping import Verdict
 from records.summary import SlaResult
 
 
@@ -15,7 +16,7 @@ def plot_sla(sla: SlaResult, path: Path) -> None:
     fig = Figure(figsize=(5 + 4 * len(metrics), 4.6), layout="constrained")
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics, strict=True):
-        for verdict, marker in (("PASS", "o"), ("FAIL", "x"), ("NOT VALID", "^")):
+        for verdict, marker in ((Verdict.PASS, "o"), (Verdict.FAIL, "x"), (Verdict.NOT_VALID, "^")):
             points = [(p.rate_rps, c.value_ms) for p in sla.probes for c in p.claims
                       if c.metric == metric and p.verdict == verdict and c.value_ms is not None]
             if points:

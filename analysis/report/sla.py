@@ -9,6 +9,7 @@ from __future__ import annotations
 from analysis.repeats import t_interval
 from analysis.slo_claims import why
 from analysis.tables import fmt_ms, markdown_table
+from records.early_stopping import Verdict
 from records.summary import SlaProbe, SlaResult
 
 SLA_PNG = "sla.png"
@@ -41,7 +42,7 @@ def confirmation_lines(sla: SlaResult) -> list[str]:
     probes = sla.confirmations
     if not probes:
         return []
-    passed = sum(p.verdict == "PASS" for p in probes)
+    passed = sum(p.verdict == Verdict.PASS for p in probes)
     lines = [f"{passed} of {len(probes)} confirming probes at {sla.rate_rps:.4g}/s passed"]
     for i, c in enumerate(probes[0].claims):
         values = [p.claims[i].value_ms for p in probes]
@@ -58,7 +59,7 @@ def sla_verdict(sla: SlaResult) -> str:
     """The report's last line for an SLA search."""
     if sla.rate_rps is None:
         return f"verdict: FAIL: no rate tried met the objectives ({sla.stopped_because})"
-    failed = sum(p.verdict != "PASS" for p in sla.confirmations)
+    failed = sum(p.verdict != Verdict.PASS for p in sla.confirmations)
     if sla.confirmed is False:
         return (f"verdict: NOT CONFIRMED: {sla.rate_rps:.4g} requests/s passed its probe, then "
                 f"{failed} of {len(sla.confirmations)} confirming probes did not pass")

@@ -33,7 +33,7 @@ from typing import Protocol
 import gevent
 
 from loadgen.sla.part import Done, ProbePart, Waiting
-from records.early_stopping import Judged, judge, validity
+from records.early_stopping import Judged, Verdict, judge, validity
 from records.load_settings import LoadSettings
 from records.summary import SlaProbe, SlaResult
 
@@ -129,7 +129,7 @@ class SlaSearch:
             probe = self.probe()
             self.probes_run.append(probe)
             self._last_s = self.now_s()
-            if probe.verdict == "PASS":
+            if probe.verdict == Verdict.PASS:
                 self.passed = max(self.passed or 0.0, probe.rate_rps)
             else:
                 self.failed = min(self.failed or math.inf, probe.rate_rps)
@@ -167,7 +167,7 @@ class SlaSearch:
         self.probes.cut()
         self.drain()
         return SlaProbe(rate_rps=self.rate, started_s=start_s, judged_s=elapsed, failed=failed,
-                        claims=claims, verdict=verdict or "NOT VALID")
+                        claims=claims, verdict=verdict or Verdict.NOT_VALID)
 
     def drain(self) -> None:
         """Until the probe's requests have ended (or DRAIN_S), so the next probe starts on an
@@ -221,16 +221,17 @@ class SlaSearch:
                          search_s=self._last_s)
 
 
-def decide(claims: list[Judged], percentile: float, longest: float, settled: bool) -> str:
-    """PASS, FAIL, or "" (not yet): see the module's docstring. settled: the probe has run its
+def decide(claims: list[Judged], percentile: float, longest: float,
+           settled: bool) -> Verdict | None:
+    """PASS, FAIL, or None (not yet): see the module's docstring. settled: the probe has run its
     shortest length, so its percentile may be judged."""
     if any(c.over > (1 - percentile / 100) * max(longest, 1) for c in claims):
-        return "FAIL"  # the longest probe could not bring the percentile under its limit
+        return Verdict.FAIL  # the longest probe could not bring the percentile under its limit
     if not settled:
-        return ""
-    if all(c.verdict == "PASS" for c in claims):
-        return "PASS"
+        return None
+    if all(c.verdict == Verdict.PASS for c in claims):
+        return Verdict.PASS
     least = validity(0, 0, percentile).needed  # the sample that could support any claim
-    if any(c.verdict == "FAIL" and c.requests >= least for c in claims):
-        return "FAIL"
-    return ""
+    if any(c.verdict == Verdict.FAIL and c.requests >= least for c in claims):
+        return Verdict.FAIL
+    return None

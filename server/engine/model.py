@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from records.declare import flat
+from records.engine_telemetry import Stage
 from records.server_settings import MoE
 from server.engine.decode_attention import DecodeAttention
 from server.engine.expert_cache import LayerCache
@@ -439,10 +440,10 @@ class Transformer(nn.Module):
         cos = self.rope_cos[layout.positions][:, None]  # [N, 1, K]
         sin = self.rope_sin[layout.positions][:, None]
         x = self.tok_embeddings(tokens)  # [N, D]
-        step.timer.mark("preprocess")
+        step.timer.mark(Stage.PREPROCESS)
         for i, layer in enumerate(self.layers):
             x = x + layer.attention(layer.attention_norm(x), layout, cos, sin,
                                     cache.k[i], cache.v[i])
-            step.timer.mark("attention")
+            step.timer.mark(Stage.ATTENTION)
             x = x + layer.moe(layer.ffn_norm(x), step)  # marks routing, expert_compute, combine
         return project(self.output, self.norm(x[layout.last_index])).float()

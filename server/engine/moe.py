@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from records.engine_telemetry import Stage
 from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import HostTransfers
 from server.engine.kernels import Kernel, for_rows, gated, grouped_mm_experts, project, swiglu
@@ -224,7 +225,7 @@ class MoELayer(nn.Module):
             out = self.exchange.run(x, weights, flat, self.held_experts, step)
         if self.shared is not None:
             out += self.shared(x)
-            step.timer.mark("expert_compute")
+            step.timer.mark(Stage.EXPERT_COMPUTE)
         return out
 
     def here(self, x: Tensor, weights: Tensor, flat: Tensor, step: StepContext) -> Tensor:
@@ -255,14 +256,14 @@ class MoELayer(nn.Module):
             step.active.append(sum(1 for n in kept_counts if n))
             if keep is not None:  # the kept pairs first, in order; sized here, not by a mask
                 order = order[(~keep).to(torch.uint8).argsort(stable=True)[:sum(kept_counts)]]
-        step.timer.mark("routing")
+        step.timer.mark(Stage.ROUTING)
 
         token_of = order // self.top_k  # [M] source token of each kept pair, sorted by expert
         ys = self.compute(self.dispatch(x, token_of), kept_counts, kernel)
-        step.timer.mark("expert_compute")
+        step.timer.mark(Stage.EXPERT_COMPUTE)
 
         out = self.combine(ys, token_of, weights.flatten()[order], x)
-        step.timer.mark("combine")
+        step.timer.mark(Stage.COMBINE)
         return out
 
     def route(self, x: Tensor, step: StepContext) -> tuple[Tensor, Tensor]:

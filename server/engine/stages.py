@@ -32,10 +32,12 @@ from typing import TypeVar
 
 import torch
 
+from records.engine_telemetry import Stage
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STAGES = ("preprocess", "attention", "routing", "dispatch", "expert_compute", "combine", "decode")
+STAGES = tuple(Stage)
 SLEEP_MIN_MS = 0.2  # the shortest sleep queued before a sampled stage
 SLEEP_MARGIN = 1.5  # a stage's sleep over the longest host time seen for one stage
 SLEEP_MAX_MS = 100.0

@@ -22,7 +22,7 @@ from server.engine.tokenizer import Tokenizer
 from server.errors import InvalidRequestError, QueueFullError, ServerError, UnavailableError
 from server.scheduling.engine_thread import EngineThread
 from server.scheduling.faults import Fate
-from server.scheduling.requests import FailureEvent, Request, TokenEvent, Usage
+from server.scheduling.requests import FailureEvent, FinishReason, Request, TokenEvent, Usage
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Batch:
 
     ids: list[int]
     text: str  # their text, UTF-8 sequences split across batches held back until complete
-    finish_reason: str | None = None  # LENGTH or STOP on the last batch
+    finish_reason: FinishReason | None = None  # on the last batch
     usage: Usage | None = None  # on the last batch
     error: Exception | None = None  # the request failed: a ServerError, or the engine's own
 

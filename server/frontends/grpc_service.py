@@ -26,14 +26,15 @@ from server.frontends.getstats import settings_fields, stats_message
 from server.frontends.security import Guard, Tokens, client_of, metadata_value, peer_host
 from server.frontends.statuses import retry_after_s, status_of
 from server.scheduling.policies import knobs
+from server.scheduling.requests import FinishReason
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = moe_pb2.DESCRIPTOR.services_by_name["MoEInference"].full_name
 RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # gRPC's retry hint (A6), honoured by its retries
 KEEPALIVE_TIMEOUT_MS = 20_000  # an unanswered keepalive ping this long drops the connection
-FINISH_REASONS = {"LENGTH": moe_pb2.GenerateResponse.LENGTH,
-                  "STOP": moe_pb2.GenerateResponse.STOP}
+FINISH_REASONS = {FinishReason.LENGTH: moe_pb2.GenerateResponse.LENGTH,
+                  FinishReason.STOP: moe_pb2.GenerateResponse.STOP}
 
 
 def grpc_status(error: Exception) -> tuple[grpc.StatusCode, str]:

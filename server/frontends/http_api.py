@@ -42,10 +42,11 @@ from server.errors import InvalidRequestError, ServerError, ShutdownError
 from server.frontends.admission import Admission, Batch, GenerationRequest
 from server.frontends.security import Guard, Tokens, client_of
 from server.frontends.statuses import retry_after_s, status_of
+from server.scheduling.requests import FinishReason
 
 OPEN = Guard(None, None, None)  # plaintext, no token
 
-FINISH_REASONS = {"LENGTH": "length", "STOP": "stop", "ABORT": "abort"}
+FINISH_REASONS = {reason: reason.lower() for reason in FinishReason}  # OpenAI's words
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 def error_body(status: int, kind: str, message: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
@@ -327,7 +328,7 @@ class CompletionResponse:
             async for batch in batches:
                 if isinstance(batch.error, ShutdownError):  # ends as a stream, with a reason
                     await send(response, self.envelope(True) | {
-                        "choices": [self.choice(Batch([], "", "ABORT"), first=first,
+                        "choices": [self.choice(Batch([], "", FinishReason.ABORT), first=first,
                                                 streamed=True)],
                         "server_elapsed_us": self.elapsed_us()})
                     break

@@ -33,6 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from records.engine_telemetry import Stage
 from server.parallel.group import EpGroup, PendingExchange
 from server.parallel.link import Link
 from server.parallel.placement import Placement
@@ -45,12 +46,12 @@ class Exchanged:
     dispatch_bytes: list[list[int]]  # [source rank][destination rank], payload
     combine_bytes: list[list[int]]
     computed: list[int]  # (token, expert) pairs each rank's experts computed
-    measured_ms: dict[str, float] = field(default_factory=lambda: {"dispatch": 0.0,
-                                                                   "combine": 0.0})
-    exposed_ms: dict[str, float] = field(default_factory=lambda: {"dispatch": 0.0,
-                                                                  "combine": 0.0})
-    modelled_ms: dict[str, float] = field(default_factory=lambda: {"dispatch": 0.0,
-                                                                   "combine": 0.0})
+    measured_ms: dict[str, float] = field(default_factory=lambda: {Stage.DISPATCH: 0.0,
+                                                                   Stage.COMBINE: 0.0})
+    exposed_ms: dict[str, float] = field(default_factory=lambda: {Stage.DISPATCH: 0.0,
+                                                                  Stage.COMBINE: 0.0})
+    modelled_ms: dict[str, float] = field(default_factory=lambda: {Stage.DISPATCH: 0.0,
+                                                                   Stage.COMBINE: 0.0})
 
     def add(self, phase: str, waited: tuple[float, float], modelled: float) -> None:
         measured, exposed = waited
@@ -144,7 +145,7 @@ class AllToAll(Exchange):
         record = Exchanged([[0] * world for _ in range(world)], [[0] * world for _ in range(world)],
                            [sum(counts[s][b][r] for s in range(world) for b in range(len(halves)))
                             for r in range(world)])
-        log.mark("routing")
+        log.mark(Stage.ROUTING)
         dispatched = [self._dispatch(x[token[order]], slot[order], counts, b)
                       for b, order in enumerate(orders)]
         combined = []
@@ -152,12 +153,12 @@ class AllToAll(Exchange):
         for b, (rows, ids, sent, received) in enumerate(dispatched):
             matrix = [[counts[s][b][r] * row_bytes if s != r else 0 for r in range(world)]
                       for s in range(world)]
-            record.add("dispatch", *self.wait(rows, matrix))
+            record.add(Stage.DISPATCH, *self.wait(rows, matrix))
             ids.work.wait()  # sent with the rows: here by now
-            log.mark("dispatch")
+            log.mark(Stage.DISPATCH)
             ys = compute(experts, rows.output, ids.output)
             used += torch.bincount(ids.output, minlength=len(used))
-            log.mark("expert_compute")
+            log.mark(Stage.EXPERT_COMPUTE)
             back = x.new_empty(sum(sent), d)
             combined.append((self.group.all_to_all(back, ys, sent, received), matrix))
             for s in range(world):
@@ -168,9 +169,9 @@ class AllToAll(Exchange):
         flat_weights = weights.flatten()
         for order, (back, matrix) in zip(orders, combined, strict=True):
             transposed = [[matrix[s][r] for s in range(world)] for r in range(world)]
-            record.add("combine", *self.wait(back, transposed))
+            record.add(Stage.COMBINE, *self.wait(back, transposed))
             out.index_add_(0, token[order], back.output * flat_weights[order][:, None].to(x.dtype))
-            log.mark("combine")
+            log.mark(Stage.COMBINE)
         log.computed(int((used > 0).sum()))
         log.exchanged(record)
         return out
@@ -201,15 +202,15 @@ class AllGatherReduceScatter(Exchange):
         routing = torch.full((width, 2 * k), -1.0, device=x.device)  # experts, then weights
         routing[:n, :k] = flat.view(n, k).float()
         routing[:n, k:] = weights
-        log.mark("routing")
+        log.mark(Stage.ROUTING)
         matrix = [[width * d * x.element_size() if s != r else 0 for r in range(world)]
                   for s in range(world)]
         rows = self.group.gather_rows(padded)
         routes = self.group.gather_rows(routing)
         routes.wait()
         record = Exchanged([row[:] for row in matrix], [row[:] for row in matrix], [0] * world)
-        record.add("dispatch", *self.wait(rows, matrix))
-        log.mark("dispatch")
+        record.add(Stage.DISPATCH, *self.wait(rows, matrix))
+        log.mark(Stage.DISPATCH)
         every = routes.output.view(world, width, 2 * k)
         valid = torch.arange(width, device=x.device)[None, :] < torch.tensor(
             sizes, device=x.device)[:, None]  # [W, width]
@@ -225,10 +226,10 @@ class AllGatherReduceScatter(Exchange):
         partial = torch.zeros_like(rows.output)
         partial.index_add_(0, token_of, ys * every[..., k:].flatten()[mine][:, None].to(x.dtype))
         log.computed(len(torch.unique(slot[mine])))
-        log.mark("expert_compute")
+        log.mark(Stage.EXPERT_COMPUTE)
         summed = self.group.reduce_rows(partial)
-        record.add("combine", *self.wait(summed, matrix))
-        log.mark("combine")
+        record.add(Stage.COMBINE, *self.wait(summed, matrix))
+        log.mark(Stage.COMBINE)
         log.exchanged(record)
         return summed.output[:n]
 

@@ -27,12 +27,11 @@ from server.scheduling.fairness import fair_order
 from server.scheduling.faults import Injector
 from server.scheduling.policies import Policy, StepPlan, View, within_prefill_budget
 from server.scheduling.prefix_cache import PrefixCache, block_keys
-from server.scheduling.requests import FailureEvent, Request, TokenEvent, Usage
+from server.scheduling.requests import FailureEvent, FinishReason, Request, TokenEvent, Usage
 from server.telemetry.histogram import count_bounds
 from server.telemetry.step_log import StepLog
 from server.telemetry.window import Telemetry
 
-LENGTH, STOP = "LENGTH", "STOP"
 LIFETIME_PRIOR_S = 1.0  # a request's lifetime before any has finished
 LIFETIME_WEIGHT = 0.1  # of each finished request in the moving average (the last ~10 count)
 MIN_RETRY_S = 0.05
@@ -206,7 +205,8 @@ class BatchingLoop:
             req.output_ids.append(token)
             stops = (token in self.engine.tokenizer.eos_ids and not req.ignore_eos
                      and len(req.output_ids) > req.min_tokens)
-            finish = LENGTH if len(req.output_ids) >= req.max_tokens else STOP if stops else None
+            finish = (FinishReason.LENGTH if len(req.output_ids) >= req.max_tokens
+                      else FinishReason.STOP if stops else None)
             usage = self._finish(req, t1) if finish else None
             finished += usage is not None
             deliveries.append((req.sink, TokenEvent(token, finish, usage)))

@@ -8,8 +8,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
+
+
+class FinishReason(StrEnum):
+    """Why a request's stream ended without an error."""
+
+    LENGTH = "LENGTH"  # its max_tokens
+    STOP = "STOP"  # a stop token
+    ABORT = "ABORT"  # the server shut down, its grace over
 
 
 @dataclass(kw_only=True)
@@ -28,7 +37,7 @@ class Usage:
 @dataclass
 class TokenEvent:
     token_id: int
-    finish_reason: str | None = None  # LENGTH or STOP on the request's last token
+    finish_reason: FinishReason | None = None  # on the request's last token
     usage: Usage | None = None  # on the last token only
 
 
