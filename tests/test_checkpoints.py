@@ -21,8 +21,8 @@ from records.declare import SettingsError, build
 from records.server_settings import ServerSettings
 from server.build import build_engine
 from server.engine.checkpoint import CheckpointError, open_checkpoint
+from server.engine.layouts import StepLayout
 from server.engine.local import LocalEngine
-from server.engine.model import StepLayout
 from server.engine.moe import StepContext
 from server.settings import prepare, resolve
 from tests.checkpoints import ARCHITECTURES, shard, write_checkpoint

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 from records.server_settings import MoE
 from server.engine.interface import SeqInput
+from server.engine.layouts import StepLayout
 from server.engine.local import LocalEngine, indexed
-from server.engine.model import StepLayout, causal_attention, masked_attention
+from server.engine.model import causal_attention, masked_attention
 from server.engine.model_args import PRESETS
 from server.engine.moe import StepContext
 from tests.conftest import REPO

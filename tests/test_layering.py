@@ -115,7 +115,8 @@ def test_loadgen_never_imports_the_server_and_its_rooms_import_downwards(name):
     names = IMPORTS[name]
     assert top(ours(names)) <= {"loadgen", "proto", "records"}
     if name not in LOCUST_IN_LOADGEN:
-        assert "locust" not in top(names), "only the locustfile, its listener and its roles import locust"
+        assert "locust" not in top(names), \
+            "only the locustfile, its listener and its roles import locust"
     mine = room(name, LOADGEN_ROOMS)
     if mine is not None:
         allowed = {mine, *LOADGEN_ROOMS[mine]}

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from records.checks import at_least
 from records.declare import (
     Settings,
     SettingsError,
     add_arguments,
-    at_least,
     build,
     cast,
     flat,

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import (
-    Settings,
-    above,
-    at_least,
-    open_percentile,
-    setting,
-)
+from records.checks import above, at_least, open_percentile
+from records.declare import Settings, setting
 from records.load_settings.choices import (
     SLA,
     STRESS,

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import (
-    GIVEN,
-    Settings,
-    above,
-    at_least,
-    host_port,
-    setting,
-    urls_or_off,
-)
+from records.checks import above, at_least, host_port, urls_or_off
+from records.declare import GIVEN, Settings, setting
 from records.load_settings.choices import (
     AIO_MODES,
     CLIENTS,

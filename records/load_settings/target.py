@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import (
-    Names,
-    Settings,
-    name_value,
-    require,
-    setting,
-    url_path,
-    within,
-)
+from records.checks import name_value, url_path, within
+from records.declare import Names, Settings, require, setting
 from records.expert_routes import moe_shape_problem
 from records.load_settings.choices import (
     OPENAI,

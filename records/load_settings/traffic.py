@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import (
-    GIVEN,
-    Names,
-    Settings,
-    above,
-    at_least,
-    require,
-    setting,
-    within,
-)
+from records.checks import above, at_least, within
+from records.declare import GIVEN, Names, Settings, require, setting
 from records.load_settings.choices import (
     ARRIVALS,
     DEFAULT_CLASSES,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Names, Settings, above, at_least, require, setting
+from records.checks import above, at_least
+from records.declare import Names, Settings, require, setting
 
 
 def _device(value: str | None) -> str | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records.declare import Settings, at_least, require, setting, within
+from records.checks import at_least, within
+from records.declare import Settings, require, setting
 
 
 @dataclass(frozen=True)

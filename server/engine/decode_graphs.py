@@ -33,7 +33,8 @@ from torch import Tensor
 
 from server.engine.decode_attention import DecodeAttention
 from server.engine.kernels import grouped_mm_experts
-from server.engine.model import DecodeLayout, KVCache, Transformer
+from server.engine.layouts import DecodeLayout
+from server.engine.model import KVCache, Transformer
 from server.engine.moe import StepContext
 from server.engine.stages import NullTimer, StageTimer
 

@@ -27,7 +27,8 @@ from server.engine.expert_cache import LayerCache
 from server.engine.host_transfer import HostTransfers, lists_to_device, to_device
 from server.engine.interface import SeqInput, StepResult
 from server.engine.kernels import grouped_mm_unsupported
-from server.engine.model import KVCache, StepLayout, Transformer
+from server.engine.layouts import StepLayout
+from server.engine.model import KVCache, Transformer
 from server.engine.model_args import PRESETS, ModelArgs
 from server.engine.moe import StepContext, random_expert
 from server.engine.routers import Skew

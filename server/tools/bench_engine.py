@@ -32,26 +32,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from records.cli import Parser
-from server.engine.expert_cache import LayerCache
 from server.engine.interface import SeqInput
 from server.engine.kernels import KERNELS, grouped_mm_unsupported, swiglu
 from server.engine.local import LocalEngine
 from server.engine.model import Transformer
 from server.engine.model_args import PRESETS
-from server.engine.moe import MoELayer, StepContext
-from server.engine.routers import Skew, request_key
-from server.engine.stages import StageTimer
+from server.engine.moe import MoELayer
 from server.tools.bench_reference import IMPLEMENTATIONS, reference_block, reference_forward
+from server.tools.bench_skew import (
+    CACHE_REQUESTS,
+    CACHE_STEPS,
+    ROUTING_SAMPLES,
+    bench_activated,
+    bench_cache,
+    step_context,
+    variant,
+)
 
 TOKENS = (1, 16, 64, 256)
-BATCHES = (1, 4, 16, 64)
-SKEWS = ("uniform", "zipf:1.2", "affinity:0.1")
-ROUTING_SAMPLES = 50  # random decode batches per (skew, B)
-CACHE_REQUESTS = 8
-CACHE_STEPS = 64
 LLC_FALLBACK_BYTES = 32 * 2**20
 TARGET_VS_REFERENCE = 1.0  # ours at most this multiple of transformers' fastest
 TARGET_DECODE = 1.3  # the decode step within this multiple of its memory bound
@@ -78,19 +78,6 @@ def layers_for_cold(llc_bytes: int, bytes_per_call: int) -> int:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def step_context(x: Tensor, token_bias: Tensor | None = None) -> StepContext:
-    """A decode step: each of x's tokens is its own sequence."""
-    n = x.shape[0]
-    return StepContext(groups=torch.arange(n, device=x.device), n_seqs=n,
-                       timer=StageTimer(x.device), token_bias=token_bias)
-
-
-def variant(moe: MoELayer, **parts) -> MoELayer:
-    """A layer sharing moe's router and expert weights, built with some other parts (kernel,
-    skew_bias, cache): each variant is complete when built, as the engine's layers are."""
-    return MoELayer(moe.layer, moe.top_k, dataclasses.replace(moe.parts(), **parts), moe.n_experts)
 
 
 def side_by_side_ms(fns: dict[str, Callable], repeats: int, device: torch.device,
@@ -249,67 +236,6 @@ def bf16_copy(model: Transformer) -> Transformer:
     copy = Transformer(model.args, device=model.output.weight.device, dtype=torch.bfloat16)
     copy.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
     return copy.eval()
-
-
-def token_bias(skew: Skew, moe: MoELayer, n_layers: int, keys: list[int],
-               seed: int) -> Tensor | None:
-    """[B, L, E] affinity bias of requests with these keys, or None for layer-wide skews."""
-    if skew.kind != "affinity":
-        return None
-    return torch.stack([skew.request_bias(n_layers, moe.n_experts, key, seed) for key in keys]).to(
-        moe.experts.w2.device)
-
-
-def skew_bias(skew: Skew, moe: MoELayer, seed: int) -> Tensor | None:
-    bias = skew.layer_bias(moe.n_experts, moe.top_k, moe.layer, seed)
-    return None if bias is None else bias.to(moe.experts.w2.device)
-
-
-def bench_activated(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
-                    seed: int) -> list[dict]:
-    e, k, d = moe.n_experts, moe.top_k, moe.experts.w2.shape[1]
-    rows = []
-    for spec in SKEWS:
-        skew = Skew.parse(spec)
-        skewed = variant(moe, skew_bias=skew_bias(skew, moe, seed))
-        for b in BATCHES:
-            counts = []
-            for s in range(ROUTING_SAMPLES):  # B fresh requests per batch
-                keys = [request_key(f"activated-{b}-{s}-{i}", seed) for i in range(b)]
-                x = norm(torch.randn(b, d, generator=gen, device=moe.experts.w2.device))
-                bias = token_bias(skew, moe, n_layers, keys, seed)
-                counts.append(len(torch.unique(skewed.route(x, step_context(x, bias))[1])))
-            rows.append({"skew": spec, "batch": b, "mean_active": statistics.fmean(counts),
-                         "uniform_expected": e * (1 - (1 - k / e) ** b)})
-    return rows
-
-
-def bench_cache(moe: MoELayer, norm: Callable, n_layers: int, gen: torch.Generator,
-                seed: int) -> list[dict]:
-    device = moe.experts.w2.device
-    weights = tuple(w.detach() for w in moe.experts.weights)
-    # as the engine does
-    host = weights if device.type == "cpu" else tuple(w.cpu().pin_memory() for w in weights)
-    # the same requests every step
-    keys = [request_key(f"cache-{i}", seed) for i in range(CACHE_REQUESTS)]
-    rows = []
-    for spec in SKEWS:
-        skew = Skew.parse(spec)
-        bias = token_bias(skew, moe, n_layers, keys, seed)
-        for capacity in (moe.n_experts // 4, moe.n_experts // 2):
-            cache = LayerCache(host, capacity, device, "lru")
-            cached = variant(moe, kernel=KERNELS["sorted"], skew_bias=skew_bias(skew, moe, seed),
-                             cache=cache)
-            # the real layer, so the cache sees the engine's visiting order
-            for _ in range(CACHE_STEPS):
-                x = norm(torch.randn(CACHE_REQUESTS, host[1].shape[1], generator=gen,
-                                     device=device))
-                cached(x, step_context(x, bias))
-            cache.settle()
-            c = cache.counters
-            rows.append({"skew": spec, "resident_experts": capacity, "hits": c.hits,
-                         "misses": c.misses, "hit_rate": c.hits / (c.hits + c.misses)})
-    return rows
 
 
 def targets(layer: list[dict], roof: list[dict], decode: dict, kernels: list[str],
