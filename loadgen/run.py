@@ -12,15 +12,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
 
 import gevent
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
-from loadgen.modes import mode_of
+from loadgen.modes.base import RunMode
 from loadgen.recording.cpu import CpuClock, GeneratorCpu
-from loadgen.recording.intervals import IntervalLog
 from loadgen.recording.loop_lag import gevent_probe
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.routing_log import RoutingLog
@@ -74,9 +72,9 @@ class RunParts:
     recorder: Recorder
     workload: Workload
     count: TextCounter  # the tokens of streamed text
-    intervals: IntervalLog
     timeline: Timeline  # the web UI's chart
-    server_log: TextIO  # the server's samples (server_stats.jsonl)
+    ticker: Ticker  # the interval logs, the chart's periods and the server's samples
+    mode: RunMode  # what the run's mode does (loadgen/modes/)
     routing: RoutingReader | None  # --routed-experts
     routing_log: RoutingLog | None
     expert_recorder: ExpertRecorder | None  # --expert-record-url
@@ -106,10 +104,9 @@ class Run:
         self.conns: list = []  # the users' connections, closed after the drain
         self._cpu = CpuClock()
         self.interrupted_s: float | None = None  # how far into the schedule Ctrl-C ended it
-        self.ticker = Ticker(self.recorder, parts.intervals, parts.timeline, parts.server_log,
-                             target, self.sender.host, self.started_at, self.scraping)
+        self.ticker = parts.ticker
         self.ticker.start(settings.recording.interval_s)
-        self.mode = mode_of(settings, workers, index)
+        self.mode = parts.mode
         self._schedule = self.mode.arrivals()
         self._begun = False
         self._place = (workers, index)

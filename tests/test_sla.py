@@ -86,15 +86,16 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
     # two workers send, the master judges. The server: 40 slots of 160 ms, 250 requests/s at
     # most; at 100/s (40% of it) every request has 140 ms to spare under the 300 ms objective,
     # at 300/s the queue grows by 50 a second: the first two verdicts do not hang on how fast
-    # a loaded machine sends (tests/test_sla_search.py has the search's decisions alone)
+    # a loaded machine sends (tests/test_sla_search.py has the search's decisions alone); p90
+    # claims, which a few dozen requests can support, keep the probes short
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", "40",
                               "--ttft-ms", "100", "--itl-ms", "20") as (_, port):
         done = locust(port, run_dir, "--processes", "2", "-u", "2", "--mode", "sla",
                       "--rate", "100", "--sla-growth", "3", "--sla-warmup-s", "0.5",
                       "--sla-probe-min-s", "1", "--sla-resolution", "0.99", "--sla-confirm", "1",
-                      "--slo-e2e-ms", "300", "--max-tokens", "4", "--prompt-tokens", "8",
-                      "-t", "120")
+                      "--slo-e2e-ms", "300", "--slo-percentile", "90", "--max-tokens", "4",
+                      "--prompt-tokens", "8", "-t", "120")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     sla = summary["sla"]
@@ -108,8 +109,8 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
     assert len(sent) == 2 and min(sent) > 0.4 * sum(sent)
     judged = sum(p["claims"][0]["requests"] for p in sla["probes"] + sla["confirmations"])
     assert 0 < judged <= summary["requests"]["sent"]
-    first = sla["probes"][0]["claims"][0]
-    assert first["requests"] >= 100 * 1 * 0.7  # a second of both workers' 50/s, judged
+    first = sla["probes"][0]["claims"][0]  # a pass stands on the requests MLPerf's rule needs
+    assert first["requests"] >= first["needed"] > 0
     out = analysis("report", run_dir).stdout.rstrip().splitlines()
     last = next(line for line in reversed(out) if line.startswith("verdict: "))
     confirmed = sla["confirmations"][0]["verdict"] == "PASS"
