@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import gevent
+from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 
 from loadgen.aio_client import AioSender
@@ -107,7 +108,7 @@ class Run:
         self.ticker = parts.ticker
         self.ticker.start(settings.recording.interval_s)
         self.mode = parts.mode
-        self._schedule = self.mode.arrivals()
+        self._schedule = SharedSchedule(self.mode.arrivals())
         self._begun = False
         self._place = (workers, index)
         self.failure: str | None = None  # why the run failed, where a part of it died
@@ -245,7 +246,7 @@ class Run:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
         elif self.tally is not None:  # the users are gone: the arrivals due none of them took
-            self.tally.overtaken += due_before(self._schedule, self.start_ns, self.stop_ns)
+            self.tally.overtaken += self._schedule.due_by(self.start_ns, self.stop_ns)
             self.recorder.not_sent += self.tally.not_sent
         self._group.join(timeout=self.sender.drain_s)
         self.mode.drained()
@@ -312,6 +313,30 @@ class Run:
         offered = self.aio.offered if self.aio is not None else self.offered
         summary = dataclasses.replace(summary, workload=offered.figures())
         return self.mode.summary(summary)
+
+
+class SharedSchedule:
+    """The process's schedule, which its users take arrivals from one at a time: a schedule
+    may wait inside for its next arrival (the SLA search's probes, between two probes), and a
+    generator cannot be resumed by a second greenlet while the first waits in it."""
+
+    def __init__(self, arrivals: Iterator[tuple[int, float]]):
+        self.arrivals = arrivals
+        self._lock = BoundedSemaphore()
+
+    def __iter__(self) -> SharedSchedule:
+        return self
+
+    def __next__(self) -> tuple[int, float]:
+        with self._lock:
+            return next(self.arrivals)
+
+    def due_by(self, start_ns: int, stop_ns: int) -> int:
+        """The arrivals left that fell due by stop_ns; none while a user waits inside the
+        schedule (it has none due: it waits for the next probe)."""
+        if self._lock.locked():
+            return 0
+        return due_before(self.arrivals, start_ns, stop_ns)
 
 
 @dataclass(frozen=True)

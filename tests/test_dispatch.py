@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
+import gevent
 import pytest
 
+from loadgen.run import SharedSchedule
 from loadgen.traffic.dispatch import SendCounts, dispatch, due_before
 from loadgen.traffic.profiles import schedule_of
 from records.load_settings import TrafficSettings
@@ -121,3 +123,24 @@ def test_both_senders_account_for_every_arrival_due(tmp_path, client, users):
     due = due_count(TrafficSettings(rate=40, seed=3), summary["duration_s"])
     assert req["not_sent"] > 0 and req["sent"] > 0, req
     assert req["sent"] + req["not_sent"] == due, (req, due)
+
+
+def test_users_sharing_a_schedule_that_waits_inside_take_turns():
+    # the SLA probes' schedule waits inside for its next probe: a second user must wait for the
+    # first, not resume the generator under it ("generator already executing")
+    def waits_inside():
+        for i in range(6):
+            gevent.sleep(0.01)
+            yield i, 0.0
+
+    shared = SharedSchedule(waits_inside())
+    taken: list[int] = []
+    users = [gevent.spawn(lambda: taken.extend(i for i, _ in shared)) for _ in range(3)]
+    gevent.joinall(users, raise_error=True)
+    assert sorted(taken) == list(range(6))
+    held = SharedSchedule(waits_inside())
+    user = gevent.spawn(next, held)
+    gevent.sleep(0.001)  # the user waits inside: nothing in it is due
+    assert held.due_by(0, 10 * S) == 0
+    user.join()
+    assert held.due_by(0, 10 * S) == 5

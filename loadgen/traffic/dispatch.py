@@ -11,10 +11,11 @@ arrival due after the stop is neither: it was never due in the run.
 `dispatch` is a generator free of any event loop: it yields the time each arrival is due, and
 its caller waits until then by its own means (gevent.sleep, asyncio.sleep) and resumes it;
 after each send it yields None, and its caller lets the request go out before the next is
-built. Several callers may share one schedule (Locust's users of a process): each takes the
-next arrival, and counts it. A caller ended while it waits (Locust stops its users after the
-run's stop) counts the arrival it held if that was due; the arrivals no caller took are
-counted by `due_before` once the callers are gone.
+built. Several callers may share one schedule (Locust's users of a process, one at a time:
+loadgen/run.py's SharedSchedule): each takes the next arrival, and counts it. A caller ended
+while it waits (Locust stops its users after the run's stop) counts the arrival it held if
+that was due; the arrivals no caller took are counted by `due_before` once the callers are
+gone.
 """
 
 from __future__ import annotations
@@ -83,11 +84,7 @@ def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight
 
 
 def due_before(arrivals: Iterator[tuple[int, float]], start_ns: int, stop_ns: int) -> int:
-    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow). A
-    schedule a caller is inside, waiting in it for arrivals to come (the SLA search's probes
-    between two probes), has none due."""
-    if getattr(arrivals, "gi_running", False):
-        return 0
+    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow)."""
     due = 0
     for _, offset_s in arrivals:
         if start_ns + int(offset_s * 1e9) > stop_ns:
