@@ -4,6 +4,8 @@ when it stops, not how fast this machine sends (tests/test_sla.py runs it end to
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from loadgen.sla.part import Done, Waiting
@@ -123,3 +125,16 @@ def test_a_probe_that_cannot_start_stops_the_search_and_says_why():
     assert found.probes_run == [] and probes.ended
     assert found.result().stopped_because == ("no probe could start: "
                                               "the schedule did not begin within 60 s")
+
+
+def test_each_probe_is_a_console_line_as_it_is_judged(caplog):
+    caplog.set_level(logging.INFO, logger="loadgen")
+    found = search(KnownCapacity(100), 30, sla_confirm=1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SLA ")]
+    assert len(lines) == len(found.probes_run) + 1
+    first = found.probes_run[0].claims[0].requests  # BATCH a judgement, until it is decided
+    head, _, rest = lines[0].partition(" s: ")  # "... for T s: " then the claims and verdict
+    assert head.startswith("SLA probe 1: 30 requests/s for ")
+    assert rest == f"TTFT p99 20.0 ms <= 200 ms PASS ({first} requests, 0 over, 459 needed): PASS"
+    assert lines[2].startswith("SLA probe 3: 120 requests/s") and lines[2].endswith(": FAIL")
+    assert lines[-1].startswith(f"SLA confirming probe 1: {found.passed:.4g} requests/s")

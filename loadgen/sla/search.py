@@ -26,6 +26,7 @@ loadgen/sla/part.py; distributed: the workers, loadgen/sla/remote.py).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Protocol
@@ -37,6 +38,7 @@ from records.early_stopping import Judged, Verdict, judge, validity
 from records.load_settings import LoadSettings
 from records.summary import SlaProbe, SlaResult
 
+log = logging.getLogger("loadgen")
 JUDGE_S = 0.25  # how often a probe is judged
 DRAIN_S = 30.0  # the longest a probe's requests are waited for after its arrivals stop
 READY_S = 60.0  # the longest the first probe waits for the sending to begin
@@ -128,6 +130,7 @@ class SlaSearch:
         while len(self.probes_run) < c.sla_max_probes:
             probe = self.probe()
             self.probes_run.append(probe)
+            say("probe", len(self.probes_run), probe)
             self._last_s = self.now_s()
             if probe.verdict == Verdict.PASS:
                 self.passed = max(self.passed or 0.0, probe.rate_rps)
@@ -143,6 +146,7 @@ class SlaSearch:
             self.rate = self.passed
             for _ in range(c.sla_confirm):
                 self.confirmations.append(self.probe())
+                say("confirming probe", len(self.confirmations), self.confirmations[-1])
 
     def probe(self) -> SlaProbe:
         c = self.settings.sla
@@ -219,6 +223,18 @@ class SlaSearch:
                          probes=list(self.probes_run), confirmations=list(self.confirmations),
                          stopped_because=self.stopped_because or "stopped before it settled",
                          search_s=self._last_s)
+
+
+def say(kind: str, number: int, probe: SlaProbe) -> None:
+    """A probe's verdict in one console line as it is judged: its rate, each claim over its
+    requests, the verdict."""
+    claims = "; ".join(
+        f"{c.metric} p{c.percentile:g} "
+        f"{'-' if c.value_ms is None else f'{c.value_ms:.1f}'} ms <= {c.limit_ms:g} ms "
+        f"{c.verdict} ({c.requests} requests, {c.over} over, {c.needed} needed)"
+        for c in probe.claims)
+    log.info("SLA %s %d: %.4g requests/s for %.1f s: %s: %s", kind, number, probe.rate_rps,
+             probe.judged_s, claims, probe.verdict)
 
 
 def decide(claims: list[Judged], percentile: float, longest: float,
