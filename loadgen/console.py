@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from records.jsonform import dumps
-from records.summary import Stats, Summary
+from records.summary import SlaResult, Stats, Summary
 
 ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e")
 
@@ -56,7 +56,25 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
     headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99,
                 "tpot_p99_ms": m["tpot_ms"].p99, "output_tokens_per_s": t.output_tokens_per_s,
                 "sent": r.sent, "ok": r.ok, "failed": r.failed}
+    if summary.sla is not None:
+        headline |= print_sla(summary.sla)
     print(dumps(headline))
+
+
+def print_sla(sla: SlaResult) -> dict:
+    """The SLA search's answer in a line; what the JSON line adds of it."""
+    verdict = sla_verdict(sla)
+    rate = f" at {sla.rate_rps:.4g} requests/s" if sla.rate_rps is not None else ""
+    print(f"SLA search: {verdict}{rate}; {sla.stopped_because}")
+    return {"sla_rps": sla.rate_rps, "sla_verdict": verdict}
+
+
+def sla_verdict(sla: SlaResult) -> str:
+    """PASS (a rate held the objectives, and every confirming probe passed), NOT CONFIRMED (a
+    confirming probe did not pass) or NO ANSWER (no rate tried held them)."""
+    if sla.rate_rps is None:
+        return "NO ANSWER"
+    return "NOT CONFIRMED" if sla.confirmed is False else "PASS"
 
 
 def print_stress(summary: Summary) -> None:

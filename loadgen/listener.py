@@ -214,6 +214,8 @@ class RunListener:
         csv_prefix = getattr(self.environment.parsed_options, "csv_prefix", None)
         write_latency_csv(csv_prefix, summary)
         print_summary(summary, path)
+        if summary.sla is not None and summary.sla.rate_rps is None:  # a search with no answer
+            self.environment.process_exit_code = 1
         self.written = (summary, path)
         if csv_prefix:
             # Locust writes its --csv files every CSV_STATS_INTERVAL_SEC and not again as it

@@ -116,3 +116,23 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
     confirmed = sla["confirmations"][0]["verdict"] == "PASS"
     assert last.startswith("verdict: PASS at" if confirmed else "verdict: NOT CONFIRMED"), last
     assert not any(line.startswith("SLO ") for line in out)  # no claim over mixed rates
+
+
+@pytest.mark.slow
+def test_a_search_with_no_answer_says_so_and_exits_1(tmp_path):
+    # every first token takes 300 ms against a 100 ms objective: no rate can hold it
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--protocol", "moe", "--ttft-ms", "300",
+                              "--itl-ms", "5") as (_, port):
+        done = locust(port, run_dir, "--mode", "sla", "--rate", "20", "--sla-max-probes", "2",
+                      "--sla-warmup-s", "0", "--sla-probe-min-s", "1", "--sla-probe-max-s", "2",
+                      "--slo-ttft-ms", "100", "--slo-percentile", "90", "--max-tokens", "4",
+                      "--prompt-tokens", "8", "-t", "60")
+    assert done.returncode == 1, done.stdout
+    sla = json.loads((run_dir / "summary.json").read_text())["sla"]
+    assert sla["rate_rps"] is None and [p["verdict"] for p in sla["probes"]] == ["FAIL", "FAIL"]
+    lines = done.stdout.splitlines()
+    said = next(line for line in lines if line.startswith("SLA search: "))
+    assert said == f"SLA search: NO ANSWER; {sla['stopped_because']}"
+    headline = json.loads(next(line for line in lines if line.startswith('{"run_dir"')))
+    assert (headline["sla_rps"], headline["sla_verdict"]) == (None, "NO ANSWER")
