@@ -1,7 +1,9 @@
 """Each objective as a percentile claim ("TTFT p99 <= 2000 ms"), judged from a run's measured
-requests the way MLPerf Inference's server scenario judges one: the percentile against the
-bound (met or not), MLPerf's early-stopping rule for whether the sample supports the claim
-(records/early_stopping.py), and the percentile's exact order-statistic interval. The verdict:
+requests the way MLPerf Inference's server scenario judges one, by the judgement every mode
+shares (records/slo_judgement.py): the percentile against the bound (met or not; a request
+that failed counts over every bound), MLPerf's early-stopping rule for whether the sample
+supports the claim (records/early_stopping.py), and beside it the percentile's exact
+order-statistic interval. The verdict:
 PASS (met and supported), FAIL (not met), NOT VALID (met, but too few requests to say: how many
 more, all under the bound, it would take)."""
 
@@ -13,12 +15,11 @@ import numpy as np
 
 from analysis.readers.rundir import Run
 from analysis.tables import fmt_ms, markdown_table
-from records.early_stopping import Judged, Verdict, judge, rank_interval
-from records.requests import RequestRow
+from records.early_stopping import Judged, Verdict, rank_interval
+from records.requests import CLIENT_CANCELLED, CUT_OFF, RequestRow
 from records.scenarios import QUICK_S, scenario_of
+from records.slo_judgement import given, judge_objectives
 
-OBJECTIVES = (("TTFT", "ttft_ms", "slo_ttft_ms"), ("TPOT", "tpot_ms", "slo_tpot_ms"),
-              ("E2E", "e2e_ms", "slo_e2e_ms"))
 INTERVAL = 0.95  # the percentile's interval
 
 
@@ -56,26 +57,31 @@ def why(j: Judged) -> str:
             f"{j.needed:,} needed)")
 
 
-def claim(metric: str, values: np.ndarray, limit_ms: float, percentile: float) -> Claim:
-    """values: the measured requests' figures in ms."""
-    judged = judge(metric, values.tolist(), limit_ms, percentile)
+def with_interval(judged: Judged, values: np.ndarray) -> Claim:
+    """values: the ok requests' figures in ms, whose order statistics bound the percentile."""
     if not len(values):
         return Claim(judged, None, None)
     ordered = np.sort(values)
-    low, high = rank_interval(len(values), percentile, INTERVAL)
+    low, high = rank_interval(len(values), judged.percentile, INTERVAL)
     return Claim(judged, float(ordered[low - 1]),
                  None if high is None else float(ordered[high - 1]))
 
 
 def claims(run: Run) -> list[Claim]:
     """One per objective the run set (--slo-ttft-ms, ...), at --slo-percentile; none for an
-    SLA search, whose probes at different rates are each judged alone (analysis/report/sla.py)."""
+    SLA search, whose probes at different rates are each judged alone (analysis/report/sla.py).
+    A measured request that failed counts over every bound; one the client cancelled on
+    purpose, or cut at the run's end, is not judged."""
     if run.summary.sla is not None:
         return []
     slo = run.summary.config.slo
     rows = [row for row in run.rows if row.measured_ok]
-    return [claim(name, column(rows, field), getattr(slo, setting), slo.slo_percentile)
-            for name, field, setting in OBJECTIVES if getattr(slo, setting) is not None]
+    failed = sum(1 for row in run.rows if row.streamed and not row.warmup
+                 and row.status not in ("OK", CLIENT_CANCELLED, CUT_OFF))
+    values = {o.field: column(rows, o.field) for o, _ in given(slo)}
+    judged = judge_objectives(slo, {k: v.tolist() for k, v in values.items()}, failed)
+    return [with_interval(j, values[o.field]) for j, (o, _) in zip(judged, given(slo),
+                                                                    strict=True)]
 
 
 def column(rows: list[RequestRow], field: str) -> np.ndarray:

@@ -13,6 +13,41 @@ ROWS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e")
 def print_summary(summary: Summary, run_dir: Path) -> None:
     m, t, r = summary.metrics, summary.throughput, summary.requests
     print(f"\nmoe-loadlab run: {run_dir}")
+    if summary.sla is None:
+        print_latency(summary)
+    else:
+        print("an SLA search: its probes ran at different rates, so the run's percentiles are "
+              "no one load's; each probe's are in its line above and in summary.json's sla")
+    print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, "
+          f"{t.requests_per_s:.2f} requests/s, "
+          f"goodput {t.goodput_requests_per_s:.2f} requests/s over {t.window_s:.1f} s")
+    failed = ", ".join(f"{k} {v}" for k, v in r.failed_by_code.items()) or "none"
+    cancelled = f" + cancelled by the client {r.cancelled}" if r.cancelled else ""
+    unstreamed = (f"; of the ok, {r.unstreamed} sent non-streamed for their routed experts: "
+                  "not timed" if r.unstreamed else "")
+    print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}){cancelled}; "
+          f"not sent {r.not_sent}; warm-up {r.warmup}{unstreamed}")
+    if summary.stress is not None:
+        print_stress(summary)
+    for note in summary.generator.notes:
+        print(f"note: {note}")
+    for warning in summary.generator.warnings:
+        print(f"WARNING: {warning}")
+    searched = summary.sla is not None  # no one load's percentiles
+    headline = {"run_dir": str(run_dir),
+                "ttft_p99_ms": None if searched else m["ttft_ms"].p99,
+                "tpot_p99_ms": None if searched else m["tpot_ms"].p99,
+                "output_tokens_per_s": t.output_tokens_per_s,
+                "sent": r.sent, "ok": r.ok, "failed": r.failed}
+    if searched:
+        headline |= print_sla(summary.sla)
+    print(dumps(headline))
+
+
+def print_latency(summary: Summary) -> None:
+    """The run's latency percentiles, per class and per turn where it has them, and the share
+    of requests meeting each objective."""
+    m = summary.metrics
     print(f"{'ms':<14}{'count':>8}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for name in ROWS:
         s = m[f"{name}_ms"]
@@ -32,49 +67,31 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
             print(f"turn {turn:<13} sent {c.sent:>6}  ok {c.ok:>6}  "
                   f"TTFT p50/p99 {_p50_p99(c.ttft_ms):>15}  "
                   f"TPOT p50/p99 {_p50_p99(c.tpot_ms):>13}")
-    print(f"throughput: {t.output_tokens_per_s:.1f} output tokens/s, "
-          f"{t.requests_per_s:.2f} requests/s, "
-          f"goodput {t.goodput_requests_per_s:.2f} requests/s over {t.window_s:.1f} s")
     slo = summary.slo
     if slo.objectives_ms and slo.requests:
         share = slo.met_share
         met = ", ".join(f"{name.upper()} <= {ms:g} ms met by {100 * share[name]:.1f}%"
                         for name, ms in slo.objectives_ms.items())
         print(f"SLO: {met}; all met by {100 * share['all']:.1f}% of {slo.requests} requests")
-    failed = ", ".join(f"{k} {v}" for k, v in r.failed_by_code.items()) or "none"
-    cancelled = f" + cancelled by the client {r.cancelled}" if r.cancelled else ""
-    unstreamed = (f"; of the ok, {r.unstreamed} sent non-streamed for their routed experts: "
-                  "not timed" if r.unstreamed else "")
-    print(f"requests: sent {r.sent} = ok {r.ok} + failed {r.failed} ({failed}){cancelled}; "
-          f"not sent {r.not_sent}; warm-up {r.warmup}{unstreamed}")
-    if summary.stress is not None:
-        print_stress(summary)
-    for note in summary.generator.notes:
-        print(f"note: {note}")
-    for warning in summary.generator.warnings:
-        print(f"WARNING: {warning}")
-    headline = {"run_dir": str(run_dir), "ttft_p99_ms": m["ttft_ms"].p99,
-                "tpot_p99_ms": m["tpot_ms"].p99, "output_tokens_per_s": t.output_tokens_per_s,
-                "sent": r.sent, "ok": r.ok, "failed": r.failed}
-    if summary.sla is not None:
-        headline |= print_sla(summary.sla)
-    print(dumps(headline))
 
 
 def print_sla(sla: SlaResult) -> dict:
     """The SLA search's answer in a line; what the JSON line adds of it."""
-    verdict = sla_verdict(sla)
-    rate = f" at {sla.rate_rps:.4g} requests/s" if sla.rate_rps is not None else ""
-    print(f"SLA search: {verdict}{rate}; {sla.stopped_because}")
-    return {"sla_rps": sla.rate_rps, "sla_verdict": verdict}
+    print(f"SLA search: {sla_line(sla)}")
+    return {"sla_rps": sla.rate_rps, "sla_verdict": sla.verdict}
 
 
-def sla_verdict(sla: SlaResult) -> str:
-    """PASS (a rate held the objectives, and every confirming probe passed), NOT CONFIRMED (a
-    confirming probe did not pass) or NO ANSWER (no rate tried held them)."""
+def sla_line(sla: SlaResult) -> str:
+    """PASS at R requests/s [the boundary's bounds], the binding objective and how it falls;
+    NOT CONFIRMED; or NO ANSWER; then why the search stopped."""
     if sla.rate_rps is None:
-        return "NO ANSWER"
-    return "NOT CONFIRMED" if sla.confirmed is False else "PASS"
+        return f"{sla.verdict}; {sla.stopped_because}"
+    above = "?" if sla.failed_rps is None else f"{sla.failed_rps:.4g}"
+    found = f"{sla.verdict} at {sla.rate_rps:.4g} requests/s (the limit in [{sla.rate_rps:.4g}, " \
+            f"{above}))"
+    if sla.binding:
+        found += f"; binding: {sla.binding}" + (f", a {sla.fall}" if sla.fall else "")
+    return f"{found}; {sla.stopped_because}"
 
 
 def print_stress(summary: Summary) -> None:

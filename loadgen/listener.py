@@ -214,7 +214,7 @@ class RunListener:
         csv_prefix = getattr(self.environment.parsed_options, "csv_prefix", None)
         write_latency_csv(csv_prefix, summary)
         print_summary(summary, path)
-        if summary.sla is not None and summary.sla.rate_rps is None:  # a search with no answer
+        if summary.sla is not None and summary.sla.verdict == "NO ANSWER":  # no answer found
             self.environment.process_exit_code = 1
         self.written = (summary, path)
         if csv_prefix:

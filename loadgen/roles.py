@@ -27,8 +27,9 @@ from loadgen.recording.summary import histogram_encodings
 from loadgen.recording.timing import StreamTiming
 from loadgen.run import Hooks, Place, Run
 from loadgen.server_metrics import ServerMetrics, start_server_metrics
+from loadgen.sla.probes import LocalProbes, Probes
 from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
-from loadgen.sla.search import LocalProbes, Probes, SlaSearch
+from loadgen.sla.search import SlaSearch
 from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target
 from records.load_settings import LoadSettings, SenderSettings

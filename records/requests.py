@@ -10,6 +10,7 @@ from records.jsonform import field
 
 # The status of a request the client cancelled on purpose (--cancel-share): neither ok nor failed.
 CLIENT_CANCELLED = "CLIENT_CANCELLED"
+CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -208,6 +208,15 @@ class StressResult:
     warning: str = field("", omit="")
 
 
+class ProbeVerdict(StrEnum):
+    """An SLA probe's verdict (loadgen/sla/watch.py)."""
+
+    PASS = "PASS"  # every claim met and supported, in flight settled
+    FAIL = "FAIL"  # a claim not met, or in flight still growing at its longest
+    NOT_VALID = "NOT VALID"  # every claim met, too few requests to support them: not a fail
+    SET_ASIDE = "SET ASIDE"  # the load generator fell behind: not judged
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlaProbe:
     """One rate the SLA search tried (loadgen/sla/search.py)."""
@@ -219,7 +228,21 @@ class SlaProbe:
     judged_s: float  # how long it was judged before its verdict
     failed: int  # requests that failed (each counted over every limit)
     claims: list[Judged]  # one per objective
-    verdict: str  # PASS, FAIL or NOT VALID (undecided within --sla-probe-max-s: a fail)
+    verdict: str  # ProbeVerdict
+    why: str = field("", omit="")  # the verdict in words
+    # requests in flight added over the last half of its judged time, where that says the
+    # queue had not settled (loadgen/traffic/settling.py); 0 settled
+    growth: float = field(0.0, omit=0.0)
+    send_lag_p99_ms: float | None = field(None, omit=None)  # its judged requests' send lag
+    unsent: int = field(0, omit=0)  # its arrivals due and not sent (cap, or sender behind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RampStep:
+    """A step of the ramp that found the SLA search's first rate (without --sla-start-rps)."""
+
+    rate_rps: float
+    trouble: str  # why the ramp stopped here; "" it held
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +255,16 @@ class SlaResult:
     search_s: float  # from the first probe's start to the last verdict
     # --sla-confirm: probes repeated at rate_rps after the search, each judged alike
     confirmations: list[SlaProbe] = field(default_factory=list, omit=[])
+    ramp: list[RampStep] = field(default_factory=list, omit=[])  # without --sla-start-rps
+    # the objective that failed at failed_rps first (its claim furthest over its bound), or
+    # "throughput" where that probe's queue did not settle
+    binding: str = field("", omit="")
+    # how the binding figure changes from rate_rps to failed_rps: "cliff" (it more than
+    # doubles, or the queue stops settling) or "slope"
+    fall: str = field("", omit="")
+    # the rate the load generator could not send (its probe set aside twice): the server's
+    # limit is above rate_rps, not known
+    generator_limited_rps: float | None = field(None, omit=None)
 
     @property
     def confirmed(self) -> bool | None:
@@ -239,6 +272,14 @@ class SlaResult:
         if not self.confirmations:
             return None
         return all(p.verdict == Verdict.PASS for p in self.confirmations)
+
+    @property
+    def verdict(self) -> str:
+        """PASS, NOT CONFIRMED (a confirming probe did not pass) or NO ANSWER (no rate passed,
+        or the load generator was the limit before the server's was found)."""
+        if self.rate_rps is None or self.generator_limited_rps is not None:
+            return "NO ANSWER"
+        return "NOT CONFIRMED" if self.confirmed is False else "PASS"
 
 
 @dataclass(frozen=True, kw_only=True)

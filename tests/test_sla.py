@@ -6,13 +6,13 @@ resolution (in each of three seeds, with make bench-sla: a benchmark, as how clo
 hangs on how fast the machine sends), every probe's verdict supported by MLPerf's rule. A
 distributed search is run here end to end at rates whose verdicts do not hang on the machine."""
 
-import heapq
 import json
 import os
 
 import numpy as np
 import pytest
 
+from loadgen.reference.queue_model import highest_rate
 from tests.cli import analysis
 from tests.conftest import delay_server_process
 from tests.test_end_to_end import locust
@@ -25,28 +25,6 @@ RESOLUTION = 0.05
 SEEDS = [int(s) for s in os.environ.get("MOE_SLA_SEEDS", "").split(",") if s]
 
 
-def p99_wait_s(rate: float, n: int = 200_000) -> float:
-    """The M/D/c queue's p99 wait for a slot, by simulation (the oracle's pacer: a FIFO
-    semaphore of SLOTS, each stream holding its slot SERVICE_S)."""
-    arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / rate, n))
-    free = [0.0] * SLOTS
-    waits = np.empty(n)
-    for i, t in enumerate(arrivals):
-        start = max(t, heapq.heappop(free))
-        waits[i] = start - t
-        heapq.heappush(free, start + SERVICE_S)
-    return float(np.percentile(waits[n // 10:], 99))
-
-
-def true_rate(budget_s: float) -> float:
-    """The rate whose p99 wait is the budget, by bisection."""
-    low, high = 100.0, SLOTS / SERVICE_S
-    while high - low > 1.0:
-        mid = (low + high) / 2
-        low, high = (mid, high) if p99_wait_s(mid) <= budget_s else (low, mid)
-    return (low + high) / 2
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not SEEDS, reason="a benchmark: make bench-sla")
 @pytest.mark.parametrize("seed", SEEDS or [0])
@@ -54,7 +32,7 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
                               "--ttft-ms", "20", "--itl-ms", "5") as (_, port):
-        done = locust(port, run_dir, "--mode", "sla", "--rate", "400", "--seed", str(seed),
+        done = locust(port, run_dir, "--mode", "sla", "--sla-start-rps", "400", "--seed", str(seed),
                       "--sla-growth", "1.5", "--sla-warmup-s", "0.5", "--sla-probe-min-s", "3",
                       "--slo-e2e-ms", str(SLO_E2E_MS), "--sla-resolution", str(RESOLUTION),
                       "--max-tokens", "4", "--prompt-tokens", "8", "-t", "200")
@@ -66,7 +44,7 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     first = [r["e2e_ms"] for r in map(json.loads, open(run_dir / "requests.jsonl"))
              if r["e2e_ms"] is not None and r["scheduled_ms"] < 1000 * second_s]
     outside_ms = float(np.median(first)) - 1000 * SERVICE_S
-    truth = true_rate((SLO_E2E_MS - outside_ms - 1000 * SERVICE_S) / 1000)
+    truth = highest_rate((SLO_E2E_MS - outside_ms - 1000 * SERVICE_S) / 1000, SLOTS, SERVICE_S)
     passed, failed = sla["rate_rps"], sla["failed_rps"]
     assert passed is not None and failed is not None, sla["stopped_because"]
     assert (failed - passed) / passed <= RESOLUTION
@@ -74,7 +52,7 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
         (passed, failed, truth)
     for probe in sla["probes"]:  # every verdict as MLPerf's rule allows it
         claim, = probe["claims"]
-        assert probe["verdict"] in ("PASS", "FAIL")
+        assert probe["verdict"] in ("PASS", "FAIL", "SET ASIDE")
         assert probe["verdict"] != "PASS" or claim["requests"] >= claim["needed"] >= 459
     out = analysis("report", run_dir).stdout
     assert f"{passed:.4g} requests/s holds the objectives" in out
@@ -92,24 +70,26 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", "40",
                               "--ttft-ms", "100", "--itl-ms", "20") as (_, port):
         done = locust(port, run_dir, "--processes", "2", "-u", "2", "--mode", "sla",
-                      "--rate", "100", "--sla-growth", "3", "--sla-warmup-s", "0.5",
+                      "--sla-start-rps", "100", "--sla-growth", "3", "--sla-warmup-s", "0.5",
                       "--sla-probe-min-s", "1", "--sla-resolution", "0.99", "--sla-confirm", "1",
                       "--slo-e2e-ms", "300", "--slo-percentile", "90", "--max-tokens", "4",
                       "--prompt-tokens", "8", "-t", "120")
     assert done.returncode == 0, done.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     sla = summary["sla"]
-    # a third probe between them; should 200/s fail, a fourth at 150/s
-    assert [p["rate_rps"] for p in sla["probes"]][:3] == [100, 300, 200], sla
-    assert [p["verdict"] for p in sla["probes"]][:2] == ["PASS", "FAIL"]
+    # a third probe between them; should 200/s fail, a fourth at 150/s (a probe the
+    # generator fell behind in is run again: set aside, it is not judged)
+    judged = [p for p in sla["probes"] if p["verdict"] != "SET ASIDE"]
+    assert [p["rate_rps"] for p in judged][:3] == [100, 300, 200], sla
+    assert [p["verdict"] for p in judged][:2] == ["PASS", "FAIL"]
     assert sla["rate_rps"] in (100, 150, 200) and len(sla["confirmations"]) == 1
     assert sla["confirmations"][0]["rate_rps"] == sla["rate_rps"]
     # every probe's judged requests came from both workers, which sent half each
     sent = [w["sent"] for w in summary["workers"]]
     assert len(sent) == 2 and min(sent) > 0.4 * sum(sent)
-    judged = sum(p["claims"][0]["requests"] for p in sla["probes"] + sla["confirmations"])
-    assert 0 < judged <= summary["requests"]["sent"]
-    first = sla["probes"][0]["claims"][0]  # a pass stands on the requests MLPerf's rule needs
+    counted = sum(p["claims"][0]["requests"] for p in sla["probes"] + sla["confirmations"])
+    assert 0 < counted <= summary["requests"]["sent"]
+    first = judged[0]["claims"][0]  # a pass stands on the requests MLPerf's rule needs
     assert first["requests"] >= first["needed"] > 0
     out = analysis("report", run_dir).stdout.rstrip().splitlines()
     last = next(line for line in reversed(out) if line.startswith("verdict: "))
@@ -120,19 +100,26 @@ def test_a_distributed_search_decides_on_the_master_and_confirms_its_rate(tmp_pa
 
 @pytest.mark.slow
 def test_a_search_with_no_answer_says_so_and_exits_1(tmp_path):
-    # every first token takes 300 ms against a 100 ms objective: no rate can hold it
+    # every first token takes 300 ms against a 100 ms objective: no rate can hold it. From its
+    # own start (no --sla-start-rps): the ramp's second step finds trouble, the probes fail, and
+    # the requests that had the server to themselves say it fails without load
     run_dir = tmp_path / "run"
     with delay_server_process(tmp_path, "--protocol", "moe", "--ttft-ms", "300",
                               "--itl-ms", "5") as (_, port):
-        done = locust(port, run_dir, "--mode", "sla", "--rate", "20", "--sla-max-probes", "2",
-                      "--sla-warmup-s", "0", "--sla-probe-min-s", "1", "--sla-probe-max-s", "2",
-                      "--slo-ttft-ms", "100", "--slo-percentile", "90", "--max-tokens", "4",
-                      "--prompt-tokens", "8", "-t", "60")
+        done = locust(port, run_dir, "--mode", "sla", "--sla-warmup-s", "0",
+                      "--sla-probe-min-s", "1", "--sla-probe-max-s", "10", "--slo-ttft-ms", "100",
+                      "--slo-percentile", "90", "--max-tokens", "4", "--prompt-tokens", "8",
+                      "-t", "90")
     assert done.returncode == 1, done.stdout
     sla = json.loads((run_dir / "summary.json").read_text())["sla"]
-    assert sla["rate_rps"] is None and [p["verdict"] for p in sla["probes"]] == ["FAIL", "FAIL"]
+    assert sla["rate_rps"] is None and {p["verdict"] for p in sla["probes"]} == {"FAIL"}
+    assert [s["rate_rps"] for s in sla["ramp"]] == [1, 2] and sla["ramp"][1]["trouble"]
+    assert "it fails without load; no rate meets the objectives" in sla["stopped_because"]
     lines = done.stdout.splitlines()
     said = next(line for line in lines if line.startswith("SLA search: "))
     assert said == f"SLA search: NO ANSWER; {sla['stopped_because']}"
     headline = json.loads(next(line for line in lines if line.startswith('{"run_dir"')))
     assert (headline["sla_rps"], headline["sla_verdict"]) == (None, "NO ANSWER")
+    assert headline["ttft_p99_ms"] is None  # no one load's percentile
+    last = json.loads(analysis("report", run_dir).stdout.strip().splitlines()[-1])
+    assert (last["sla_rps"], last["sla_verdict"]) == (None, "NO ANSWER")

@@ -1,14 +1,17 @@
-"""The SLA search's decisions (loadgen/sla/search.py) against a fake `Probes`: a server of a
-known capacity that answers each probe at once, so what is tested is where the search goes and
-when it stops, not how fast this machine sends (tests/test_sla.py runs it end to end)."""
+"""The SLA search's decisions (loadgen/sla/search.py, loadgen/sla/watch.py) against a fake
+`Probes`: a server of a known capacity that answers each probe at once, so what is tested is
+where the search goes and when it stops (the ramp, not-yet-valid, a queue not settling, a
+generator that falls behind), not how fast this machine sends (tests/test_sla.py runs it end
+to end)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
-from loadgen.sla.part import Done, Waiting
+from loadgen.sla.part import Done, ProbeSample, Waiting
 from loadgen.sla.search import MIN_RATE, SlaSearch
 from records.load_settings import LoadSettings, SlaSettings, SloSettings, TrafficSettings
 
@@ -30,10 +33,12 @@ class KnownCapacity:
         self.started.append((probe, rate))
         return self.problem
 
-    def collect(self) -> tuple[list[Done], list[Waiting]]:
-        rate = self.started[-1][1]
-        ttft_ms = 20.0 if rate <= self.capacity_rps else 5 * LIMIT_MS
-        return [Done(1.0, True, ttft_ms, 5.0, ttft_ms + 50) for _ in range(BATCH)], []
+    def rate(self) -> float:
+        return self.started[-1][1]
+
+    def collect(self) -> ProbeSample:
+        ttft_ms = 20.0 if self.rate() <= self.capacity_rps else 5 * LIMIT_MS
+        return sample([done(ttft_ms) for _ in range(BATCH)])
 
     def cut(self) -> None:
         self.cuts += 1
@@ -48,14 +53,22 @@ class KnownCapacity:
 class Stalled(KnownCapacity):
     """Nothing ever answers: every request is still waiting, older than the limit."""
 
-    def collect(self) -> tuple[list[Done], list[Waiting]]:
-        return [], [Waiting(1.0, 2 * LIMIT_MS, False) for _ in range(BATCH)]
+    def collect(self) -> ProbeSample:
+        return sample([], [Waiting(1.0, 2 * LIMIT_MS, False, 0.0) for _ in range(BATCH)])
+
+
+def done(ttft_ms: float, lag_ms: float = 0.0) -> Done:
+    return Done(1.0, True, lag_ms, ttft_ms, 5.0, ttft_ms + 50)
+
+
+def sample(done: list[Done], waiting: list[Waiting] = (), unsent: int = 0) -> ProbeSample:
+    return ProbeSample(0, done, list(waiting), cut=False, inflight=len(waiting), unsent=unsent)
 
 
 def settings(rate: float, **sla) -> LoadSettings:
     sla = {"sla_warmup_s": 0.0, "sla_probe_min_s": 0.001, "sla_growth": 2.0,
-           "sla_resolution": 0.1, **sla}
-    return LoadSettings(traffic=TrafficSettings(mode="sla", rate=rate),
+           "sla_resolution": 0.1, "sla_start_rps": rate, **sla}
+    return LoadSettings(traffic=TrafficSettings(mode="sla"),
                         slo=SloSettings(slo_ttft_ms=LIMIT_MS), sla=SlaSettings(**sla))
 
 
@@ -104,27 +117,119 @@ def test_a_server_that_meets_nothing_ends_at_the_lowest_rate():
     assert result.rate_rps is None and all(p.verdict == "FAIL" for p in found.probes_run)
     assert rates(found)[-1] / 2 < MIN_RATE <= rates(found)[-1]
     assert f"no rate down to {MIN_RATE:g}" in result.stopped_because
+    assert result.verdict == "NO ANSWER"
 
 
-def test_requests_that_never_answer_fail_the_probe():
-    found = search(Stalled(1000), 50, sla_max_probes=2)
+class SlowAlone(KnownCapacity):
+    """Every request takes 300 ms to its first token, 250 over the 200 ms limit, and comes a
+    second after the last: each has the server to itself."""
+
+    sent = 0
+
+    def collect(self) -> ProbeSample:
+        self.sent += BATCH
+        return sample([Done(float(i), True, 0.0, 300.0, 5.0, 350.0)
+                       for i in range(self.sent - BATCH, self.sent)])
+
+
+def test_a_server_that_fails_its_objective_alone_ends_with_no_answer_at_once():
+    found = search(SlowAlone(0), 4, sla_max_probes=20)
+    result = found.result()
+    assert rates(found) == [4] and result.verdict == "NO ANSWER"
+    assert ("requests that had the server to themselves were over the TTFT limit: it fails "
+            "without load") in result.stopped_because
+
+
+class Rated(KnownCapacity):
+    """Requests come as fast as the probe's rate, by the clock, every one under the limit."""
+
+    def start(self, probe: int, rate: float) -> str:
+        self.since = time.monotonic()
+        return super().start(probe, rate)
+
+    def collect(self) -> ProbeSample:
+        now = time.monotonic()
+        count, self.since = int(self.rate() * (now - self.since)), now
+        return sample([done(20.0) for _ in range(count)])
+
+
+def test_too_few_requests_is_not_a_fail_the_search_moves_up_to_where_they_come():
+    # p99 needs 459 requests: a 0.2 s probe brings them from 2,295 requests/s up
+    found = SlaSearch(settings(500, sla_probe_max_s=0.2, sla_max_probes=4), Rated(10**6),
+                      judge_s=0.01)
+    found.watch()
+    assert [p.verdict for p in found.probes_run] == ["NOT VALID"] * 3 + ["PASS"]
+    assert rates(found) == [500, 1000, 2000, 4000]
     first = found.probes_run[0]
-    assert first.verdict == "FAIL" and first.claims[0].over == BATCH
+    assert first.judged_s < 0.1  # decided as soon as its rate could not bring them in time
+    assert "459" in first.why and found.failed is None and found.passed == 4000
 
 
-def test_the_probe_limit_ends_a_search_that_has_not_settled():
-    found = search(KnownCapacity(10_000), 1, sla_max_probes=3)
-    assert rates(found) == [1, 2, 4]
-    assert "no answer within 3 probes" in found.result().stopped_because
-    assert found.result().rate_rps == 4  # the highest that passed
+class Building(KnownCapacity):
+    """Every request meets the limit, but above capacity those in flight grow by 50 a sample
+    (the server is not keeping up, though it answers fast so far)."""
+
+    def __init__(self, capacity_rps: float):
+        super().__init__(capacity_rps)
+        self.backlog = 0
+
+    def start(self, probe: int, rate: float) -> str:
+        self.backlog = 0
+        return super().start(probe, rate)
+
+    def collect(self) -> ProbeSample:
+        self.backlog += 50 if self.rate() > self.capacity_rps else 0
+        return sample([done(20.0) for _ in range(BATCH)],
+                      [Waiting(1.0, 10.0, True, 0.0) for _ in range(self.backlog)])
 
 
-def test_a_probe_that_cannot_start_stops_the_search_and_says_why():
-    probes = KnownCapacity(100, problem="the schedule did not begin within 60 s")
-    found = search(probes, 30)
-    assert found.probes_run == [] and probes.ended
-    assert found.result().stopped_because == ("no probe could start: "
-                                              "the schedule did not begin within 60 s")
+def test_a_queue_that_does_not_settle_never_passes():
+    # judged every 2 ms: a probe's shortest (20 ms) has the samples to tell growth
+    found = SlaSearch(settings(30, sla_probe_min_s=0.02, sla_probe_max_s=0.2), Building(100),
+                      judge_s=0.002)
+    found.watch()
+    verdicts = {p.rate_rps: p.verdict for p in found.probes_run}
+    assert all(v == ("PASS" if r <= 100 else "FAIL") for r, v in verdicts.items())
+    unsettled = next(p for p in found.probes_run if p.rate_rps > 100)
+    assert unsettled.growth > 0 and "in flight still growing" in unsettled.why
+    result = found.result()
+    assert 90 <= result.rate_rps <= 100 < result.failed_rps
+    assert (result.binding, result.fall) == ("throughput", "cliff")
+
+
+class SlowSender(KnownCapacity):
+    """The server holds 10,000 requests/s, the generator sends 150: above it, arrivals go
+    unsent and the sends it makes are late."""
+
+    def collect(self) -> ProbeSample:
+        behind = self.rate() > 150
+        return sample([done(20.0, lag_ms=40.0 if behind else 0.1) for _ in range(BATCH)],
+                      unsent=30 if behind else 0)
+
+
+def test_a_generator_that_falls_behind_is_not_the_servers_limit():
+    found = search(SlowSender(10_000), 40)
+    result = found.result()
+    assert [p.verdict for p in found.probes_run] == ["PASS", "PASS", "SET ASIDE", "SET ASIDE"]
+    assert result.verdict == "NO ANSWER" and result.generator_limited_rps == 160
+    assert result.failed_rps is None and result.rate_rps == 80  # held, not a server limit
+    assert "could not offer 160 requests/s" in result.stopped_because
+    assert "--processes" in result.stopped_because
+
+
+class Ramped(KnownCapacity):
+    """For the ramp: every request of a step under the limit up to capacity, over it above."""
+
+
+def test_without_a_start_rate_a_ramp_finds_the_first_probes_rate():
+    probes = Ramped(100)
+    found = search(probes, 0)
+    ramp = found.result().ramp
+    assert [s.rate_rps for s in ramp] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert [bool(s.trouble) for s in ramp] == [False] * 7 + [True]
+    assert rates(found)[0] == 64  # the last step that held
+    result = found.result()
+    assert result.rate_rps <= 100 < result.failed_rps
 
 
 def test_each_probe_is_a_console_line_as_it_is_judged(caplog):
@@ -135,6 +240,7 @@ def test_each_probe_is_a_console_line_as_it_is_judged(caplog):
     first = found.probes_run[0].claims[0].requests  # BATCH a judgement, until it is decided
     head, _, rest = lines[0].partition(" s: ")  # "... for T s: " then the claims and verdict
     assert head.startswith("SLA probe 1: 30 requests/s for ")
-    assert rest == f"TTFT p99 20.0 ms <= 200 ms PASS ({first} requests, 0 over, 459 needed): PASS"
-    assert lines[2].startswith("SLA probe 3: 120 requests/s") and lines[2].endswith(": FAIL")
+    assert rest.startswith(f"TTFT p99 20.0 ms <= 200 ms PASS ({first} requests, 0 over, 459 "
+                           "needed): PASS (every claim met and supported; in flight settled)")
+    assert lines[2].startswith("SLA probe 3: 120 requests/s") and ": FAIL (" in lines[2]
     assert lines[-1].startswith(f"SLA confirming probe 1: {found.passed:.4g} requests/s")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from analysis.slo_claims import claim
+from analysis.slo_claims import with_interval
 from records.declare import SettingsError, build
-from records.early_stopping import min_passing, rank_interval, validity
+from records.early_stopping import judge, min_passing, rank_interval, validity
 from records.load_settings import LoadSettings
 from records.scenarios import with_scenario
 from tests.cli import analysis
@@ -47,6 +47,10 @@ def test_the_percentiles_interval_covers_it_as_the_binomial_says():
         upper = binom.cdf(high - 1, n, 0.99) if high is not None else 1.0
         assert upper - binom.cdf(low - 1, n, 0.99) >= 0.95
     assert rank_interval(100, 99)[1] is None  # 100 requests cannot bound a p99 from above
+
+
+def claim(metric, values, limit_ms, percentile):
+    return with_interval(judge(metric, values.tolist(), limit_ms, percentile), values)
 
 
 def test_a_claim_is_pass_fail_or_not_valid():

@@ -2,13 +2,16 @@
 the objective's bound, the probes that passed and those that failed told apart, and the rate
 found."""
 
+import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from analysis.plots.cdf import log_scale
-from records.early_stopping import Verdict
-from records.summary import SlaResult
+from records.summary import ProbeVerdict, SlaResult
+
+MARKERS = {ProbeVerdict.PASS: "o", ProbeVerdict.FAIL: "x", ProbeVerdict.NOT_VALID: "^",
+           ProbeVerdict.SET_ASIDE: "s"}
 
 
 def plot_sla(sla: SlaResult, path: Path) -> None:
@@ -16,9 +19,10 @@ def plot_sla(sla: SlaResult, path: Path) -> None:
     fig = Figure(figsize=(5 + 4 * len(metrics), 4.6), layout="constrained")
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics, strict=True):
-        for verdict, marker in ((Verdict.PASS, "o"), (Verdict.FAIL, "x"), (Verdict.NOT_VALID, "^")):
+        for verdict, marker in MARKERS.items():
             points = [(p.rate_rps, c.value_ms) for p in sla.probes for c in p.claims
-                      if c.metric == metric and p.verdict == verdict and c.value_ms is not None]
+                      if c.metric == metric and p.verdict == verdict
+                      and c.value_ms is not None and math.isfinite(c.value_ms)]
             if points:
                 ax.plot(*zip(*points, strict=True), marker, ms=7, ls="none",
                         label=f"{verdict.lower()}")

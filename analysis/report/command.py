@@ -42,7 +42,13 @@ def headline(report: Report) -> dict:
         return round(getattr(stats, key), 3) if stats else None
 
     run = report.run
-    throughput, requests = run.summary.throughput, run.summary.requests
+    throughput, requests, sla = run.summary.throughput, run.summary.requests, run.summary.sla
+    if sla is not None:  # its probes' rates differ: no one load's percentiles
+        return {"run_dir": str(run.path), "report_md": str(run.path / REPORT_MD),
+                "sla_rps": sla.rate_rps, "sla_verdict": sla.verdict,
+                "sla_failed_rps": sla.failed_rps, "sla_binding": sla.binding or None,
+                "sla_fall": sla.fall or None, "ok": requests.ok, "failed": requests.failed,
+                "diagnosis_fired": [f.rule for f in report.findings if f.fired]}
     return {"run_dir": str(run.path), "report_md": str(run.path / REPORT_MD),
             "ttft_p50_ms": latency("ttft", "p50"), "ttft_p99_ms": latency("ttft", "p99"),
             "tpot_p50_ms": latency("tpot", "p50"), "tpot_p99_ms": latency("tpot", "p99"),

@@ -11,7 +11,7 @@ from analysis.report.server import (
     server_markdown,
 )
 from analysis.report.sessions import sessions_markdown
-from analysis.report.sla import sla_markdown
+from analysis.report.sla import MIXED_RATES, sla_markdown
 from analysis.report.words import (
     CLASS_HEADER,
     SPLIT_HEADER,
@@ -63,6 +63,9 @@ def _config_md(report: Report) -> list[str]:
 
 
 def _latency_md(report: Report) -> list[str]:
+    if report.run.summary.sla is not None:
+        return ["## Latency (ms)", MIXED_RATES,
+                "## Throughput", bullets(throughput_lines(report.run))]
     return ["## Latency (ms)",
             markdown_table(["metric", *STAT_COLUMNS.values()], stats_rows(report.latency)),
             "Percentiles decoded from the HDR histograms in histograms.json "

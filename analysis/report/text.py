@@ -9,7 +9,7 @@ from analysis.report.server import (
     server_text,
 )
 from analysis.report.sessions import sessions_text
-from analysis.report.sla import sla_text, sla_verdict
+from analysis.report.sla import MIXED_RATES, sla_text, sla_verdict
 from analysis.report.words import (
     CLASS_HEADER,
     SPLIT_HEADER,
@@ -63,7 +63,8 @@ def render_text(report: Report) -> str:
     parts = [f"run {run.path}: {window_words(run)}", answer(report),
              "config: " + " ".join(f"{key}={fmt_plain(value)}"
                                    for key, value in applying(summary.config).items()),
-             text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency)),
+             (MIXED_RATES if summary.sla is not None else
+              text_table(["latency (ms)", *STAT_COLUMNS.values()], stats_rows(report.latency))),
              "throughput: " + ", ".join(throughput_lines(run)), f"requests: {accounting_line(run)}"]
     parts += asked_lines(summary)
     if summary.classes:

@@ -30,5 +30,13 @@ class SlaSearched(RunMode):
     def observe(self, result: StreamResult) -> None:
         self.part.observe(result)
 
+    @classmethod
+    def describe(cls, settings: LoadSettings, workers: int) -> str:
+        start = settings.sla.sla_start_rps
+        first = f"from {start:.4g} requests/s" if start else "from where a short ramp finds trouble"
+        return (f"SLA search {first} ({settings.traffic.arrival}, "
+                f"{workers} sending process{'es' if workers > 1 else ''}), "
+                f"{cls.shape(settings)}")
+
     def stop(self) -> None:
         self.part.end()  # no probe follows: its schedule ends

@@ -6,14 +6,17 @@ A step saturates when, over its --step-s:
   rate actually offered (its arrivals, shifted by the median latency that separates an
   arrival from its completion) by more than the count's Poisson noise, so that noise is not
   mistaken for saturation, or
-- p99 TTFT or TPOT breaks an SLO (--slo-ttft-ms, --slo-tpot-ms), or
+- an objective (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms) is not met at --slo-percentile,
+  judged as every report judges it (records/slo_judgement.py), or
 - the requests in flight grow steadily: the least-squares slope of in-flight samples over
   the step exceeds 10% of the offered rate and adds more than twice the in-flight count a
-  healthy server holds (a queue growing without bound).
+  healthy server holds (a queue growing without bound: loadgen/traffic/settling.py).
 
-Latency for a step counts the requests whose first token (TTFT) or last message (TPOT)
-came within it, plus requests still waiting for a first token, at their age so far: a
-stalled server cannot hide behind requests that have not answered yet.
+Latency for a step counts the requests whose first token (TTFT) or last message (TPOT, E2E)
+came within it; those that failed in it and those still waiting past a TTFT or E2E limit at
+its end count over: a stalled server cannot hide behind requests that have not answered yet.
+A step's claim is judged met or not; early stopping's support is not asked of a step (its
+percentile is a saturation signal, not a claim reported as held).
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from loadgen.recording import slo
 from loadgen.recording.timing import stream_timing
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
+from loadgen.traffic.settling import growing, slope
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
 from records.load_settings.choices import Mode
 from records.rundir import STEPS
+from records.slo_judgement import StillWaiting, judge_objectives
 from records.summary import StepRow, StressResult, Summary
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
@@ -51,23 +56,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
+def over_text(value_ms: float) -> str:
+    """A claim's percentile, which may fall among requests known only to be over (inf)."""
+    return "over" if math.isinf(value_ms) else f"{value_ms:.0f} ms"
+
+
 def short_of_sent(achieved: int, sent: float, share: float) -> bool:
     """Completions fell short of the arrivals they answer: below `share` of them, and by more
     than the Poisson noise of the count (one standard deviation, sqrt(sent)), so that a step of
     a few dozen requests is not called saturated for two still in flight at its end."""
     return achieved < share * sent and sent - achieved > math.sqrt(sent)
-
-
-def slope(samples: list[tuple[float, int]]) -> float:
-    """Least-squares slope of (time s, value) samples. By hand: scipy in the Locust process slows
-    its sends (docs/measured.md)."""
-    if len(samples) < 2:
-        return 0.0
-    n = len(samples)
-    mt = sum(t for t, _ in samples) / n
-    mv = sum(v for _, v in samples) / n
-    var = sum((t - mt) ** 2 for t, _ in samples)
-    return sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
 
 
 @registered(Mode.STRESS)
@@ -164,9 +162,13 @@ class Stress(RunMode):
         in_flight = list(self.run.inflight.values())
         ttft += [(r.recv_ns[0] - r.scheduled_ns) / 1e6 for r in in_flight
                  if r.recv_ns and start_ns <= r.recv_ns[0]]
-        # at least this
-        ttft += [(end_ns - r.scheduled_ns) / 1e6 for r in in_flight if not r.recv_ns]
         tpot = [t.tpot_us / 1000 for _, t in ok if t.tpot_us is not None]
+        e2e = [t.e2e_us / 1000 for _, t in ok]
+        waiting = [StillWaiting((end_ns - r.scheduled_ns) / 1e6, bool(r.recv_ns))
+                   for r in in_flight]
+        failed = sum(1 for _, t in done if t is None)  # ended failed within the step
+        claims = judge_objectives(objectives, {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e},
+                                  failed, waiting)
         good = sum(slo.met(objectives, t) for _, t in ok)
         offered = self.rate(step)
         # Compare completions with the arrivals one typical latency earlier, which they answer.
@@ -188,15 +190,11 @@ class Stress(RunMode):
         if conclusive and short_of_sent(len(ok), sent * window_s, c.saturation_share):
             reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the "
                            f"{sent:.3g}/s sent")
-        for name, p99, limit in (("TTFT", row.ttft_p99_ms, objectives.slo_ttft_ms),
-                                 ("TPOT", row.tpot_p99_ms, objectives.slo_tpot_ms)):
-            if limit is not None and p99 is not None and p99 > limit:
-                reasons.append(f"{name} p99 {p99:.0f} ms > SLO {limit:g} ms")
+        reasons += [f"{c.metric} p{c.percentile:g} {over_text(c.value_ms)} > SLO "
+                    f"{c.limit_ms:g} ms" for c in claims if c.requests and not c.met]
         # Growth counts when it is steep and adds more than twice the in-flight count a
         # healthy server holds (arrival rate x latency): ramp-up noise is neither.
-        healthy_in_flight = sent * lag_s + 1
-        if (conclusive and growth > GROWTH_SHARE * offered
-                and growth * window_s > 2 * healthy_in_flight):
+        if conclusive and growing(samples, offered, sent * lag_s + 1, GROWTH_SHARE):
             reasons.append(f"in flight growing {growth:.3g}/s")
         return dataclasses.replace(row, saturated="; ".join(reasons))
 

@@ -6,6 +6,7 @@ workers need no common clock: each judges its own warm-up by its own start."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import time
@@ -19,6 +20,8 @@ from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
 from records.load_settings import TrafficSettings
 
+UNSENT_S = 1.0  # an arrival due this long and not sent: the cap, or the sender behind
+
 
 @dataclass(frozen=True)
 class Done:
@@ -26,6 +29,7 @@ class Done:
 
     since_s: float  # scheduled, s from the probe's start
     ok: bool
+    lag_ms: float  # sent after its scheduled time
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
@@ -38,39 +42,48 @@ class Waiting:
     since_s: float  # scheduled, s from the probe's start
     age_ms: float  # since it was scheduled
     answered: bool  # its first token came
+    lag_ms: float  # sent after its scheduled time
 
 
 @dataclass(frozen=True)
 class ProbeSample:
     """What one process adds to a probe's judgement: the requests that ended since its last
-    sample, those still in flight, whether its arrivals were cut, and how many of its requests
-    (of any probe) are still in flight."""
+    sample, those still in flight, whether its arrivals were cut, how many of its requests (of
+    any probe) are still in flight, and how many of the probe's arrivals fell due more than
+    UNSENT_S ago and were not sent (the cap on requests in flight, or a sender behind)."""
 
     probe: int
     done: list[Done]
     waiting: list[Waiting]
     cut: bool
     inflight: int
+    unsent: int = 0
 
     def to_message(self) -> dict:
         return {"probe": self.probe, "cut": self.cut, "inflight": self.inflight,
-                "done": [[d.since_s, d.ok, d.ttft_ms, d.tpot_ms, d.e2e_ms] for d in self.done],
-                "waiting": [[w.since_s, w.age_ms, w.answered] for w in self.waiting]}
+                "unsent": self.unsent,
+                "done": [[d.since_s, d.ok, d.lag_ms, d.ttft_ms, d.tpot_ms, d.e2e_ms]
+                         for d in self.done],
+                "waiting": [[w.since_s, w.age_ms, w.answered, w.lag_ms] for w in self.waiting]}
 
     @classmethod
     def from_message(cls, data: dict) -> ProbeSample:
         return cls(probe=data["probe"], cut=data["cut"], inflight=data["inflight"],
-                   done=[Done(*d) for d in data["done"]],
+                   unsent=data["unsent"], done=[Done(*d) for d in data["done"]],
                    waiting=[Waiting(*w) for w in data["waiting"]])
+
+
+def lag_ms(result: StreamResult) -> float:
+    return max(0, result.sent_ns - result.scheduled_ns) / 1e6 if result.sent_ns else 0.0
 
 
 def done_of(result: StreamResult, probe_ns: int) -> Done:
     since_s = (result.scheduled_ns - probe_ns) / 1e9
     if not result.ok:
-        return Done(since_s, False)
+        return Done(since_s, False, lag_ms(result))
     t = stream_timing(result.scheduled_ns, result.sent_ns, result.recv_ns, result.tokens)
-    return Done(since_s, True, t.ttft_us / 1000, None if t.tpot_us is None else t.tpot_us / 1000,
-                t.e2e_us / 1000)
+    return Done(since_s, True, lag_ms(result), t.ttft_us / 1000,
+                None if t.tpot_us is None else t.tpot_us / 1000, t.e2e_us / 1000)
 
 
 class ProbePart:
@@ -79,7 +92,7 @@ class ProbePart:
         1/workers of each probe's rate, its requests numbered index, index + workers, ..."""
         self.traffic, self.workers, self.index = traffic, workers, index
         self.probe = -1  # the current probe's number, -1 before the first
-        self.cut = False  # the current probe's arrivals are over
+        self.cut = True  # the current probe's arrivals are over (none runs yet)
         self._zero_ns = 0  # the schedule's time zero (the run's start)
         self._probe_ns = 0  # the current probe's start
         self._rate = 0.0  # this process's share of the current probe's rate
@@ -88,6 +101,8 @@ class ProbePart:
         self._next = Event()  # set when the next probe starts, or the schedule ends
         self._over = False
         self._done: list[Done] = []  # ended since the last sample
+        self._due: list[float] = []  # the current probe's arrivals, s from time zero
+        self._ended: list[float] = []  # its requests that ended, scheduled s from time zero
 
     def begin(self, zero_ns: int) -> None:
         self._zero_ns = zero_ns
@@ -95,7 +110,9 @@ class ProbePart:
 
     def arrivals(self) -> Iterator[tuple[int, float]]:
         """(run-wide request index, send time s from time zero): each probe's arrivals at this
-        process's share of its rate until it is cut; then it waits for the next probe."""
+        process's share of its rate until it is cut; then it waits for the next probe. A probe
+        started before the last was cut (the search's ramp) carries on its arrivals at its
+        own rate."""
         rng = random.Random(self.traffic.seed + 7919 * self.index)  # index 0: the seed's own
         count = 0
         while True:
@@ -108,15 +125,19 @@ class ProbePart:
                 t += gap_s(rng, self._rate, self.traffic.arrival, self.traffic.burstiness)
                 if t >= self._cut_s:
                     break
+                self._due.append(t)
                 yield count * self.workers + self.index, t
                 count += 1
 
     def start(self, probe: int, rate: float) -> None:
         """Probe `probe` starts now at `rate` requests/s (the whole run's)."""
+        running = not self.cut
         self.probe, self.cut, self._done = probe, False, []
+        self._due, self._ended = [], []
         self._probe_ns = time.monotonic_ns()
         self._rate, self._cut_s = rate / self.workers, math.inf
-        self._next.set()
+        if not running:
+            self._next.set()
 
     def stop_arrivals(self) -> None:
         self.cut = True
@@ -128,15 +149,23 @@ class ProbePart:
         self._next.set()
 
     def observe(self, result: StreamResult) -> None:
-        """A finished request of the probe, unless it came whole (not timed)."""
-        if self.probe >= 0 and result.scheduled_ns >= self._probe_ns and result.streamed:
+        """A finished request of the probe; timed unless it came whole."""
+        if self.probe < 0 or result.scheduled_ns < self._probe_ns:
+            return
+        self._ended.append((result.scheduled_ns - self._zero_ns) / 1e9)
+        if result.streamed:
             self._done.append(done_of(result, self._probe_ns))
 
     def sample(self, inflight: Iterable[StreamResult]) -> ProbeSample:
         now_ns = time.monotonic_ns()
         inflight = list(inflight)
+        mine = [r for r in inflight if r.scheduled_ns >= self._probe_ns]
         waiting = [Waiting((r.scheduled_ns - self._probe_ns) / 1e9,
-                           (now_ns - r.scheduled_ns) / 1e6, bool(r.recv_ns))
-                   for r in inflight if r.scheduled_ns >= self._probe_ns]
+                           (now_ns - r.scheduled_ns) / 1e6, bool(r.recv_ns), lag_ms(r))
+                   for r in mine]
         done, self._done = self._done, []
-        return ProbeSample(self.probe, done, waiting, self.cut, len(inflight))
+        by_s = (now_ns - self._zero_ns) / 1e9 - UNSENT_S
+        sent = (sum(1 for t in self._ended if t <= by_s)
+                + sum(1 for r in mine if (r.scheduled_ns - self._zero_ns) / 1e9 <= by_s))
+        unsent = max(0, bisect.bisect_right(self._due, by_s) - sent)
+        return ProbeSample(self.probe, done, waiting, self.cut, len(inflight), unsent)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import gevent
 
-from loadgen.sla.part import Done, ProbePart, ProbeSample, Waiting
-from loadgen.sla.search import JUDGE_S, READY_S
+from loadgen.sla.part import Done, ProbePart, ProbeSample
+from loadgen.sla.probes import JUDGE_S, READY_S
 
 START = "moe_sla_start"  # master -> workers: {"probe", "rate"}
 CUT = "moe_sla_cut"  # master -> workers: {"probe"}
@@ -48,10 +48,13 @@ class RemoteProbes:
         self.to_workers(START, {"probe": probe, "rate": rate})
         return ""
 
-    def collect(self) -> tuple[list[Done], list[Waiting]]:
+    def collect(self) -> ProbeSample:
         done, self._done = self._done, []
-        waiting = [w for s in self._latest.values() if s.probe == self.probe for w in s.waiting]
-        return done, waiting
+        current = [s for s in self._latest.values() if s.probe == self.probe]
+        return ProbeSample(self.probe, done, [w for s in current for w in s.waiting],
+                           cut=all(s.cut for s in current),
+                           inflight=sum(s.inflight for s in current),
+                           unsent=sum(s.unsent for s in current))
 
     def cut(self) -> None:
         self.to_workers(CUT, {"probe": self.probe})

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import Chunk, RequestSpec, Target
-from records.requests import CLIENT_CANCELLED
+from records.requests import CLIENT_CANCELLED, CUT_OFF
 
-CUT_OFF = "CUT_OFF"  # the status of a request still streaming when the run's drain ended
 # (texts, usage) -> tokens of each text: loadgen/targets/text_tokens.py's TextCounter
 Counter = Callable[[list[str], dict[str, int]], list[int]]
 

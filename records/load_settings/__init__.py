@@ -6,7 +6,7 @@ profiles, datasets) are checked by it (loadgen/settings.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from records.declare import Settings, group, require
 from records.load_settings.choices import AIO_MODES, Mode
@@ -14,6 +14,8 @@ from records.load_settings.objectives import SlaSettings, SloSettings, StressSet
 from records.load_settings.sender import RecordingSettings, SenderSettings
 from records.load_settings.target import TargetSettings
 from records.load_settings.traffic import TrafficSettings, WorkloadSettings
+
+DEFAULT_RATE = next(f.default for f in fields(TrafficSettings) if f.name == "rate")
 
 __all__ = ["LoadSettings", "RecordingSettings", "SenderSettings", "SlaSettings", "SloSettings",
            "StressSettings", "TargetSettings", "TrafficSettings", "WorkloadSettings"]
@@ -42,6 +44,9 @@ class LoadSettings(Settings):
             self.slo.slo_ttft_ms, self.slo.slo_tpot_ms, self.slo.slo_e2e_ms)), "mode",
             "sla searches the highest rate meeting the objectives: give --slo-ttft-ms, "
             "--slo-tpot-ms or --slo-e2e-ms")
+        require(mode != Mode.SLA or self.traffic.rate == DEFAULT_RATE, "rate",
+                "--mode sla chooses its own rates: give its first with --sla-start-rps, or "
+                "nothing (a short ramp finds it)")
         require(not self.traffic.trace or mode == Mode.FIXED, "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client != "aio" or mode in AIO_MODES, "client",

@@ -44,6 +44,8 @@ DEFAULT_CLASSES = "chat:6:64:32,summarise:2:512:32,generate:2:32:128"
 # Where settings apply (their `when`): the web UI's form hides the others, reports leave them out.
 OPEN_LOOP_MODES = tuple(m.value for m in Mode if m.open_loop)
 OPEN_LOOP = {"mode": OPEN_LOOP_MODES}
+# --rate's: the SLA search chooses its own rates
+RATED = {"mode": tuple(m.value for m in Mode if m.open_loop and m is not Mode.SLA)}
 # not classes, not a dataset
 ONE_SHAPE = {"mode": (Mode.FIXED.value, Mode.STRESS.value, Mode.CLOSED.value,
                       Mode.SESSIONS.value), "dataset": ""}

@@ -44,6 +44,13 @@ class StressSettings(Settings):
 class SlaSettings(Settings):
     """SLA search"""
 
+    sla_start_rps: float = setting(0.0, "sla: the first probe's requests/s; 0: found by a short "
+                                   "ramp (from 1 request/s, doubling every 2 s until the "
+                                   "objectives or the queue give way)",
+                                   check=at_least(0, note=" (0: a ramp finds it)"),
+                                   compared=False,
+                                   label="First probe's rate (requests/s; 0: a ramp finds it)",
+                                   when=SLA)
     sla_resolution: float = setting(0.05, "sla: stop when the highest rate that passed and the "
                                     "lowest that failed are this close (a share of the former)",
                                     check=lambda v: None if 0 < v < 1 else
@@ -60,8 +67,11 @@ class SlaSettings(Settings):
                                      "a queue's excursions last longer than a second, and a "
                                      "short probe misses them", check=above(0), compared=False,
                                      label="Shortest probe (s)", when=SLA)
-    sla_probe_max_s: float = setting(120.0, "sla: a probe not decided (too few requests to "
-                                     "support its claims) after this long counts as failed",
+    sla_probe_max_s: float = setting(120.0, "sla: the longest probe: one whose claims are met "
+                                     "but lack the requests to support them by then (or sooner, "
+                                     "when its rate cannot bring them by then) is NOT VALID, and "
+                                     "the search moves up; one whose queue has not settled by "
+                                     "then fails",
                                      check=above(0), compared=False,
                                      label="Longest probe (s)", when=SLA)
     sla_max_probes: int = setting(16, "sla: most probes before giving up", check=at_least(2),

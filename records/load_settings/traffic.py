@@ -13,6 +13,7 @@ from records.load_settings.choices import (
     ONE_SHAPE,
     OPEN_LOOP,
     OPEN_LOOP_MODES,
+    RATED,
     SESSIONS,
     TRACE_FORMATS,
     TRACED,
@@ -45,7 +46,7 @@ class TrafficSettings(Settings):
     rate: float = setting(1.0, "offered requests/s (sessions/s in sessions mode), total across "
                           "users and workers",
                           check=above(0, " requests/s"),
-                          label="Offered rate (requests/s)", when=OPEN_LOOP)
+                          label="Offered rate (requests/s)", when=RATED)
     arrival: str = setting("poisson", "gaps between sends: poisson (exponential), constant, or "
                            "gamma (see --burstiness)", choices=ARRIVALS,
                            label="Arrivals", when=OPEN_LOOP)
