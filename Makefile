@@ -207,8 +207,8 @@ bench-prefix: install
 bench-routing: install
 	$(PY) -m loadgen.bench_routing
 
-# the SLA search against the M/D/20 oracle in three seeds (make test runs one), then its time
-# against a stress run's to the same resolution
+# the SLA search against the M/D/20 oracle in three seeds, then as a new user runs it (its own
+# start, and from half and twice the answer) against an M/D/4 oracle, beside the queueing truth
 bench-sla: install
 	MOE_SLA_SEEDS=1,2,3 $(PY) -m pytest -q tests/test_sla.py
 	$(PY) -m loadgen.bench_sla

@@ -123,3 +123,23 @@ def test_a_search_with_no_answer_says_so_and_exits_1(tmp_path):
     assert headline["ttft_p99_ms"] is None  # no one load's percentile
     last = json.loads(analysis("report", run_dir).stdout.strip().splitlines()[-1])
     assert (last["sla_rps"], last["sla_verdict"]) == (None, "NO ANSWER")
+
+
+@pytest.mark.slow
+def test_a_generator_held_back_is_named_the_limit_not_the_server(tmp_path):
+    # --max-in-flight 2 against 4 slots of 90 ms: at 40 requests/s arrivals go unsent, so the
+    # server is not offered the rate; the probe is set aside, run again, set aside again
+    run_dir = tmp_path / "run"
+    with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", "4", "--ttft-ms", "20",
+                              "--itl-ms", "10") as (_, port):
+        done = locust(port, run_dir, "--mode", "sla", "--sla-start-rps", "40",
+                      "--max-in-flight", "2", "--slo-ttft-ms", "200", "--max-tokens", "8",
+                      "--prompt-tokens", "8", "-t", "60")
+    assert done.returncode == 1, done.stdout
+    sla = json.loads((run_dir / "summary.json").read_text())["sla"]
+    assert [p["verdict"] for p in sla["probes"]] == ["SET ASIDE", "SET ASIDE"]
+    assert all(p["unsent"] >= 2 for p in sla["probes"])
+    assert sla["generator_limited_rps"] == 40 and sla["rate_rps"] is None
+    assert "raise --max-in-flight" in sla["stopped_because"]
+    said = next(line for line in done.stdout.splitlines() if line.startswith("SLA search: "))
+    assert said.startswith("SLA search: NO ANSWER; the load generator could not offer 40 ")

@@ -5,16 +5,20 @@ figures), with the percentile's exact order-statistic interval; a 100-request ru
 VALID with the requests it would need, a 3,000-request run's VALID, end to end in the report."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
 from analysis.slo_claims import with_interval
+from loadgen.modes.stress import Stress
+from loadgen.targets.client import StreamResult
 from records.declare import SettingsError, build
 from records.early_stopping import judge, min_passing, rank_interval, validity
 from records.load_settings import LoadSettings
 from records.scenarios import with_scenario
+from records.slo_judgement import judge_objectives
 from tests.cli import analysis
 from tests.rundirs import encoded, request_row, write_rows, write_summary
 
@@ -119,3 +123,26 @@ def test_a_scenario_preset_sets_the_objectives_and_judges_duration_and_queries(t
     out = analysis("report", run_dir).stdout.splitlines()
     assert "NOT met: mlperf-server:mixtral-8x7b: ran 30 s of the 600 s needed" in out
     assert out[-4] == "verdict: NOT VALID"
+
+
+@pytest.mark.parametrize("percentile, saturated", [(99.0, "TTFT p99 300 ms > SLO 100 ms"),
+                                                   (95.0, "")])
+def test_a_stress_step_is_judged_at_the_objectives_percentile(percentile, saturated):
+    # 100 requests in a 1 s step, 3 of them 300 ms to the first token, the rest 20 ms: over a
+    # 100 ms bound at p99, under it at p95, as the report judges the same requests
+    settings = build(LoadSettings, {"mode": "stress", "rate_step": 1.0, "slo_ttft_ms": 100.0,
+                                    "slo_percentile": percentile, "rate": 100.0})
+    stress = Stress(settings)
+    stress.run = SimpleNamespace(start_ns=0, inflight={})
+    stress._sent = [i / 100 for i in range(100)]
+    for i in range(100):
+        ttft_ms = 300 if i < 3 else 20
+        scheduled = int(i * 1e7)
+        result = StreamResult(f"r{i}", scheduled, sent_ns=scheduled,
+                              recv_ns=[scheduled + int(ttft_ms * 1e6), scheduled + int(4e8)],
+                              tokens=[1, 1])
+        stress.observe(result)
+    row = stress.judge(0, 0, int(1e9), [(0.0, 0), (1.0, 0)])
+    assert row.saturated == saturated
+    judged, = judge_objectives(settings.slo, {"ttft_ms": [300.0] * 3 + [20.0] * 97})
+    assert judged.met == (not saturated)

@@ -74,10 +74,12 @@ class SlaSearch:
             self._last_s = self.sending.now_s()
             if probe.verdict == ProbeVerdict.SET_ASIDE:
                 self.generator_limited = probe.rate_rps
+                more = ("raise --max-in-flight, or add sending processes (--processes N)"
+                        if probe.unsent else "add sending processes (--processes N), workers, "
+                        "or cores")
                 self.stopped_because = (
                     f"the load generator could not offer {probe.rate_rps:.4g} requests/s "
-                    f"({probe.why}); the server's limit is above what passed: add sending "
-                    "processes (--processes N), workers, or cores")
+                    f"({probe.why}); the server's limit is above what passed: {more}")
                 break
             self.count(probe)
             if (reason := self.settled()):

@@ -62,10 +62,11 @@ class SlaSettings(Settings):
     sla_warmup_s: float = setting(1.0, "sla: each probe's first seconds are sent, not judged",
                                   check=at_least(0), compared=False,
                                   label="Probe warm-up (s)", when=SLA)
-    sla_probe_min_s: float = setting(10.0, "sla: a probe is judged for at least this long (past "
+    sla_probe_min_s: float = setting(30.0, "sla: a probe is judged for at least this long (past "
                                      "its warm-up) before it passes or fails on its percentile: "
-                                     "a queue's excursions last longer than a second, and a "
-                                     "short probe misses them", check=above(0), compared=False,
+                                     "near capacity a queue's excursions last seconds, and a "
+                                     "short probe that missed them passes a rate a long run "
+                                     "fails (docs/sla.md)", check=above(0), compared=False,
                                      label="Shortest probe (s)", when=SLA)
     sla_probe_max_s: float = setting(120.0, "sla: the longest probe: one whose claims are met "
                                      "but lack the requests to support them by then (or sooner, "
