@@ -12,6 +12,7 @@ import gevent
 from gevent import subprocess
 from gevent.event import Event
 
+from loadgen.sla.part import SAMPLE
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.offered import Offered
 from records.declare import flat
@@ -71,6 +72,7 @@ class AioSender:
         self.ready = Event()  # set once the sender is connected (or gone)
         self.schedule_over = Event()  # a finite schedule (a trace) is sent
         self.ended = Event()
+        self.on_sample: Callable[[dict], None] | None = None  # its SLA probe samples, if any
         self.started = False
         self.proc = _take_spare()
         self._send({"config": flat(settings), "workers": workers, "index": index})
@@ -83,6 +85,10 @@ class AioSender:
             self.proc.stdin.flush()
         except OSError:  # BrokenPipeError: it exited (its own error is on stderr)
             pass
+
+    def tell(self, kind: str, data: dict) -> None:
+        """The SLA search's START or CUT of a probe (loadgen/sla/part.py), for its schedule."""
+        self._send({"sla": kind, **data})
 
     def start(self, start_ns: int) -> None:
         """The schedule's time zero."""
@@ -103,6 +109,9 @@ class AioSender:
                 self.offered = Offered.of_state(data["offered"])
                 ended = True
                 break
+            elif SAMPLE in data:
+                if self.on_sample is not None:
+                    self.on_sample(data[SAMPLE])
             elif "loop_lag" in data:
                 for t_ns, late_us in data["loop_lag"]:
                     self.on_loop_lag(t_ns, late_us)

@@ -16,9 +16,11 @@ reports it, writes {"end": true, "not_sent": n, "offered": what its requests ask
 seconds it waited for a core meanwhile (null: unknown; loadgen/recording/cpu.py)} and exits. Every
 second it also writes {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
 (loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
-(loadgen/traffic/). Times are CLOCK_MONOTONIC nanoseconds, one clock for both
-processes. Output goes through a non-blocking pipe writer, so a slow reader never stalls the
-sends.
+(loadgen/traffic/). In an SLA search its schedule is its part of the probes
+(loadgen/sla/part.py): the parent passes on each probe's start and cut ({"sla": START or CUT,
+...}), and it writes its part of the current probe every quarter second ({SAMPLE: ...}). Times
+are CLOCK_MONOTONIC nanoseconds, one clock for both processes. Output goes through a
+non-blocking pipe writer, so a slow reader never stalls the sends.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from loadgen.recording.cpu import CpuClock
 from loadgen.recording.loop_lag import asyncio_probe
+from loadgen.sla.part import CUT, JUDGE_S, SAMPLE, START, ProbePart
 from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import RequestSpec, Target, target_of
 from loadgen.targets.text_tokens import TextCounter
@@ -43,6 +46,7 @@ from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
 from records.declare import build
 from records.load_settings import LoadSettings
+from records.load_settings.choices import Mode
 
 SPIN_S = 0.0015
 SPIN_RATE = 50.0  # requests/s a sender, at most, where its sends are spun into: 7.5% of a core
@@ -62,17 +66,22 @@ async def main() -> None:
     workload = Workload(settings)
     target = target_of(settings.target)
     count = TextCounter(settings.target.tokenizer)
-    schedule = schedule_of(settings.traffic, job["workers"], job["index"])
-    # epoll waits whole milliseconds, rounded up: at a low rate the last stretch before a send
-    # is yielded through instead, which costs a core SPIN_S x the rate at most
     traffic = settings.traffic
-    spin_s = SPIN_S if not traffic.trace and traffic.rate / job["workers"] <= SPIN_RATE else 0.0
+    part = (ProbePart(traffic, job["workers"], job["index"]) if traffic.mode == Mode.SLA
+            else None)
+    schedule = (part.arrivals() if part is not None else
+                schedule_of(traffic, job["workers"], job["index"]))
+    # epoll waits whole milliseconds, rounded up: at a low rate the last stretch before a send
+    # is yielded through instead, which costs a core SPIN_S x the rate at most (not between
+    # an SLA search's probes: its schedule looks for the next one every few milliseconds)
+    spin_s = (SPIN_S if not traffic.trace and part is None
+              and traffic.rate / job["workers"] <= SPIN_RATE else 0.0)
     conn = await target.aconnect(sender.host)
     transport.write(b'{"ready": true}\n')
     try:
         line = await reader.readline()
         if line.strip():  # else the run ended before it began
-            await Sender(settings, workload, target, conn, count, transport, spin_s).run(
+            await Sender(settings, workload, target, conn, count, transport, spin_s, part).run(
                 json.loads(line)["start_ns"], reader, schedule)
     finally:
         await target.aclose(conn)
@@ -89,6 +98,7 @@ class Sender:
     count: TextCounter
     transport: asyncio.WriteTransport
     spin_s: float  # the last stretch before each send is spun, not slept
+    part: ProbePart | None = None  # its part of an SLA search's probes
     tasks: dict[asyncio.Task, StreamResult] = field(default_factory=dict)  # in flight
     offered: Offered = field(default_factory=Offered)  # what the requests sent asked for
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,19 +109,32 @@ class Sender:
         self.transport.write((json.dumps(data) + "\n").encode())
 
     def done(self, task: asyncio.Task) -> None:
+        result = self.tasks.pop(task)
+        if self.part is not None:
+            self.part.observe(result)
         # plain fields only: vars is asdict's result, without its deep copy
-        self.emit(vars(self.tasks.pop(task)))
+        self.emit(vars(result))
 
     async def run(self, start_ns: int, reader: asyncio.StreamReader, schedule) -> None:
         """The schedule from start_ns until the stop (or its end), then the drain."""
         cpu = CpuClock()  # from time zero, not its imports
 
         async def watch_stdin():
-            line = await reader.readline()  # the stop's time, or EOF when the parent died
-            self.stopped_ns = json.loads(line)["stop_ns"] if line.strip() else time.monotonic_ns()
+            while True:  # the SLA search's probes, then the stop's time (EOF: the parent died)
+                line = await reader.readline()
+                data = json.loads(line) if line.strip() else {}
+                if "sla" not in data:
+                    break
+                self.probe_told(data)
+            self.stopped_ns = data["stop_ns"] if data else time.monotonic_ns()
             self.stopped.set()
+            if self.part is not None:
+                self.part.end()
 
         watcher = asyncio.create_task(watch_stdin())
+        if self.part is not None:
+            self.part.begin(start_ns)
+            sampler = asyncio.create_task(self.send_samples())
         lags = LagLines(self.emit)
         probe = asyncio.create_task(asyncio_probe(lags.add))
         tally = SendCounts()
@@ -121,6 +144,8 @@ class Sender:
         if not self.stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops
             self.emit({"schedule_over": True})
         await watcher
+        if self.part is not None:
+            sampler.cancel()
         await drain(self.tasks, self.done, self.settings.sender.drain_s, self.emit)
         probe.cancel()
         lags.flush()
@@ -129,6 +154,20 @@ class Sender:
                    "cpu_s": cpu_s, "cpu_wait_s": waited_s})
         while self.transport.get_write_buffer_size():
             await asyncio.sleep(0.01)
+
+    def probe_told(self, data: dict) -> None:
+        """The SLA search's START or CUT of a probe."""
+        if data["sla"] == START:
+            self.part.start(data["probe"], data["rate"])
+        elif data["sla"] == CUT and data["probe"] == self.part.probe:
+            self.part.stop_arrivals()
+
+    async def send_samples(self) -> None:
+        """Its part of the current probe, every JUDGE_S, as a distributed run's worker's."""
+        while True:
+            sample = self.part.sample(self.tasks.values())
+            self.emit({SAMPLE: {"worker": 0, **sample.to_message()}})
+            await asyncio.sleep(JUDGE_S)
 
     async def until(self, due_ns: int | None) -> None:
         """Until due_ns, its last SPIN_S spun (see main); None: the request just handed over

@@ -25,9 +25,10 @@ def wire(settings: LoadSettings) -> str:
 
 def asked_per_process(settings: LoadSettings, workers: int = 1) -> float | None:
     """Messages/s each process is asked for at the run's offered rate; None where the rate
-    is not the run's to say (closed loop, a trace, stress's rising steps: their own)."""
+    is not the run's to say (closed loop, a trace, stress's rising steps, the SLA search's
+    probes: their own)."""
     traffic = settings.traffic
-    if traffic.mode in (Mode.CLOSED, Mode.STRESS) or traffic.trace:
+    if traffic.mode in (Mode.CLOSED, Mode.STRESS, Mode.SLA) or traffic.trace:
         return None
     turns = 1.0
     if traffic.mode == Mode.SESSIONS:  # every turn is a request: a session's turns, at most

@@ -28,7 +28,7 @@ from loadgen.recording.timing import StreamTiming
 from loadgen.run import Hooks, Place, Run
 from loadgen.server_metrics import ServerMetrics, start_server_metrics
 from loadgen.sla.probes import LocalProbes, Probes
-from loadgen.sla.remote import CUT, SAMPLE, START, RemoteProbes, SampleSender
+from loadgen.sla.remote import CUT, SAMPLE, START, ChildRelay, RemoteProbes, SampleSender
 from loadgen.sla.search import SlaSearch
 from loadgen.targets.client import StreamResult
 from loadgen.targets.target import Target
@@ -88,7 +88,11 @@ class Standalone:
         listener.started(run)
         log.info("%s", describe(settings))
         say_headroom(settings)
-        if run.mode.searched:
+        if run.mode.searched and run.aio is not None:  # its sender process sends the probes
+            remote = RemoteProbes(run.aio.tell, 1, listener.end_test)
+            run.aio.on_sample = remote.receive
+            self.start_search(settings, remote)
+        elif run.mode.searched:
             self.start_search(settings, LocalProbes(run.mode.part, run.inflight,
                                                     listener.end_test))
 
@@ -133,7 +137,8 @@ class Worker(Standalone):
     def __init__(self, listener: RunListener):
         super().__init__(listener)
         self.rank = 0  # its place among the workers
-        self.samples: SampleSender | None = None  # --mode sla: its reports to the master
+        # --mode sla: its reports to the master
+        self.samples: SampleSender | ChildRelay | None = None
 
     def register(self, runner) -> None:
         """The master's stop, and its SLA search's probes' starts and cuts."""
@@ -153,7 +158,9 @@ class Worker(Standalone):
                               f"{settings.recording.run_dir}/worker-{self.rank}"))
         listener.started(run)
         log.info("worker %d of %d: %s", self.rank + 1, len(ranks), describe(settings, len(ranks)))
-        if run.mode.searched:
+        if run.mode.searched and run.aio is not None:
+            self.samples = ChildRelay(runner.send_message, self.rank, run.aio)
+        elif run.mode.searched:
             self.samples = SampleSender(runner.send_message, self.rank, run.mode.part,
                                         run.inflight)
         say_headroom(settings, len(ranks))

@@ -72,6 +72,24 @@ def test_a_sender_behind_at_the_stop_counts_what_it_did_not_reach():
     assert (tally.sent, tally.overtaken, tally.full) == (3, 3, 0)
 
 
+def test_an_idle_schedule_is_waited_for_and_neither_sent_nor_counted():
+    # the SLA search's schedule between probes: (None, when to look again) twice, then arrivals
+    schedule = iter([(None, 0.5), (None, 1.0), (0, 1.5), (None, 2.0), (1, 2.5), (2, 3.5)])
+    sender, tally = HandClock(), SendCounts()
+    waits = []
+    loop = dispatch(schedule, 0, 100, sender, tally)
+    for due_ns in loop:
+        waits.append(due_ns)
+        if due_ns is not None:
+            sender.now_ns = due_ns
+        if sender.now_ns >= 3 * S:
+            sender.stopped = 3 * S
+    assert waits[:3] == [S // 2, S, int(1.5 * S)] and sender.sent == [0, 1]
+    assert (tally.sent, tally.overtaken) == (2, 0)  # 2 is due after the stop: never due
+    rest = iter([(None, 2.0), (3, 2.9), (None, 3.0), (4, 3.1)])
+    assert due_before(rest, 0, 3 * S) == 1  # idle entries are no arrivals
+
+
 def test_arrivals_past_the_cap_are_counted_not_sent():
     sender, tally = HandClock(), SendCounts()
     drive(dispatch(every_second(10), 0, 3, sender, tally), sender, stop_at_ns=int(7.5 * S))

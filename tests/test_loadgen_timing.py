@@ -210,21 +210,23 @@ def test_workers_split_the_rate_and_never_share_an_index():
         assert sum(len(p) for p in parts) == pytest.approx(1000, rel=0.06)
 
 
-def test_the_default_sends_the_fixed_and_mixed_schedules_from_the_aio_sender():
+def test_the_default_sends_the_fixed_mixed_and_sla_schedules_from_the_aio_sender():
     """--client auto: the sender that held 5,000 messages/s (docs/design.md, "The default
     client") wherever it can send the mode, greenlets elsewhere; an explicit choice stands."""
     resolved = {mode: build(LoadSettings, {"mode": mode, **extra}).client
                 for mode, extra in (("fixed", {}), ("mixed", {}), ("stress", {"rate_step": 1.0}),
-                                    ("closed", {}), ("sessions", {}))}
+                                    ("closed", {}), ("sessions", {}),
+                                    ("sla", {"slo_ttft_ms": 100.0}))}
     assert resolved == {"fixed": "aio", "mixed": "aio", "stress": "gevent", "closed": "gevent",
-                        "sessions": "gevent"}
+                        "sessions": "gevent", "sla": "aio"}
     assert build(LoadSettings, {"client": "gevent"}).client == "gevent"
 
 
-def test_aio_client_is_for_the_fixed_and_mixed_schedules():
+def test_aio_client_is_for_the_fixed_mixed_and_sla_schedules():
     assert build(LoadSettings, {"client": "aio"}).sender.client == "aio"
     for mode, extra in (("stress", {"rate_step": 1.0}), ("closed", {}), ("sessions", {})):
-        with pytest.raises(SettingsError, match="--client: aio sends the fixed and mixed.*auto"):
+        with pytest.raises(SettingsError,
+                           match="--client: aio sends the fixed, mixed, sla modes.*auto"):
             build(LoadSettings, {"mode": mode, "client": "aio", **extra})
 
 

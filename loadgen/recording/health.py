@@ -33,7 +33,7 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
         warnings.append(
             f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
             f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; "
-            + ("use --client aio (fixed and mixed modes), " if client == "gevent" else "")
+            + ("use --client aio (fixed, mixed and sla modes), " if client == "gevent" else "")
             + more)
     if rec.late_sends:
         warnings.append(

@@ -1,5 +1,8 @@
 """One sending process's part of the SLA search's probes: its arrivals at its share of each
-probe's rate, and what became of the requests it scheduled, as the search judges them.
+probe's rate, and what became of the requests it scheduled, as the search judges them. Free of
+any event loop: the gevent run and the aio sender's process (loadgen/aio_sender.py) both keep
+one; between probes its schedule says when to look again (loadgen/traffic/dispatch.py's idle
+arrivals).
 
 Times in a sample are from the probe's start as this process saw it, so a distributed run's
 workers need no common clock: each judges its own warm-up by its own start."""
@@ -13,14 +16,18 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from gevent.event import Event
-
 from loadgen.recording.timing import stream_timing
 from loadgen.targets.client import StreamResult
 from loadgen.traffic.arrivals import gap_s
 from records.load_settings import TrafficSettings
 
 UNSENT_S = 1.0  # an arrival due this long and not sent: the cap, or the sender behind
+IDLE_S = 0.005  # between probes, the schedule looks for the next this often
+JUDGE_S = 0.25  # how often a probe is judged, and a sender says its part
+# the search's messages to the senders (a distributed run's workers, an aio sender process)
+START = "moe_sla_start"  # {"probe", "rate"}
+CUT = "moe_sla_cut"  # {"probe"}
+SAMPLE = "moe_sla_sample"  # a sender's part: {"worker", **ProbeSample.to_message()}
 
 
 @dataclass(frozen=True)
@@ -97,8 +104,8 @@ class ProbePart:
         self._probe_ns = 0  # the current probe's start
         self._rate = 0.0  # this process's share of the current probe's rate
         self._cut_s = math.inf  # its arrivals stop here, s from time zero
-        self.begun = Event()  # set at the schedule's time zero
-        self._next = Event()  # set when the next probe starts, or the schedule ends
+        self.begun = False  # the schedule's time zero has come
+        self._epoch = 0  # probes started after a cut, so far
         self._over = False
         self._done: list[Done] = []  # ended since the last sample
         self._due: list[float] = []  # the current probe's arrivals, s from time zero
@@ -106,28 +113,30 @@ class ProbePart:
 
     def begin(self, zero_ns: int) -> None:
         self._zero_ns = zero_ns
-        self.begun.set()
+        self.begun = True
 
-    def arrivals(self) -> Iterator[tuple[int, float]]:
+    def now_s(self) -> float:
+        return (time.monotonic_ns() - self._zero_ns) / 1e9
+
+    def arrivals(self) -> Iterator[tuple[int | None, float]]:
         """(run-wide request index, send time s from time zero): each probe's arrivals at this
-        process's share of its rate until it is cut; then it waits for the next probe. A probe
-        started before the last was cut (the search's ramp) carries on its arrivals at its
-        own rate."""
+        process's share of its rate until it is cut; between probes (None, when to look
+        again). A probe started before the last was cut (the search's ramp) carries on its
+        arrivals at its own rate; one started after, from its start."""
         rng = random.Random(self.traffic.seed + 7919 * self.index)  # index 0: the seed's own
-        count = 0
-        while True:
-            self._next.wait()
-            self._next.clear()
-            if self._over:
-                return
-            t = (self._probe_ns - self._zero_ns) / 1e9
-            while True:
+        count, epoch, t = 0, 0, math.inf
+        while not self._over:
+            if epoch != self._epoch:
+                epoch = self._epoch
+                t = max((self._probe_ns - self._zero_ns) / 1e9, self.now_s())
+            if t < self._cut_s:
                 t += gap_s(rng, self._rate, self.traffic.arrival, self.traffic.burstiness)
-                if t >= self._cut_s:
-                    break
-                self._due.append(t)
-                yield count * self.workers + self.index, t
-                count += 1
+                if t < self._cut_s:
+                    self._due.append(t)
+                    yield count * self.workers + self.index, t
+                    count += 1
+                    continue
+            yield None, self.now_s() + IDLE_S
 
     def start(self, probe: int, rate: float) -> None:
         """Probe `probe` starts now at `rate` requests/s (the whole run's)."""
@@ -136,8 +145,7 @@ class ProbePart:
         self._due, self._ended = [], []
         self._probe_ns = time.monotonic_ns()
         self._rate, self._cut_s = rate / self.workers, math.inf
-        if not running:
-            self._next.set()
+        self._epoch += not running
 
     def stop_arrivals(self) -> None:
         self.cut = True
@@ -146,7 +154,6 @@ class ProbePart:
     def end(self) -> None:
         """No probe follows: the schedule is over."""
         self._over = True
-        self._next.set()
 
     def observe(self, result: StreamResult) -> None:
         """A finished request of the probe; timed unless it came whole."""

@@ -9,10 +9,9 @@ from typing import Protocol
 
 import gevent
 
-from loadgen.sla.part import ProbePart, ProbeSample
+from loadgen.sla.part import JUDGE_S, ProbePart, ProbeSample
 from loadgen.sla.watch import ProbeWatch
 
-JUDGE_S = 0.25  # how often a probe is judged
 DRAIN_S = 30.0  # the longest a probe's requests are waited for after its arrivals stop
 READY_S = 60.0  # the longest the first probe waits for the sending to begin
 
@@ -49,7 +48,10 @@ class LocalProbes:
         self.part, self.inflight, self.request_stop = part, inflight, request_stop
 
     def start(self, probe: int, rate: float) -> str:
-        if not self.part.begun.wait(READY_S):
+        deadline = time.monotonic() + READY_S
+        while not self.part.begun and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        if not self.part.begun:
             return f"the schedule did not begin within {READY_S:g} s"
         self.part.start(probe, rate)
         return ""

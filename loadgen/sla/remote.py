@@ -1,22 +1,25 @@
-"""The SLA search in a distributed run: the master decides, the workers send. The master's
-search drives `RemoteProbes`, which tells every worker each probe's start (its number and the
-whole run's rate: a worker sends its share) and its cut; each worker's `SampleSender` sends
-the master its part of the current probe every JUDGE_S (loadgen/sla/part.py's ProbeSample), times
-from the probe's start as the worker saw it, so no clock is shared."""
+"""The SLA search where another process sends: the search decides, the senders send. The
+search drives `RemoteProbes`, which tells every sender each probe's start (its number and the
+whole run's rate: a sender sends its share) and its cut; each sender sends the search its part
+of the current probe every JUDGE_S (loadgen/sla/part.py's ProbeSample), times from the probe's
+start as the sender saw it, so no clock is shared.
+
+The senders: a distributed run's workers, to their master (a worker's `SampleSender` on
+Locust's greenlets, or its `ChildRelay` passing on what its aio sender process says); and in
+one process with the aio sender, that sender process (loadgen/aio_sender.py) itself."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import gevent
 
-from loadgen.sla.part import Done, ProbePart, ProbeSample
-from loadgen.sla.probes import JUDGE_S, READY_S
+from loadgen.sla.part import CUT, JUDGE_S, SAMPLE, START, Done, ProbePart, ProbeSample
+from loadgen.sla.probes import READY_S
 
-START = "moe_sla_start"  # master -> workers: {"probe", "rate"}
-CUT = "moe_sla_cut"  # master -> workers: {"probe"}
-SAMPLE = "moe_sla_sample"  # worker -> master: {"worker", **ProbeSample.to_message()}
+__all__ = ["CUT", "SAMPLE", "START", "ChildRelay", "RemoteProbes", "SampleSender"]
 
 
 class RemoteProbes:
@@ -84,7 +87,8 @@ class SampleSender:
             self.part.stop_arrivals()
 
     def _send_every_judgement(self) -> None:
-        self.part.begun.wait()
+        while not self.part.begun:
+            gevent.sleep(0.05)
         while True:
             sample = self.part.sample(self.inflight.values())
             self.to_master(SAMPLE, {"worker": self.rank, **sample.to_message()})
@@ -93,3 +97,30 @@ class SampleSender:
     def stop(self) -> None:
         self.part.end()
         self._greenlet.kill(block=False)
+
+
+class SenderChild(Protocol):
+    """A process that sends for this one (loadgen/aio_client.py's AioSender)."""
+
+    on_sample: Callable[[dict], None] | None  # each ProbeSample message it says
+
+    def tell(self, kind: str, data: dict) -> None:
+        """Passes the search's START or CUT on to it."""
+
+
+class ChildRelay:
+    """A worker whose aio sender process sends: the master's starts and cuts go on to it, its
+    samples on to the master as this worker's."""
+
+    def __init__(self, to_master: Callable[[str, dict], None], rank: int, child: SenderChild):
+        self.child = child
+        child.on_sample = lambda data: to_master(SAMPLE, {**data, "worker": rank})
+
+    def started(self, data: dict) -> None:
+        self.child.tell(START, data)
+
+    def cut(self, data: dict) -> None:
+        self.child.tell(CUT, data)
+
+    def stop(self) -> None:
+        self.child.on_sample = None

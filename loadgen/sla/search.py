@@ -77,9 +77,11 @@ class SlaSearch:
                 more = ("raise --max-in-flight, or add sending processes (--processes N)"
                         if probe.unsent else "add sending processes (--processes N), workers, "
                         "or cores")
+                held = (f"the server held {self.passed:.4g} requests/s, its limit above that not "
+                        "known" if self.passed else "the server's limit not known")
                 self.stopped_because = (
                     f"the load generator could not offer {probe.rate_rps:.4g} requests/s "
-                    f"({probe.why}); the server's limit is above what passed: {more}")
+                    f"({probe.why}); {held}: {more}")
                 break
             self.count(probe)
             if (reason := self.settled()):

@@ -15,7 +15,8 @@ built. Several callers may share one schedule (Locust's users of a process, one 
 loadgen/run.py's SharedSchedule): each takes the next arrival, and counts it. A caller ended
 while it waits (Locust stops its users after the run's stop) counts the arrival it held if
 that was due; the arrivals no caller took are counted by `due_before` once the callers are
-gone.
+gone. A schedule with nothing due yet (the SLA search's, between probes) gives an idle arrival,
+(None, when to look again): it is waited for like any other, and neither sent nor counted.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class SendCounts:
         return self.full + self.overtaken
 
 
-def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight: int,
+def dispatch(arrivals: Iterator[tuple[int | None, float]], start_ns: int, max_in_flight: int,
              sends: Sends, tally: SendCounts) -> Iterator[int | None]:
     """Each arrival (request index, s from start_ns) sent at its time or counted in tally,
     until the stop or the schedule's end. Yields each due time (ns): the caller resumes it once
@@ -63,6 +64,11 @@ def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight
     for index, offset_s in arrivals:
         due_ns = start_ns + int(offset_s * 1e9)
         stop_ns = sends.stop_ns()
+        if index is None:  # nothing due yet: look again then
+            if stop_ns is not None:
+                return
+            yield due_ns
+            continue
         if stop_ns is None:
             built = sends.build(index, due_ns)
             try:
@@ -83,11 +89,12 @@ def dispatch(arrivals: Iterator[tuple[int, float]], start_ns: int, max_in_flight
         yield None
 
 
-def due_before(arrivals: Iterator[tuple[int, float]], start_ns: int, stop_ns: int) -> int:
-    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow)."""
+def due_before(arrivals: Iterator[tuple[int | None, float]], start_ns: int, stop_ns: int) -> int:
+    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow; an
+    idle one is none)."""
     due = 0
-    for _, offset_s in arrivals:
+    for index, offset_s in arrivals:
         if start_ns + int(offset_s * 1e9) > stop_ns:
             break
-        due += 1
+        due += index is not None
     return due

@@ -50,8 +50,8 @@ class LoadSettings(Settings):
         require(not self.traffic.trace or mode == Mode.FIXED, "trace",
                 f"replays the trace's own schedule, open loop: drop --mode {mode}")
         require(self.sender.client != "aio" or mode in AIO_MODES, "client",
-                "aio sends the fixed and mixed modes' schedules only: use it with --mode fixed "
-                "or mixed, or leave --client auto")
+                f"aio sends the {', '.join(AIO_MODES)} modes' schedules only: use it with one "
+                "of them, or leave --client auto")
 
     @property
     def client(self) -> str:

@@ -27,7 +27,7 @@ class Mode(StrEnum):
     @property
     def aio(self) -> bool:
         """The aio sender sends its schedule (the others run on Locust's greenlets)."""
-        return self in (Mode.FIXED, Mode.MIXED)
+        return self in (Mode.FIXED, Mode.MIXED, Mode.SLA)
 
     @property
     def rate_unit(self) -> str:

@@ -22,9 +22,9 @@ class SenderSettings(Settings):
     client: str = setting("auto", "who sends and times the requests: aio, a plain asyncio "
                           "process (grpc.aio, or its own HTTP/1.1 client) started beside each "
                           "Locust process, which keeps message timestamps exact to thousands of "
-                          "messages/s (fixed and mixed modes); gevent, Locust's own greenlets; "
-                          "auto (the default), aio where it sends the mode and gevent elsewhere "
-                          "(docs/design.md, \"The default client\")",
+                          "messages/s (fixed, mixed and sla modes); gevent, Locust's own "
+                          "greenlets; auto (the default), aio where it sends the mode and gevent "
+                          "elsewhere (docs/design.md, \"The default client\")",
                           choices=CLIENTS, compared=False,
                           label="Sender (auto, gevent or aio)", when={"mode": AIO_MODES})
     request_timeout_s: float = setting(120.0, "deadline of each request", check=above(0),
