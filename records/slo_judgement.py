@@ -13,6 +13,7 @@ The claim's percentile (nearest rank), the requests over its limit and whether t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,14 @@ class StillWaiting:
 
     age_ms: float  # since it was scheduled
     answered: bool  # its first token came
+
+
+def value_text(value_ms: float | None, digits: int = 1) -> str:
+    """A claim's percentile in words: "-" without requests, "over" where its rank falls among
+    requests known only to be over (failed, or waiting past the limit)."""
+    if value_ms is None:
+        return "-"
+    return "over" if math.isinf(value_ms) else f"{value_ms:.{digits}f} ms"
 
 
 def given(slo: SloSettings) -> list[tuple[Objective, float]]:

@@ -33,7 +33,7 @@ def test_the_search_brackets_the_queueing_models_rate(tmp_path, seed):
     with delay_server_process(tmp_path, "--protocol", "moe", "--capacity", str(SLOTS),
                               "--ttft-ms", "20", "--itl-ms", "5") as (_, port):
         done = locust(port, run_dir, "--mode", "sla", "--sla-start-rps", "400", "--seed", str(seed),
-                      "--sla-growth", "1.5", "--sla-warmup-s", "0.5", "--sla-probe-min-s", "3",
+                      "--sla-growth", "1.5", "--sla-warmup-s", "0.5", "--sla-probe-min-s", "10",
                       "--slo-e2e-ms", str(SLO_E2E_MS), "--sla-resolution", str(RESOLUTION),
                       "--max-tokens", "4", "--prompt-tokens", "8", "-t", "200")
     assert done.returncode == 0, done.stdout

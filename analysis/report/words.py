@@ -43,7 +43,10 @@ def answer(report: Report) -> str:
         offered = (f"A stress run from {traffic.rate:g} requests/s: "
                    + ("no step held" if knee is None else f"the knee is {knee:g} requests/s"))
     elif summary.sla is not None:
-        offered = f"An SLA search from {traffic.rate:g} requests/s: {found(summary.sla)}"
+        start = config.sla.sla_start_rps or (summary.sla.probes[0].rate_rps
+                                             if summary.sla.probes else None)
+        offered = (f"An SLA search from {start:g} requests/s: " if start else
+                   "An SLA search: ") + found(summary.sla)
     elif traffic.trace:
         offered = f"Replayed the trace {Path(traffic.trace).name}" + trace_load(summary)
     else:

@@ -42,7 +42,7 @@ from records.jsonform import to_json
 from records.load_settings import LoadSettings
 from records.load_settings.choices import Mode
 from records.rundir import STEPS
-from records.slo_judgement import StillWaiting, judge_objectives
+from records.slo_judgement import StillWaiting, judge_objectives, value_text
 from records.summary import StepRow, StressResult, Summary
 
 GROWTH_SHARE = 0.1  # in-flight slope above this share of the offered rate counts as a growing queue
@@ -54,11 +54,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
-def over_text(value_ms: float) -> str:
-    """A claim's percentile, which may fall among requests known only to be over (inf)."""
-    return "over" if math.isinf(value_ms) else f"{value_ms:.0f} ms"
 
 
 def short_of_sent(achieved: int, sent: float, share: float) -> bool:
@@ -190,7 +185,7 @@ class Stress(RunMode):
         if conclusive and short_of_sent(len(ok), sent * window_s, c.saturation_share):
             reasons.append(f"achieved {row.achieved_rps:.3g}/s < {c.saturation_share:g} x the "
                            f"{sent:.3g}/s sent")
-        reasons += [f"{c.metric} p{c.percentile:g} {over_text(c.value_ms)} > SLO "
+        reasons += [f"{c.metric} p{c.percentile:g} {value_text(c.value_ms, 0)} > SLO "
                     f"{c.limit_ms:g} ms" for c in claims if c.requests and not c.met]
         # Growth counts when it is steep and adds more than twice the in-flight count a
         # healthy server holds (arrival rate x latency): ramp-up noise is neither.

@@ -32,6 +32,7 @@ from loadgen.sla.probes import JUDGE_S, NotStarted, Probes, Sending
 from loadgen.sla.ramp import ramp
 from loadgen.sla.watch import ProbeWatch, binding
 from records.load_settings import LoadSettings
+from records.slo_judgement import value_text
 from records.summary import ProbeVerdict, RampStep, SlaProbe, SlaResult
 
 log = logging.getLogger("loadgen")
@@ -218,14 +219,6 @@ class SlaSearch:
         if after.value_ms is None or before.value_ms is None:
             return "cliff"
         return "cliff" if after.value_ms > CLIFF * before.value_ms else "slope"
-
-
-def value_text(value_ms: float | None) -> str:
-    """A claim's percentile: none without requests, over where its rank falls among requests
-    known only to be over (failed, or waiting past the limit)."""
-    if value_ms is None:
-        return "-"
-    return "over" if math.isinf(value_ms) else f"{value_ms:.1f} ms"
 
 
 def say(kind: str, number: int, probe: SlaProbe) -> None:

@@ -29,7 +29,7 @@ from loadgen.sla.part import Done, ProbeSample, Waiting
 from loadgen.traffic.settling import growing
 from records.early_stopping import Judged, Verdict, validity
 from records.load_settings import SlaSettings, SloSettings
-from records.slo_judgement import StillWaiting, given, judge_objectives
+from records.slo_judgement import StillWaiting, given, judge_objectives, value_text
 from records.summary import ProbeVerdict
 
 LATE_SHARE = 0.01  # above this share of its requests sent late, a probe is set aside
@@ -176,6 +176,6 @@ def binding(claims: list[Judged]) -> Judged:
 
 
 def claim_text(c: Judged) -> str:
-    known = c.value_ms is not None and math.isfinite(c.value_ms)
-    value = f"{c.value_ms:.1f} ms >" if known else "is over"
-    return f"{c.metric} p{c.percentile:g} {value} {c.limit_ms:g} ms ({c.over} of {c.requests} over)"
+    value = value_text(c.value_ms)
+    said = "is over" if value in ("-", "over") else f"{value} >"
+    return f"{c.metric} p{c.percentile:g} {said} {c.limit_ms:g} ms ({c.over} of {c.requests} over)"
