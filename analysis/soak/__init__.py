@@ -19,10 +19,13 @@ excludes 0 AND the fitted change over the run exceeds --min-change of the fitted
 level (of the series mean where that start is not above 0), or when the slope continued over
 the deployment horizon (--horizon-h) rises past the series' budget even at the CI's slow end
 (--budget-mb for RSS, --budget-ms for p99 latency, --budget-requests for queue depth: a soak
-of minutes cannot otherwise call a leak that matters after days); otherwise "no drift". Each
+of minutes cannot otherwise call a leak that matters after days). "cannot judge" when it is
+not drift but the CI's fast end, continued over the horizon, rises past the budget: the run
+cannot tell drift from none against it (the verdict says about how much longer a soak would
+tell); and for a series with fewer than 3 usable windows (too few requests, or left out for a
+fault rehearsal). Otherwise "no drift"; "no data" where it was not measured at all. Each
 verdict says what the slope and its CI amount to over the horizon, beside the starting level
-and the budget. A fitted
-level below 0 (a fall steep enough to cross 0 by the run's end) is held at 0 and said. A series
-with fewer than 3 usable windows is "too short". A run shorter than 3 windows exits 2, as does a
+and the budget. A fitted level below 0 (a fall steep enough to cross 0 by the run's end) is
+held at 0 and said. A run shorter than 3 windows exits 2, as does a
 --window-s shorter than the run's logging interval (its config interval_s, 1 s when absent).
 """

@@ -61,8 +61,9 @@ def add_command(commands) -> None:
                                  "the slope's CI rises past it even at its slow end (default "
                                  f"{DEFAULT_BUDGETS[unit]:g})")
     parser.add_argument("--fail-on-drift", action="store_true",
-                        help="exit 1 when a series drifts or a request is unaccounted for "
-                             "(make soak)")
+                        help="exit 1 when a series drifts or cannot be judged (too few usable "
+                             "windows, or an interval too wide against its budget), or a "
+                             "request is unaccounted for (make soak)")
     parser.set_defaults(func=main)
 
 
@@ -87,5 +88,5 @@ def main(args: argparse.Namespace) -> None:
     print(f"\nsoak: {run_dir / SOAK_MD}")
     figures = headline(run_dir, windows, series, horizon, closed)
     print(dumps(figures))
-    if args.fail_on_drift and (figures["drift"] or closed is False):
+    if args.fail_on_drift and (figures["drift"] or figures["cannot_judge"] or closed is False):
         raise SystemExit(1)

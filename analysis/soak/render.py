@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from analysis.readers.files import RunDirError
 from analysis.readers.rundir import load_run
 from analysis.slo_claims import runs_lines
-from analysis.soak.series import Series, Windows
+from analysis.soak.series import CANNOT_JUDGE, NO_DATA, Series, Windows
 from analysis.soak.trend import MIN_WINDOWS, S_PER_H, Horizon, Judging, Trend
 from analysis.tables import fmt_ms, markdown_table, text_table
 
@@ -68,10 +68,11 @@ def _horizon_words(s: Series) -> str:
 def sentence(s: Series, min_change: float) -> str:
     """The verdict in words people use: how fast, per hour and over the run."""
     if s.trend is None:
-        reason = (f"{s.source} missing or without it" if s.verdict == "no data"
+        reason = (f"{s.source} missing or without it" if s.verdict == NO_DATA
                   else f"fewer than {MIN_WINDOWS} usable windows"
                   + (f"; {s.skipped} had too few requests: use a larger --window-s or a smaller "
-                     "--min-samples" if s.skipped else ""))
+                     "--min-samples" if s.skipped else "")
+                  + (f"; {s.excluded} left out ({s.note}): soak longer" if s.excluded else ""))
         return f"{s.title}: {s.verdict} ({reason})"
     tr = s.trend
     lo, hi = (S_PER_H * v for v in tr.ci_per_s)
@@ -84,6 +85,13 @@ def sentence(s: Series, min_change: float) -> str:
         over += ("; the fitted line falls below 0, held at 0: a straight line does not describe "
                  "this series (see soak.png)")
     ahead = _horizon_words(s)
+    if tr.undecided:
+        longer = ("; its fitted slope alone reaches past the budget: a longer soak would tell"
+                  if tr.longer_by is None else
+                  f"; a soak about {tr.longer_by:.0f} times as long ({tr.longer_by * minutes:.0f} "
+                  "min) would tell")
+        return (f"{s.title}: {CANNOT_JUDGE} ({rate}{over}; {ahead}: the interval cannot tell "
+                f"drift from none against the budget{longer})")
     if tr.drift:
         return (f"{s.title}: drift, {'rising' if tr.slope_per_s > 0 else 'falling'} {rate}"
                 f"{over}; {ahead}")
@@ -244,5 +252,6 @@ def headline(run_dir: Path, windows: Windows, series: list[Series], horizon: Hor
             "window_s": windows.window_s, "windows": windows.count, "accounted": accounted,
             "horizon_h": horizon.hours, "budgets": horizon.budgets,
             "drift": [s.key for s in series if s.verdict == "drift"],
+            "cannot_judge": [s.key for s in series if s.verdict == CANNOT_JUDGE],
             "series": {s.key: figures(s) for s in series}}
 

@@ -41,6 +41,7 @@ SAMPLED = {"rss_mb": (Label("rss_mb", "server RSS", "MB"),
 # the load generator's --interval-s default, for summaries that do not carry it
 DEFAULT_INTERVAL_S = 1.0
 UNREPORTED_AS_ZERO = ("rss_mb", "generator_rss_mb")
+NO_DATA, CANNOT_JUDGE = "no data", "cannot judge"
 
 
 
@@ -60,11 +61,16 @@ class Series:
 
     @property
     def verdict(self) -> str:
-        if not len(self.values) and not self.skipped:
-            return "no data"
+        """drift, no drift, cannot judge (too few usable windows, or an interval over the
+        horizon that reaches past the budget: drift cannot be told from none), or no data
+        (not measured at all)."""
+        if not len(self.values) and not self.skipped and not self.excluded:
+            return NO_DATA
         if self.trend is None:
-            return "too short"
-        return "drift" if self.trend.drift else "no drift"
+            return CANNOT_JUDGE
+        if self.trend.drift:
+            return "drift"
+        return CANNOT_JUDGE if self.trend.undecided else "no drift"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,25 @@ class Trend:
         return self.run_drift or self.over_budget
 
     @property
+    def undecided(self) -> bool:
+        """Not drift, yet the interval's fast end over the horizon rises past the budget: the
+        run cannot tell drift from none against it."""
+        return (not self.drift and self.budget is not None
+                and self.projected_ci[1] > self.budget)
+
+    @property
+    def longer_by(self) -> float | None:
+        """For an undecided trend, about how many times longer a soak would bring the
+        interval's half-width over the horizon within the budget, were the slope nought: a
+        slope's interval narrows as the run's length to the power 1.5 (evenly spaced windows,
+        one noise); None where the fitted slope itself reaches the budget, which a longer soak
+        would call drift."""
+        if not self.undecided or self.projected >= self.budget:
+            return None
+        low, high = self.projected_ci
+        return ((high - low) / 2 / self.budget) ** (2 / 3)
+
+    @property
     def projected(self) -> float:
         """The fitted slope continued over the horizon."""
         return self.slope_per_s * self.horizon_s
