@@ -294,6 +294,18 @@ def test_a_fault_rehearsal_and_the_rows_cap_are_left_out_and_the_accounting_chec
             "+ cancelled by the client 500; not sent 0") in done.stdout
 
 
+def test_a_generator_whose_row_cap_never_filled_cannot_be_judged(tmp_path):
+    # its memory grows with the rows it keeps all run, by design: no window can say a leak
+    run_dir = tmp_path / "uncapped"
+    write_rehearsal_run(run_dir, ttft_ms=lambda i: [100.0] * 10,
+                        generator_rss_mb=lambda t: 100 + 0.5 * t, rows_omitted=0)
+    done = run_soak(run_dir, "--window-s", "60")
+    generator = figures(done)["series"]["generator_rss_mb"]
+    assert generator["verdict"] == "cannot judge" and generator["excluded"] == 10
+    assert "row cap (--max-request-rows) never filled" in done.stdout
+    assert figures(done)["drift"] == [] and "generator_rss_mb" in figures(done)["cannot_judge"]
+
+
 @pytest.mark.slow
 def test_fail_on_drift_exits_1_on_a_leak_or_a_lost_request(tmp_path):
     leaking = tmp_path / "leaking"

@@ -11,7 +11,8 @@ its preemptions per minute and, where GetStats gives none, its RSS are followed 
 A fault rehearsal (the server's --fault-window, seen open in the GetStats samples) is left out
 of the latency series: the windows it touched and the one after, where the server recovers.
 The load generator's RSS (server_stats.jsonl's generator_rss_bytes) is followed from the
-window after requests.jsonl's row cap filled: until then it grows with the rows kept, by design.
+window after requests.jsonl's row cap filled: until then it grows with the rows kept, by design
+(a run whose cap never filled leaves every window out).
 With summary.json, the run's accounting is checked: sent = ok + failed + cancelled.
 
 Verdict per series: "drift" when the slope's 95% CI (Student t, n - 2 degrees of freedom)

@@ -128,8 +128,14 @@ def soak(run_dir: Path, window_s: float, skip_s: float | None, judging: Judging
     series += [_sample_series(key, samples, windows, judging) for key in ("rss_mb", "waiting")]
     series += scraped_series(run_dir, windows, judging, {x.key for x in series if len(x.values)})
     cap_s = row_cap_s(run_dir, summary)
-    series.append(_sample_series("generator_rss_mb", samples, windows, judging,
-                                 after_s=cap_s or 0.0))
+    generator = _sample_series("generator_rss_mb", samples, windows, judging,
+                               after_s=cap_s or 0.0)
+    if summary is not None and cap_s is None and len(generator.values):
+        generator = replace(generator, t_s=np.empty(0), values=np.empty(0), trend=None,
+                            excluded=windows.count, note="requests.jsonl's row cap "
+                            "(--max-request-rows) never filled: the load generator's memory "
+                            "grew with the rows it kept all run")
+    series.append(generator)
     return windows, series
 
 
