@@ -9,7 +9,8 @@ Where the server's /metrics was scraped (server_metrics.jsonl, any target), its 
 its preemptions per minute and, where GetStats gives none, its RSS are followed the same way.
 
 A fault rehearsal (the server's --fault-window, seen open in the GetStats samples) is left out
-of the latency series: the windows it touched and the one after, where the server recovers.
+of the latency series: its seconds and a window's length after, where the server recovers; a
+window keeps its other seconds, and is left out only where none is left.
 The load generator's RSS (server_stats.jsonl's generator_rss_bytes) is followed from the
 window after requests.jsonl's row cap filled: until then it grows with the rows kept, by design
 (a run whose cap never filled leaves every window out).

@@ -112,7 +112,7 @@ def render_text(run_dir: Path, windows: Windows, series: list[Series], judging: 
     lines += [f"{s.title}: {s.skipped} windows skipped ({_skip_reason(s, min_samples)})"
               for s in series if s.skipped]
     lines += [f"{s.title}: {s.excluded} windows left out ({s.note})" for s in series
-              if s.excluded]
+              if s.note]
     if accounted is not None:
         lines.append(accounted)
     return "\n".join(lines)
@@ -135,7 +135,7 @@ def render_markdown(run_dir: Path, windows: Windows, series: list[Series], judgi
     if skipped := [s for s in series if s.skipped]:
         parts.append("\n".join(f"- {s.title}: {s.skipped} windows skipped "
                                f"({_skip_reason(s, min_samples)})" for s in skipped))
-    if excluded := [s for s in series if s.excluded]:
+    if excluded := [s for s in series if s.note]:
         parts.append("\n".join(f"- {s.title}: {s.excluded} windows left out ({s.note})"
                                 for s in excluded))
     if accounted is not None:

@@ -122,7 +122,7 @@ def soak(run_dir: Path, window_s: float, skip_s: float | None, judging: Judging
                           f"the {skip_s:g} s warm-up is fewer than {MIN_WINDOWS} windows of "
                           f"{window_s:g} s; use a smaller --window-s")
     windows = Windows(skip_s, window_s, count, max(ends))
-    faulted = faulted_windows(samples, windows, interval_s)
+    faulted = faulted_spans(samples, interval_s, window_s)
     series = [_latency_series(metric, latency[metric], windows, judging, faulted)
               for metric in latency]
     series += [_sample_series(key, samples, windows, judging) for key in ("rss_mb", "waiting")]
@@ -139,16 +139,13 @@ def soak(run_dir: Path, window_s: float, skip_s: float | None, judging: Judging
     return windows, series
 
 
-def faulted_windows(samples: list[ServerSample], windows: Windows,
-                    interval_s: float) -> set[int]:
-    """The windows a fault rehearsal touched: those overlapping the time the server's fault
-    window was open (one logging interval either side, as samples see it) and the window right
-    after each, in which the server recovers."""
-    hit: set[int] = set()
-    for first, last in open_windows(samples):
-        lo, hi = windows.index(np.asarray([first - interval_s, last + interval_s]))
-        hit.update(range(max(lo, 0), min(hi + 1, windows.count - 1) + 1))
-    return hit
+def faulted_spans(samples: list[ServerSample], interval_s: float,
+                  recovery_s: float) -> list[tuple[float, float]]:
+    """The seconds a fault rehearsal touched: each time the server's fault window was open (one
+    logging interval either side, as samples see it) and recovery_s after it, in which the
+    server recovers."""
+    return [(first - interval_s, last + interval_s + recovery_s)
+            for first, last in open_windows(samples)]
 
 
 def row_cap_s(run_dir: Path, summary) -> float | None:
@@ -161,13 +158,19 @@ def row_cap_s(run_dir: Path, summary) -> float | None:
 
 
 def _latency_series(metric: str, intervals: list[Interval], windows: Windows, judging: Judging,
-                    faulted: set[int]) -> Series:
-    index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in intervals]))
+                    faulted: list[tuple[float, float]]) -> Series:
+    """Each window's p99 from its intervals, less those a fault rehearsal touched: a window
+    keeps the rest of its seconds, and is left out only where none is left."""
+    touched = [i for i in intervals
+               if any(i.start_s < hi and i.start_s + i.length_s > lo for lo, hi in faulted)]
+    kept = [i for i in intervals if i not in touched]
+    index = windows.index(np.asarray([i.start_s + i.length_s / 2 for i in kept]))
+    emptied = set(windows.index(np.asarray([i.start_s + i.length_s / 2 for i in touched])))
     t_s, values, skipped = [], [], 0
     for k, centre in enumerate(windows.centres()):
-        if k in faulted:
+        hist = merged([i for i, w in zip(kept, index, strict=True) if w == k])
+        if hist is None and k in emptied:
             continue
-        hist = merged([i for i, w in zip(intervals, index, strict=True) if w == k])
         if hist is None or hist.get_total_count() < judging.min_samples:
             skipped += bool(intervals)
             continue
@@ -175,8 +178,12 @@ def _latency_series(metric: str, intervals: list[Interval], windows: Windows, ju
         values.append(percentile_us(hist, 99.0) / US_PER_MS)
     series = _series(Label(f"{metric}_p99_ms", f"{metric.upper()} p99", "ms"), t_s, values,
                      skipped, f"{metric}.hlog", judging)
-    note = "touched by the fault rehearsal or recovering from it (--fault-window)"
-    return replace(series, excluded=len(faulted), note=note) if faulted else series
+    if not touched:
+        return series
+    left_out = emptied - set(index.tolist())
+    note = (f"{sum(i.length_s for i in touched):.0f} s touched by the fault rehearsal or "
+            "recovering from it (--fault-window), the rest of their windows kept")
+    return replace(series, excluded=len(left_out), note=note)
 
 
 def _sample_series(key: str, samples: list[ServerSample], windows: Windows, judging: Judging,
