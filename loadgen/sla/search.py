@@ -71,7 +71,7 @@ class SlaSearch:
         if not self.rate:
             self.rate, self.ramp_steps = ramp(self.sending, c, self.settings.slo)
         while len(self.probes_run) < c.sla_max_probes:
-            probe = self.probe_twice("probe")
+            probe = self.probe_twice(self.probes_run, "probe")
             self._last_s = self.sending.now_s()
             if probe.verdict == ProbeVerdict.SET_ASIDE:
                 self.generator_limited = probe.rate_rps
@@ -94,13 +94,13 @@ class SlaSearch:
         if self.passed is not None and self.generator_limited is None:
             self.rate = self.passed
             for _ in range(c.sla_confirm):
-                self.probe_twice("confirming probe")
+                self.probe_twice(self.confirmations, "confirming probe")
 
-    def probe_twice(self, kind: str) -> SlaProbe:
-        """A probe at the current rate, run again once where it was set aside."""
+    def probe_twice(self, runs: list[SlaProbe], kind: str) -> SlaProbe:
+        """A probe at the current rate, added to runs and said as kind; run again once where
+        it was set aside."""
         for _ in range(2):
             probe = self.probe()
-            runs = self.confirmations if kind == "confirming probe" else self.probes_run
             runs.append(probe)
             say(kind, len(runs), probe)
             if probe.verdict != ProbeVerdict.SET_ASIDE:

@@ -70,7 +70,8 @@ class ProbeWatch:
                                 [StillWaiting(r.age_ms, r.answered) for r in waiting]), failed
 
     def send_lag_p99_ms(self) -> float | None:
-        lags = sorted(r.lag_ms for r in [*self.judged()[0], *self.judged()[1]])
+        done, waiting = self.judged()
+        lags = sorted(r.lag_ms for r in [*done, *waiting])
         return lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None
 
     def behind(self) -> str:
