@@ -7,11 +7,11 @@ to end)."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
 from loadgen.sla.part import Done, ProbeSample, Waiting
+from loadgen.sla.probes import Sending
 from loadgen.sla.search import MIN_RATE, SlaSearch
 from records.load_settings import LoadSettings, SlaSettings, SloSettings, TrafficSettings
 
@@ -72,8 +72,20 @@ def settings(rate: float, **sla) -> LoadSettings:
                         slo=SloSettings(slo_ttft_ms=LIMIT_MS), sla=SlaSettings(**sla))
 
 
-def search(probes: KnownCapacity, rate: float, **sla) -> SlaSearch:
-    found = SlaSearch(settings(rate, **sla), probes, judge_s=0.0)
+class Ticking:
+    """A clock that moves `step` seconds each time it is read: a probe's sample times do not
+    hang on how busy this machine is."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def search(probes: KnownCapacity, rate: float, step: float = 0.001, **sla) -> SlaSearch:
+    found = SlaSearch(settings(rate, **sla), probes, Sending(probes, 0.0, Ticking(step)))
     found.watch()
     return found
 
@@ -141,22 +153,28 @@ def test_a_server_that_fails_its_objective_alone_ends_with_no_answer_at_once():
 
 
 class Rated(KnownCapacity):
-    """Requests come as fast as the probe's rate, by the clock, every one under the limit."""
+    """Requests come as fast as the probe's rate by the search's clock, every one under the
+    limit."""
+
+    def __init__(self, capacity_rps: float, clock: Ticking):
+        super().__init__(capacity_rps)
+        self.clock = clock
 
     def start(self, probe: int, rate: float) -> str:
-        self.since = time.monotonic()
+        self.since = self.clock.t
         return super().start(probe, rate)
 
     def collect(self) -> ProbeSample:
-        now = time.monotonic()
-        count, self.since = int(self.rate() * (now - self.since)), now
+        count, self.since = int(self.rate() * (self.clock.t - self.since)), self.clock.t
         return sample([done(20.0) for _ in range(count)])
 
 
 def test_too_few_requests_is_not_a_fail_the_search_moves_up_to_where_they_come():
     # p99 needs 459 requests: a 0.2 s probe brings them from 2,295 requests/s up
-    found = SlaSearch(settings(500, sla_probe_max_s=0.2, sla_max_probes=4), Rated(10**6),
-                      judge_s=0.01)
+    clock = Ticking(0.01)
+    probes = Rated(10**6, clock)
+    found = SlaSearch(settings(500, sla_probe_max_s=0.2, sla_max_probes=4), probes,
+                      Sending(probes, 0.0, clock))
     found.watch()
     assert [p.verdict for p in found.probes_run] == ["NOT VALID"] * 3 + ["PASS"]
     assert rates(found) == [500, 1000, 2000, 4000]
@@ -184,10 +202,8 @@ class Building(KnownCapacity):
 
 
 def test_a_queue_that_does_not_settle_never_passes():
-    # judged every 2 ms: a probe's shortest (20 ms) has the samples to tell growth
-    found = SlaSearch(settings(30, sla_probe_min_s=0.02, sla_probe_max_s=0.2), Building(100),
-                      judge_s=0.002)
-    found.watch()
+    # sampled every 5 ms of its clock: a probe's shortest (20 ms) has the samples to tell growth
+    found = search(Building(100), 30, step=0.005, sla_probe_min_s=0.02, sla_probe_max_s=0.2)
     verdicts = {p.rate_rps: p.verdict for p in found.probes_run}
     assert all(v == ("PASS" if r <= 100 else "FAIL") for r, v in verdicts.items())
     unsettled = next(p for p in found.probes_run if p.rate_rps > 100)

@@ -73,21 +73,23 @@ class LocalProbes:
 class Sending:
     """The search's side of its Probes: numbers each start, keeps time from the first."""
 
-    def __init__(self, probes: Probes, judge_s: float = JUDGE_S):
-        """judge_s: how often a probe is judged (a test's fake Probes answers at once)."""
-        self.probes, self.judge_s = probes, judge_s
+    def __init__(self, probes: Probes, judge_s: float = JUDGE_S,
+                 clock: Callable[[], float] = time.monotonic):
+        """judge_s: how often a probe is judged; clock: the time its samples are taken at (a
+        test's fake Probes answers at once, on a clock of its own)."""
+        self.probes, self.judge_s, self.clock = probes, judge_s, clock
         self.started = 0
-        self._zero = time.monotonic()
+        self._zero = clock()
 
     def now_s(self) -> float:
-        return time.monotonic() - self._zero
+        return self.clock() - self._zero
 
     def start(self, rate: float) -> float:
         """Starts the next probe at rate; when, s from the first."""
         if (problem := self.probes.start(self.started, rate)):
             raise NotStarted(problem)
         if self.started == 0:
-            self._zero = time.monotonic()
+            self._zero = self.clock()
         self.started += 1
         return self.now_s()
 

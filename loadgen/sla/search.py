@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 
-from loadgen.sla.probes import JUDGE_S, NotStarted, Probes, Sending
+from loadgen.sla.probes import NotStarted, Probes, Sending
 from loadgen.sla.ramp import ramp
 from loadgen.sla.watch import ProbeWatch, binding
 from records.load_settings import LoadSettings
@@ -41,10 +41,10 @@ CLIFF = 2.0  # the binding figure more than doubling between the bounds: a cliff
 
 
 class SlaSearch:
-    def __init__(self, settings: LoadSettings, probes: Probes, judge_s: float = JUDGE_S):
-        """judge_s: how often a probe is judged (a test's fake Probes answers at once)."""
+    def __init__(self, settings: LoadSettings, probes: Probes, sending: Sending | None = None):
+        """sending: how the probes are started and watched (a test's keeps time of its own)."""
         self.settings, self.probes = settings, probes
-        self.sending = Sending(probes, judge_s)
+        self.sending = sending or Sending(probes)
         self.rate = settings.sla.sla_start_rps
         self.passed: float | None = None  # the highest rate that passed
         self.held: float | None = None  # the highest that passed or was NOT VALID
