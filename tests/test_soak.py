@@ -50,12 +50,17 @@ def figures(done: Done) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_stable_run_has_no_drift(tmp_path):
+def write_stable_run(run_dir: Path) -> Path:
+    """Five minutes, flat but for noise: TTFT 100 +- 5 ms, TPOT 30 +- 2 ms, RSS 1000 +- 2 MB."""
     rng = np.random.default_rng(7)
-    run_dir = tmp_path / "stable"
     write_soak_run(run_dir, 300, ttft_ms=lambda i: rng.normal(100, 5, 10).clip(1),
                    tpot_ms=lambda i: rng.normal(30, 2, 10).clip(1),
                    rss_mb=lambda t: 1000 + rng.normal(0, 2))
+    return run_dir
+
+
+def test_stable_run_has_no_drift(tmp_path):
+    run_dir = write_stable_run(tmp_path / "stable")
     # judged over an hour ahead: five minutes can speak for that
     result = figures(run_soak(run_dir, "--window-s", "30", "--horizon-h", "1"))
     assert result["windows"] == 10 and result["drift"] == [] and result["cannot_judge"] == []
@@ -122,11 +127,7 @@ def test_a_significant_but_tiny_slope_is_no_drift(tmp_path):
 def test_five_minutes_cannot_judge_a_day_and_fail_on_drift_fails_on_it(tmp_path):
     # the stable run above, judged over the default 24 h: TTFT p99's 5 ms of noise leaves the
     # slope's interval, continued for a day, wider than the 100 ms budget
-    rng = np.random.default_rng(7)
-    run_dir = tmp_path / "stable"
-    write_soak_run(run_dir, 300, ttft_ms=lambda i: rng.normal(100, 5, 10).clip(1),
-                   tpot_ms=lambda i: rng.normal(30, 2, 10).clip(1),
-                   rss_mb=lambda t: 1000 + rng.normal(0, 2))
+    run_dir = write_stable_run(tmp_path / "stable")
     done = run_soak(run_dir, "--window-s", "30")
     ttft = figures(done)["series"]["ttft_p99_ms"]
     assert ttft["verdict"] == "cannot judge" and ttft["projected_ci"][1] > ttft["budget"] == 100
