@@ -19,16 +19,18 @@ DEMO_RUN_S ?= 20
 DEMO_RATE ?= 2
 DEMO_DIR ?= runs/demo
 COMPARE_DIR ?= runs/compare
-COMPARE_RUN_S ?= 30
-COMPARE_RATE ?= 0.9
-COMPARE_SERVER ?= --preset small --torch-threads 1 --max-batch-size 8 --kv-slots 12 --max-wait-ms 100 \
-	--max-step-tokens 32 --routing-skew affinity:0.1
-COMPARE_LOAD ?= -t $(COMPARE_RUN_S)s --rate $(COMPARE_RATE) --prompt-tokens 8 --prompt-tokens-max 256 \
-	--max-tokens 64 --warmup-s 5 --seed 1 --slo-ttft-ms 2000 --slo-tpot-ms 200
-# The second comparison, a prefix workload: chat sessions of 4 turns, each re-sending its
-# history, the prefix cache on (the server's default), at a load small holds on 2 cores
-COMPARE_SESSIONS ?= -t $(COMPARE_RUN_S)s --mode sessions --rate 0.3 --session-turns 4 \
-	--think-time-s exp:1 --prompt-tokens 64 --max-tokens 16 --warmup-s 5 --seed 1
+# The policy comparison (docs/compare.md): the objectives it judges at, the load (empty: a share of
+# the knee a quick stress finds), the rounds each policy runs and the most it may take.
+COMPARE_TTFT_MS ?= 500
+COMPARE_TPOT_MS ?= 100
+COMPARE_PERCENTILE ?= 99
+COMPARE_RATE ?=
+COMPARE_REPEATS ?= 3
+COMPARE_BUDGET_S ?= 570
+COMPARE_POLICIES ?= $(POLICIES)
+COMPARE_SERVER ?= --preset tiny --torch-threads 1 --max-batch-size 8 --kv-slots 12 --max-wait-ms 20 \
+	--routing-skew affinity:0.1
+COMPARE_LOAD ?= --prompt-tokens 8 --prompt-tokens-max 192 --max-tokens 32
 
 .PHONY: install proto serve load demo compare sweep-experts soak test test-fast test-engines vllm-env side-by-side lab-vs-vllm bench-engine bench-loadgen bench-routing bench-sla bench-prefix bench peers gpu-check gpu-bench gpu-proto gpu-wheels lint docs clean
 
@@ -88,11 +90,13 @@ demo: install
 	$(call policy_runs,$(DEMO_DIR),$(DEMO_POLICIES),--preset $(DEMO_PRESET),\
 	  -t $(DEMO_RUN_S)s --rate $(DEMO_RATE) --prompt-tokens 64 --max-tokens 32 --warmup-s 5)
 
-# The batching-policy comparison (issue 4): one seeded workload of mixed prompt lengths with
-# per-request expert affinity against each policy, same server settings, goodput at stated SLOs.
+# Which batching policy to pick (docs/compare.md): every policy and an A/A copy of fcfs, interleaved
+# in rounds at a load found by a quick stress, judged over runs at the objectives above.
 compare: install
-	$(call policy_runs,$(COMPARE_DIR),$(POLICIES),$(COMPARE_SERVER),$(COMPARE_LOAD))
-	$(call policy_runs,$(COMPARE_DIR)-sessions,$(POLICIES),$(COMPARE_SERVER),$(COMPARE_SESSIONS))
+	$(PY) -m experiments compare-policies --out $(COMPARE_DIR) --policies "$(COMPARE_POLICIES)" \
+	  --server "$(COMPARE_SERVER)" --load "$(COMPARE_LOAD)" --slo-ttft-ms $(COMPARE_TTFT_MS) \
+	  --slo-tpot-ms $(COMPARE_TPOT_MS) --slo-percentile $(COMPARE_PERCENTILE) \
+	  --repeats $(COMPARE_REPEATS) --budget-s $(COMPARE_BUDGET_S) $(if $(COMPARE_RATE),--rate $(COMPARE_RATE))
 
 # The seed's experiment (its section 4; docs/expert-parallelism.md): 8, 16 and 32 experts of the
 # same size and top-k (the same active parameters per token) over 2 ranks on an emulated link,

@@ -28,7 +28,7 @@ from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
-from analysis.repeats import Repeats, repeats, repeats_markdown, repeats_text
+from analysis.over_runs import OverRuns, over_runs, over_runs_markdown, over_runs_text
 from analysis.report.scraped import headline_figures
 from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table
@@ -229,7 +229,7 @@ class Comparison:
     warnings: list[str]
     scraped: list[list[str]]  # the server side's cells, for runs that scraped /metrics
     judged: list[str]  # each run's objectives
-    repeated: Repeats | None  # run-to-run intervals, with --runs
+    repeated: OverRuns | None  # run-to-run intervals and the recommendation, with --runs
     extra: list[str]  # notes on the estimates
 
     @property
@@ -253,6 +253,8 @@ class Comparison:
                 f"any verdict on it) is rough")
 
 
+ROUND_ONE = ("each configuration's first run, with intervals from within that run; the "
+             "verdicts and the recommendation stand on every run, over runs")
 SCRAPED_NOTE = ("server side from each run's scraped /metrics (server_metrics.jsonl): KV-cache "
                 "usage, preemptions per minute, the prefix-cache hit rate, expert balancedness, "
                 "the server's mean TTFT and what the client waited beyond it, ms; '-': not "
@@ -260,9 +262,10 @@ SCRAPED_NOTE = ("server side from each run's scraped /metrics (server_metrics.js
 
 
 def comparison(runs: list[Run], baseline: int, draws: Draws,
-               groups: list[list[Run]] | None) -> Comparison:
+               groups: list[list[Run]] | None, aa: int | None = None) -> Comparison:
     """The runs against the baseline run; groups: each configuration's repeat runs (runs: their
-    first ones), for the run-to-run intervals."""
+    first ones), for the run-to-run intervals and the recommendation; aa: the configuration that
+    copies the baseline's."""
     names = run_names(runs)
     rows = [figures(r) | {"run": n} for r, n in zip(runs, names, strict=True)]
     comparisons = analyse(runs, names, baseline, draws.confidence, draws.resamples, draws.seed)
@@ -271,27 +274,30 @@ def comparison(runs: list[Run], baseline: int, draws: Draws,
                       setting_warnings(names, runs),
                       [_scraped_cells(f) for f in rows if f["server_metrics"]],
                       runs_lines(names, runs),
-                      repeats(groups, draws.confidence) if groups else None, notes(comparisons))
+                      over_runs(groups, baseline, draws.confidence, aa) if groups else None,
+                      notes(comparisons))
 
 
 def comparison_text(c: Comparison) -> str:
-    confidence = c.draws.confidence
-    sections = [text_table(HEADER, [_cells(f) for f in c.rows]),
+    sections = ([f"round 1 of each ({ROUND_ONE}):"] if c.repeated else []) + [
+                text_table(HEADER, [_cells(f) for f in c.rows]),
                 c.note + "\nlatency in ms; held back: " + HELD_BACK,
                 *([c.alike] if c.alike else []),
                 *([text_table(SCRAPED_HEADER, c.scraped), SCRAPED_NOTE] if c.scraped else []),
                 text_table(c.ci_header, confidence_rows(c.comparisons)),
                 text_table(["metric", "best", "against the second best"], c.best_rows), c.how]
     sections += ["\n".join(f"objectives: {line}" for line in c.judged)] if c.judged else []
-    sections += [repeats_text(c.repeated, confidence)] if c.repeated else []
     sections += ["\n".join(f"note: {n}" for n in c.extra)] if c.extra else []
     sections += ["\n".join(f"warning: {w}" for w in c.warnings)] if c.warnings else []
+    sections += [over_runs_text(c.repeated)] if c.repeated else []
     return "\n\n".join(sections)
 
 
 def comparison_markdown(c: Comparison) -> str:
     return "\n\n".join([
         "# Comparison", *(f"**Warning:** {w}" for w in c.warnings),
+        *(over_runs_markdown(c.repeated) if c.repeated else []),
+        *([f"## Round 1 of each ({ROUND_ONE})"] if c.repeated else []),
         markdown_table(HEADER, [_cells(f) for f in c.rows]),
         c.note + "; latency in ms; experts/step: distinct experts a step activated, mean over "
         "layers; padded %: padding in batched prefill attention; held back: " + HELD_BACK + ".",
@@ -302,7 +308,6 @@ def comparison_markdown(c: Comparison) -> str:
         markdown_table(c.ci_header, confidence_rows(c.comparisons)),
         *(["## Objectives (MLPerf's server-scenario verdict)",
            "\n".join(f"- {line}" for line in c.judged)] if c.judged else []),
-        *(repeats_markdown(c.repeated, c.draws.confidence) if c.repeated else []),
         "## Best per metric",
         markdown_table(["metric", "best", "against the second best"], c.best_rows),
         c.how + ". Each interval holds at its confidence on its own: over many comparisons a "
@@ -311,11 +316,11 @@ def comparison_markdown(c: Comparison) -> str:
 
 
 def compare(runs: list[Run], out_dir: Path, baseline: int = 0, draws: Draws = Draws(),
-            groups: list[list[Run]] | None = None) -> tuple[str, dict]:
+            groups: list[list[Run]] | None = None, aa: int | None = None) -> tuple[str, dict]:
     """Prints nothing; writes compare.md and compare.png to out_dir; returns the text and the
     headline. groups: each configuration's repeat runs (runs: their first ones), for the
     run-to-run intervals."""
-    c = comparison(runs, baseline, draws, groups)
+    c = comparison(runs, baseline, draws, groups, aa)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / COMPARE_MD).write_text(comparison_markdown(c))
     plot_comparison(c.comparisons, c.names[baseline], draws.confidence, out_dir / COMPARE_PNG)
@@ -323,7 +328,7 @@ def compare(runs: list[Run], out_dir: Path, baseline: int = 0, draws: Draws = Dr
                 "compare_json": str(out_dir / COMPARE_JSON), "runs": c.rows,
                 "baseline": c.names[baseline], "confidence": draws.confidence,
                 "resamples": draws.resamples, "seed": draws.seed, "warnings": c.warnings,
-                "comparisons": c.comparisons}
+                "comparisons": c.comparisons} | (c.repeated.as_json() if c.repeated else {})
     return comparison_text(c), headline
 
 
@@ -333,10 +338,8 @@ def run_names(runs: list[Run]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(r.path) for r in runs]
 
 
-def baseline_index(runs: list[Run], names: list[str], wanted: str | None) -> int | None:
-    """Which run --baseline names (its directory as given, its path or its name); None when none."""
-    if wanted is None:
-        return 0
+def run_index(runs: list[Run], names: list[str], wanted: str) -> int | None:
+    """Which run a flag names (its directory as given, its path or its name); None when none."""
     for i, (run, name) in enumerate(zip(runs, names, strict=True)):
         if (wanted in (name, run.path.name, str(run.path))
                 or Path(wanted).resolve() == run.path.resolve()):
@@ -357,6 +360,10 @@ def add_command(commands) -> None:
                         "common parent)")
     parser.add_argument("--baseline", help="run every other is compared with, by directory or name "
                         "(default: the first)")
+    parser.add_argument("--aa", metavar="DIR", help="with --runs: the configuration (by its first "
+                        "run) that repeats the baseline's configuration, run interleaved with "
+                        "the others: the A/A pair that checks the intervals; if it is told apart "
+                        "from the baseline, nothing is recommended")
     parser.add_argument("--confidence", type=number(float, 0, high=1, high_strict=True),
                         default=0.95, help="of the intervals (default 0.95)")
     parser.add_argument("--resamples", type=number(int, 100, strict=False), default=2000,
@@ -373,14 +380,18 @@ def main(args: argparse.Namespace) -> None:
     if groups and min(map(len, groups)) < 2:
         args.parser.error("--runs: each configuration needs at least two runs")
     runs = [g[0] for g in groups] if groups else [load_run(d) for d in args.run_dirs]
-    baseline = baseline_index(runs, run_names(runs), args.baseline)
+    baseline = 0 if args.baseline is None else run_index(runs, run_names(runs), args.baseline)
     if baseline is None:
         args.parser.error(f"--baseline {args.baseline!r} is none of the run directories given")
+    aa = None if args.aa is None else run_index(runs, run_names(runs), args.aa)
+    if args.aa is not None and (not groups or aa is None or aa == baseline):
+        args.parser.error(f"--aa {args.aa!r}: name a configuration given with --runs, other "
+                          "than the baseline, that repeats the baseline's configuration")
     out_dir = (Path(args.out) if args.out
                else Path(os.path.commonpath([r.path.resolve() for r in runs])))
     try:
         draws = Draws(args.confidence, args.resamples, args.seed)
-        text, headline = compare(runs, out_dir, baseline, draws, groups)
+        text, headline = compare(runs, out_dir, baseline, draws, groups, aa)
         (out_dir / COMPARE_JSON).write_text(dumps(headline) + "\n")
     except OSError as e:
         raise RunDirError(f"cannot write the comparison: {e}") from None
@@ -391,11 +402,16 @@ def main(args: argparse.Namespace) -> None:
 
 def short(headline: dict) -> dict:
     """The last line printed: where everything is, and the verdicts that are significant (the
-    whole figures are in compare.json)."""
+    whole figures are in compare.json): over runs where there are repeats (and the
+    recommendation), else within each run."""
+    keys = ("compare_md", "compare_png", "compare_json", "baseline", "warnings")
+    if "over_runs" in headline:
+        return {key: headline[key] for key in keys} | {
+            "recommendation": headline["recommendation"]["policy"],
+            "significant": headline["over_runs"]["significant"]}
     significant = {f"{run['run']} {metric}": run["vs_baseline"]["verdict"]
                    + (" (rough)" if run["rough_interval"] else "")
                    for metric, c in headline["comparisons"].items() for run in c["runs"]
                    if run.get("vs_baseline") and run["vs_baseline"]["verdict"]
                    not in (None, bootstrap.SAME, SAME_PLANS, "baseline")}
-    return {key: headline[key] for key in ("compare_md", "compare_png", "compare_json",
-                                           "baseline", "warnings")} | {"significant": significant}
+    return {key: headline[key] for key in keys} | {"significant": significant}

@@ -7,7 +7,8 @@ scheduling or a front end and expert parallelism's machinery never imports the e
 gRPC front end and the wiring touch gRPC; inside the load generator the protocols, the traffic,
 the recording and the reference servers never reach up into the web UI or the Locust glue, and
 only the locustfile, its listener and its roles import locust; engines (the real-engine tier's
-tools) import nothing else of ours; no folder holds more than 20 modules; and no
+tools) import nothing else of ours; experiments run the server and Locust as processes and
+import only analysis, records and the policy registry; no folder holds more than 20 modules; and no
 module imports another that imports it back, however long the way round."""
 
 import ast
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("records", "proto", "server", "loadgen", "analysis", "engines")
+PACKAGES = ("records", "proto", "server", "loadgen", "analysis", "engines", "experiments")
 MAX_MODULES = 20
 
 # server: each room may import the rooms at its level and below (a module of the wiring is a
@@ -108,6 +109,14 @@ def test_records_proto_and_engines_import_nothing_of_ours(name):
 def test_analysis_reads_files_only(name):
     replayed = ANALYSIS_REPLAYS.get(name, set())
     assert top(ours(IMPORTS[name]) - replayed) <= {"analysis", "records"}
+
+
+@pytest.mark.parametrize("name", of("experiments"))
+def test_experiments_run_the_rest_as_processes(name):
+    # they start the server and Locust by their command lines and judge with analysis; the
+    # policy registry names the policies to compare
+    assert top(ours(IMPORTS[name]) - {"server.scheduling.policies"}) <= {
+        "experiments", "analysis", "records"}
 
 
 @pytest.mark.parametrize("name", of("loadgen"))
