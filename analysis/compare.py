@@ -22,13 +22,13 @@ from matplotlib.patches import Patch
 from analysis import bootstrap
 from analysis.arguments import number
 from analysis.confidence import METRICS, MIN_BEYOND, analyse, slos
+from analysis.over_runs import OverRuns, over_runs, over_runs_markdown, over_runs_text
 from analysis.policy_choice import SAME_PLANS, held_back, mark_same_plans
 from analysis.readers.files import RunDirError
 from analysis.readers.latency import stats_ms
 from analysis.readers.rundir import Run, load_run
 from analysis.readers.server_metrics import server_side
 from analysis.readers.server_stats import server_view
-from analysis.over_runs import OverRuns, over_runs, over_runs_markdown, over_runs_text
 from analysis.report.scraped import headline_figures
 from analysis.slo_claims import runs_lines
 from analysis.tables import fmt_ms, fmt_num, markdown_table, text_table

@@ -7,8 +7,9 @@ apart, that decides; where it is not, on the latency figures (TTFT and TPOT p50 
 on some and worse on none is better, the reverse worse, both a trade-off. A policy whose runs held
 no work back (the server's plans left nothing out, analysis/policy_choice.py) made no choice: a
 difference it shows is not its policy's, and it is not credited with one. A second copy of the
-baseline's configuration (named as such: `--aa`) is the A/A pair: if it is told apart from the baseline on anything, the
-machine's run-to-run noise is more than the intervals allow, and nothing is recommended.
+baseline's configuration (named as such: `--aa`) is the A/A pair: if it is told apart from the
+baseline on anything, the machine's run-to-run noise is more than the intervals allow, and
+nothing is recommended.
 
 The pick: the first policy better than the baseline, in the order given; else the baseline, where
 some policy is worse than it; else none (null): no policy is distinguishable."""

@@ -63,7 +63,8 @@ def progress(k: int, p: ComparisonPlan, run, headline: dict, started: float) -> 
 
     return (f"run {k} of {len(p.runs)} (round {run.round} of {p.rounds}): {run.config}: "
             f"{headline.get('ok', 0)} ok, {headline.get('failed', 0)} failed; TTFT p99 "
-            f"{ms('ttft_p99_ms')}, TPOT p99 {ms('tpot_p99_ms')} [{time.monotonic() - started:.0f} s]")
+            f"{ms('ttft_p99_ms')}, TPOT p99 {ms('tpot_p99_ms')} "
+            f"[{time.monotonic() - started:.0f} s]")
 
 
 def judge(out: Path, p: ComparisonPlan, context: dict) -> tuple[str, dict]:

@@ -39,8 +39,9 @@ def choose(server_flags: list[str], workload: list[str], run_dir: Path,
     stress = json.loads((run_dir / "summary.json").read_text()).get("stress") or {}
     knee = stress.get("knee_rps")
     if not knee:
-        raise NoLoad(f"the quick stress found no rate the server holds ({stress.get('stopped_because')}"
-                     f"; see {run_dir}): give the load (--rate) yourself")
+        raise NoLoad(f"the quick stress found no rate the server holds "
+                     f"({stress.get('stopped_because')}; see {run_dir}): give the load (--rate) "
+                     "yourself")
     rate = round(share * knee, 3)
     steps = stress.get("steps") or []
     at = next((s for s in steps if s["offered_rps"] >= rate), None)

@@ -1,0 +1,74 @@
+"""`python -m experiments compare-policies` (`make compare`): a plan that does not fit its budget
+is refused before anything starts, saying what would fit; and end to end, real servers and real
+Locust runs, every policy and the A/A copy interleaved round by round, progress printed run by
+run, and compare.json holding the recommendation with the runs each verdict stands on."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments.plan import DoesNotFit, floor, plan
+from tests.conftest import REPO
+
+
+def experiments(*argv: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_the_plan_interleaves_rounds_and_measures_to_the_floor():
+    p = plan(["fcfs", "static"], rate=30.0, percentile=99, rounds=3, budget_s=600, spent_s=0)
+    assert floor(99) == 459 and p.measure_s == 17  # 1.1 x 459 requests at 30/s
+    assert [(r.round, r.config, r.seed) for r in p.runs[:4]] == [
+        (1, "fcfs", 1), (1, "static", 1), (1, "fcfs-again", 1), (2, "fcfs", 2)]
+    assert p.aa == "fcfs-again" and p.runs[2].policy == "fcfs" and len(p.runs) == 9
+
+
+def test_a_plan_over_its_budget_says_what_would_fit():
+    with pytest.raises(DoesNotFit, match=r"3 rounds would fit: --repeats 3"):
+        plan(["fcfs", "static"], rate=30.0, percentile=99, rounds=5, budget_s=220, spent_s=0)
+    with pytest.raises(DoesNotFit, match=r"p95 needs 90 requests, p90 44"):
+        plan(["fcfs", "static"], rate=1.0, percentile=99, rounds=3, budget_s=600, spent_s=0)
+
+
+def test_the_command_refuses_a_plan_over_its_budget_before_starting_anything(tmp_path):
+    done = experiments("compare-policies", "--policies", "fcfs static", "--rate", "1",
+                       "--out", str(tmp_path / "cmp"), timeout_s=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: 3 configurations x 3 rounds" in done.stdout and "raise --budget-s" in done.stdout
+    assert not (tmp_path / "cmp" / "round-1").exists()
+
+
+def test_an_earlier_comparison_is_replaced_but_other_files_are_not(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep")
+    done = experiments("compare-policies", "--rate", "1", "--out", str(tmp_path), timeout_s=60)
+    assert done.returncode != 0 and "holds files of something other than a comparison" in (
+        done.stdout + done.stderr)
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+@pytest.mark.slow
+def test_a_comparison_runs_interleaved_and_recommends_in_compare_json(tmp_path):
+    out = tmp_path / "cmp"
+    done = experiments("compare-policies", "--policies", "fcfs static", "--server",
+                       "--preset tiny --torch-threads 1 --max-batch-size 4 --max-wait-ms 20",
+                       "--load", "--prompt-tokens 8 --max-tokens 8", "--rate", "20",
+                       "--slo-percentile", "50", "--repeats", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("run ")] == [
+        f"run {k} of 6 (round {(k - 1) // 3 + 1} of 2)" for k in range(1, 7)]
+    assert "load: 20 requests/s: given (--rate)" in lines
+    assert lines[-2].startswith("recommendation: at 20 requests/s with TTFT p50 <= 500 ms "
+                                "and TPOT p50 <= 100 ms: ")
+    last = json.loads(lines[-1])
+    saved = json.loads((out / "compare.json").read_text())
+    assert last["recommendation"] == saved["recommendation"]["policy"]
+    verdicts = {v["config"]: v for v in saved["recommendation"]["verdicts"]}
+    assert verdicts["fcfs-again"]["verdict"] == "A/A" and verdicts["static"]["n_runs"] == 2
+    ttft = verdicts["static"]["figures"]["TTFT p50 (ms)"]
+    assert ttft["runs"] == [[str(out / f"round-{k}" / "fcfs"), str(out / f"round-{k}" / "static")]
+                            for k in (1, 2)]
+    assert saved["plan"]["aa"] == "fcfs-again" and saved["load"]["rate"] == 20
