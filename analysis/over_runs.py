@@ -64,6 +64,7 @@ class OverRuns:
         index = {name: i for i, name in enumerate(r.names)}
         return {"recommendation": {
             "policy": rec.policy, "text": rec.headline, "aa_check": rec.aa_ok,
+            "would_change": rec.would_change,
             "verdicts": [v.as_json(r, index[v.config]) for v in rec.verdicts]},
             "over_runs": {"confidence": r.confidence, "each_interval": r.each,
                           "family": r.family, "significant": significant(r),
@@ -97,12 +98,14 @@ def over_runs_text(o: OverRuns) -> str:
         + text_table(*means_table(r)),
         f"against {r.names[r.baseline]}, round by round:\n" + text_table(*against_table(r)),
         how(r), text_table(EVIDENCE_HEADER, o.evidence_rows()), aa_line(o),
+        "what would change it: " + o.recommendation.would_change,
         "recommendation: " + o.recommendation.headline])
 
 
 def over_runs_markdown(o: OverRuns) -> list[str]:
     r = o.repeated
     return ["## Recommendation", o.recommendation.headline, aa_line(o) + ".",
+            f"What would change it: {o.recommendation.would_change}.",
             "## Over runs", markdown_table(*means_table(r)),
             f"## Against {r.names[r.baseline]}, round by round", markdown_table(*against_table(r)),
             how(r) + ".", "## What each server did", markdown_table(EVIDENCE_HEADER,

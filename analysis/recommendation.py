@@ -95,6 +95,7 @@ class Recommendation:
     headline: str
     verdicts: list[PolicyVerdict]
     aa_ok: bool | None  # None without an A/A pair
+    would_change: str = ""  # what would change it
 
 
 def _names(vs: list[PolicyVerdict]) -> str:
@@ -124,7 +125,15 @@ def recommend(r: Repeats, evidence: list[Evidence], at: str,
         return Recommendation(None, f"{at}: no policy is distinguishable from {base}",
                               verdicts, aa_ok)
     chosen = next((v for v in better if v.config == pick), None)
-    parts = [f"{at}: pick {pick}" + (f" ({chosen.why} against {base})" if chosen else "")]
+    goodput = DECIDING[0].label
+    if chosen:
+        i = r.names.index(pick)
+        why = f"goodput {change_text(r.against[i][goodput])} against {base}; {chosen.why}"
+    else:
+        mean = r.per_config[r.baseline].get(goodput)
+        why = ("" if mean is None else f"goodput {mean.mean:.4g} requests/s "
+               f"[{mean.low:.4g}, {mean.high:.4g}] over {mean.n} runs")
+    parts = [f"{at}: pick {pick}" + (f" ({why})" if why else "")]
     rest = [v for v in others if v.config != pick]
     for kind, words in ((BETTER, f"also better than {base}, not compared with {pick}"),
                         (SAME, f"indistinguishable from {base}"),
@@ -134,7 +143,25 @@ def recommend(r: Repeats, evidence: list[Evidence], at: str,
         group = [v for v in rest if v.verdict == kind]
         if group:
             parts.append(f"{_names(group)} {words}")
-    return Recommendation(evidence_policy(evidence, r, pick), "; ".join(parts), verdicts, aa_ok)
+    return Recommendation(evidence_policy(evidence, r, pick), "; ".join(parts), verdicts, aa_ok,
+                          would_change(r, verdicts))
+
+
+def would_change(r: Repeats, verdicts: list[PolicyVerdict]) -> str:
+    """What would change the verdicts: the widest interval among the figures read
+    indistinguishable (more rounds narrow it), and the load and objectives they were judged at."""
+    deciding = {f.label for f in DECIDING}
+    widest = max([((p.fractions[2] - p.fractions[1]) / 2, v.config, label)
+                  for v in verdicts for label, p in r.against[r.names.index(v.config)].items()
+                  if p is not None and p.verdict == SAME and label in deciding], default=None)
+    if widest is None:
+        return ("at a load nearer the knee, where more work waits, or at tighter objectives, the "
+                "verdicts may differ")
+    half, config, label = widest
+    return (f"intervals of figures read indistinguishable reach +-{100 * half:.0f}% ({config}, "
+            f"{label.split(' (')[0]}): more rounds (--repeats) narrow them and could tell a "
+            f"smaller difference apart; at a load nearer the knee, where more work waits, or at "
+            f"tighter objectives, which goodput would then tell apart, the verdicts may differ")
 
 
 def evidence_policy(evidence: list[Evidence], r: Repeats, config: str) -> str | None:

@@ -65,7 +65,7 @@ def plan(policies: list[str], rate: float, percentile: float, rounds: int,
     """Raises DoesNotFit where the runs need more than budget_s - spent_s."""
     configs = [(p, p) for p in policies] + [(policies[0] + AA_SUFFIX, policies[0])]
     need = floor(percentile)
-    measure_s = max(5, math.ceil(MARGIN * need / rate))
+    measure_s = max(3, math.ceil(MARGIN * need / rate))
     warmup_s = 2.0
     per_run = measure_s + warmup_s + OVERHEAD_S
     estimate = len(configs) * rounds * per_run

@@ -96,6 +96,7 @@ def test_static_and_dynamic_worse_and_the_rest_alike_pick_the_baseline():
     assert rec.policy == "fcfs" and rec.aa_ok is True
     assert rec.headline == (f"{AT}: pick fcfs; expert_aware indistinguishable from fcfs; "
                             "static and dynamic worse than fcfs")
+    assert rec.would_change.startswith("intervals of figures read indistinguishable reach +-10%")
     assert [v.verdict for v in rec.verdicts] == [WORSE, WORSE, SAME, AA]
 
 
@@ -104,7 +105,8 @@ def test_a_better_policy_is_picked_with_its_figures():
                    ("static", {TTFT_P50: told(4.0, WORSE)}))
     rec = recommend(r, [evidence("fcfs"), evidence("expert_aware"), evidence("static")], AT)
     assert rec.policy == "expert_aware" and rec.aa_ok is None
-    assert rec.headline.startswith(f"{AT}: pick expert_aware (TTFT p99 -30.0% [")
+    assert rec.headline.startswith(f"{AT}: pick expert_aware (goodput +0.0% [")
+    assert "against fcfs; TTFT p99 -30.0% [" in rec.headline
     assert "static worse than fcfs" in rec.headline
 
 
