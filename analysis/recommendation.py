@@ -95,7 +95,7 @@ class Recommendation:
     headline: str
     verdicts: list[PolicyVerdict]
     aa_ok: bool | None  # None without an A/A pair
-    would_change: str = ""  # what would change it
+    would_change: str  # what would change it
 
 
 def _names(vs: list[PolicyVerdict]) -> str:
@@ -115,15 +115,16 @@ def recommend(r: Repeats, evidence: list[Evidence], at: str,
     others = [v for v in verdicts if v.verdict != AA]
     better = [v for v in others if v.verdict == BETTER]
     worse = [v for v in others if v.verdict == WORSE]
+    change = would_change(r, verdicts)
     if aa_ok is False:
         return Recommendation(None, f"{at}: no recommendation: {base} against itself was told "
                               f"apart ({_figures_text(aa[0].told)}): run-to-run noise on this "
                               f"machine is more than the intervals allow; run more repeats or on "
-                              f"a quieter machine", verdicts, aa_ok)
+                              f"a quieter machine", verdicts, aa_ok, change)
     pick = better[0].config if better else base if worse else None
     if pick is None:
         return Recommendation(None, f"{at}: no policy is distinguishable from {base}",
-                              verdicts, aa_ok)
+                              verdicts, aa_ok, change)
     chosen = next((v for v in better if v.config == pick), None)
     goodput = DECIDING[0].label
     if chosen:
@@ -144,7 +145,7 @@ def recommend(r: Repeats, evidence: list[Evidence], at: str,
         if group:
             parts.append(f"{_names(group)} {words}")
     return Recommendation(evidence_policy(evidence, r, pick), "; ".join(parts), verdicts, aa_ok,
-                          would_change(r, verdicts))
+                          change)
 
 
 def would_change(r: Repeats, verdicts: list[PolicyVerdict]) -> str:

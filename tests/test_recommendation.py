@@ -123,6 +123,7 @@ def test_a_policy_that_held_nothing_back_is_not_credited():
     rec = recommend(r, ev, AT)
     assert rec.verdicts[0].verdict == NOT_ATTRIBUTED and "held no work back" in rec.verdicts[0].why
     assert rec.policy is None and rec.headline == f"{AT}: no policy is distinguishable from fcfs"
+    assert rec.would_change.startswith("intervals of figures read indistinguishable")
 
 
 def test_an_aa_pair_told_apart_leaves_no_recommendation():
