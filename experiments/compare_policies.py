@@ -1,8 +1,8 @@
 """`python -m experiments compare-policies` (`make compare`): which batching policy to pick for a
 server, at the user's objectives, decided on repeat runs (docs/compare.md).
 
-1. The load: --rate, or a share of the knee a quick stress of the baseline finds
-   (experiments/load_choice.py).
+1. The load: --rate, or a share of what a quick stress of the baseline finds the server carries
+   (experiments/load_choice.py), raised where needed for the plan to fit (at most 0.85 of it).
 2. The plan: every policy and an A/A copy of the first, interleaved in rounds, each run long
    enough for its percentile objectives, within --budget-s (experiments/plan.py).
 3. The runs, a fresh server each, printing progress (run k of n).
@@ -23,11 +23,12 @@ from analysis.arguments import number
 from analysis.compare import COMPARE_JSON, COMPARE_MD, compare
 from analysis.readers.rundir import load_run
 from experiments import load_choice
-from experiments.plan import ComparisonPlan, DoesNotFit, plan
+from experiments.plan import ComparisonPlan, DoesNotFit, least_rate, plan
 from experiments.processes import ProcessError, locust, server
 from records.jsonform import dumps
 
 PLAN_JSON = "plan.json"
+MOST_SHARE = 0.85  # of what the server carried: the highest load a budget may raise it to
 
 
 def objectives(args: argparse.Namespace) -> list[str]:
@@ -78,21 +79,32 @@ def judge(out: Path, p: ComparisonPlan, context: dict) -> tuple[str, dict]:
     return text, headline
 
 
+def the_load(args: argparse.Namespace, policies: list[str], out: Path,
+             left_s) -> tuple[float, str, float | None]:
+    """(rate, why, what the server carried where a stress found it); left_s() is the budget
+    left. A found load too low for the plan to fit is raised to the least that fits, up to
+    MOST_SHARE of what the server carried."""
+    if args.rate:
+        return args.rate, f"{args.rate:g} requests/s: given (--rate)", None
+    print(f"finding the load: a quick stress of {policies[0]} ...", flush=True)
+    choice = load_choice.choose([*shlex.split(args.server), "--policy", policies[0]],
+                                [*shlex.split(args.load), *objectives(args)], out / "stress",
+                                args.load_share)
+    least = least_rate(policies, args.slo_percentile, args.repeats, left_s() - 1)
+    if least <= choice.rate or least > MOST_SHARE * choice.carried:
+        return choice.rate, choice.why, choice.carried  # fits, or the plan will say it cannot
+    return least, (f"{least:g} requests/s ({least / choice.carried:.2f} x), the least at which "
+                   f"{args.repeats} rounds fit --budget-s; {choice.why}"), choice.carried
+
+
 def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     out = Path(args.out)
     fresh(out)
     policies = args.policies.replace(",", " ").split()
-    workload = [*shlex.split(args.load), *objectives(args)]
-    server_flags = [*shlex.split(args.server), "--policy", policies[0]]
     try:
-        if args.rate:
-            choice = None
-            rate, why = args.rate, f"{args.rate:g} requests/s: given (--rate)"
-        else:
-            print(f"finding the load: a quick stress of {policies[0]} ...", flush=True)
-            choice = load_choice.choose(server_flags, workload, out / "stress", args.load_share)
-            rate, why = choice.rate, choice.why
+        rate, why, carried = the_load(args, policies, out,
+                                      lambda: args.budget_s - (time.monotonic() - started))
         print(f"load: {why}", flush=True)
         p = plan(policies, rate, args.slo_percentile, args.repeats, args.budget_s,
                  time.monotonic() - started)
@@ -100,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}")
         return 2
     print(f"plan: {p.text(rate)}", flush=True)
-    context = {"load": {"rate": rate, "why": why, "knee": choice and choice.knee},
+    context = {"load": {"rate": rate, "why": why, "carried": carried},
                "plan": {"runs": len(p.runs), "rounds": p.rounds, "measure_s": p.measure_s,
                         "warmup_s": p.warmup_s, "floor": p.floor, "aa": p.aa}}
     (out / PLAN_JSON).write_text(dumps(context) + "\n")
@@ -136,10 +148,11 @@ def add_command(commands) -> None:
     parser.add_argument("--load", default="", help="the workload's flags, but the rate, length, "
                         "seed and objectives (quoted): e.g. '--prompt-tokens 64 --max-tokens 32'")
     parser.add_argument("--rate", type=number(float, 0), default=0.0,
-                        help="requests/s to compare at (default 0: a share of the knee that a "
-                        "quick stress finds)")
+                        help="requests/s to compare at (default 0: a share of what a quick stress "
+                        "finds the server carries)")
     parser.add_argument("--load-share", type=number(float, 0, high=1), default=0.7,
-                        help="of the knee, where --rate is not given (default 0.7)")
+                        help="of what the server carries, where --rate is not given (default 0.7; "
+                        "raised, up to 0.85, where a lower load's runs would not fit --budget-s)")
     parser.add_argument("--slo-ttft-ms", type=number(float, 0), default=500.0,
                         help="TTFT objective; goodput counts requests meeting every objective "
                         "(default 500; 0: none)")

@@ -29,7 +29,7 @@ class NoLoad(RuntimeError):
 @dataclass(frozen=True)
 class LoadChoice:
     rate: float
-    knee: float  # what the server carried: the figure the rate is a share of
+    carried: float  # what the server carried: the figure the rate is a share of
     share: float
     why: str
 

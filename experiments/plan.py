@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from records.early_stopping import min_passing
 
 MARGIN = 1.1  # requests asked for beyond the floor: arrivals are random
+WARMUP_S = 2.0
 OVERHEAD_S = 3.5  # a run's server start, Locust start, drain and stop, measured here
 AA_SUFFIX = "-again"
 
@@ -66,7 +67,7 @@ def plan(policies: list[str], rate: float, percentile: float, rounds: int,
     configs = [(p, p) for p in policies] + [(policies[0] + AA_SUFFIX, policies[0])]
     need = floor(percentile)
     measure_s = max(3, math.ceil(MARGIN * need / rate))
-    warmup_s = 2.0
+    warmup_s = WARMUP_S
     per_run = measure_s + warmup_s + OVERHEAD_S
     estimate = len(configs) * rounds * per_run
     left = budget_s - spent_s
@@ -81,3 +82,11 @@ def plan(policies: list[str], rate: float, percentile: float, rounds: int,
             + f": raise --budget-s, give fewer --policies, a higher --rate or a lower "
             f"--slo-percentile (p95 needs {floor(95)} requests, p90 {floor(90)})")
     return ComparisonPlan(configs, rounds, measure_s, warmup_s, need, estimate)
+
+
+def least_rate(policies: list[str], percentile: float, rounds: int, left_s: float) -> float:
+    """The lowest rate at which the plan fits left_s (inf where no rate does)."""
+    runs = (len(policies) + 1) * rounds
+    measure_s = math.floor(left_s / runs - WARMUP_S - OVERHEAD_S)
+    return math.inf if measure_s < 3 else math.ceil(1000 * MARGIN * floor(percentile)
+                                                    / measure_s) / 1000

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from experiments.plan import DoesNotFit, floor, plan
+from experiments.plan import DoesNotFit, floor, least_rate, plan
 from tests.conftest import REPO
 
 
@@ -32,6 +32,15 @@ def test_a_plan_over_its_budget_says_what_would_fit():
         plan(["fcfs", "static"], rate=30.0, percentile=99, rounds=5, budget_s=220, spent_s=0)
     with pytest.raises(DoesNotFit, match=r"p95 needs 90 requests, p90 44"):
         plan(["fcfs", "static"], rate=1.0, percentile=99, rounds=3, budget_s=600, spent_s=0)
+
+
+def test_the_least_rate_that_fits_is_the_edge_of_the_budget():
+    policies = ["fcfs", "static", "dynamic"]
+    least = least_rate(policies, 99, rounds=3, left_s=300)
+    assert plan(policies, least, 99, 3, budget_s=300, spent_s=0).estimate_s <= 300
+    with pytest.raises(DoesNotFit):
+        plan(policies, least * 0.9, 99, 3, budget_s=300, spent_s=0)
+    assert least_rate(policies, 99, rounds=3, left_s=50) == float("inf")
 
 
 def test_the_command_refuses_a_plan_over_its_budget_before_starting_anything(tmp_path):
