@@ -122,7 +122,7 @@ sweep-experts: install
 SOAK_S ?= 1800
 SOAK_WINDOW_S ?= 60
 SOAK_DIR ?= runs/soak
-SOAK_SERVER ?= --preset tiny --torch-threads 1 --fault-step-fail 0.02 --fault-drop 0.05 \
+SOAK_SERVER ?= --preset tiny --max-seq-len 1024 --torch-threads 1 --fault-step-fail 0.02 --fault-drop 0.05 \
 	--fault-slow 0.1 --fault-stall-s 5
 SOAK_LOAD ?= --mode mixed --rate 10 --cancel-share 0.1 --max-request-rows 300 --warmup-s 30 --seed 1
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from analysis.arguments import number
-from analysis.compare import COMPARE_JSON, COMPARE_MD, compare
+from analysis.compare import COMPARE_JSON, COMPARE_MD, COMPARE_PNG, compare
 from analysis.readers.rundir import load_run
 from experiments import load_choice
 from experiments.plan import ComparisonPlan, DoesNotFit, least_rate, plan
@@ -28,6 +28,7 @@ from experiments.processes import ProcessError, locust, server
 from records.jsonform import dumps
 
 PLAN_JSON = "plan.json"
+OWN = {PLAN_JSON, "stress", COMPARE_MD, COMPARE_JSON, COMPARE_PNG}
 MOST_SHARE = 0.85  # of what the server carried: the highest load a budget may raise it to
 
 
@@ -38,12 +39,19 @@ def objectives(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def ours(entry: Path) -> bool:
+    """Whether a folder's entry is one a comparison writes."""
+    return entry.name in OWN or entry.name.startswith("round-")
+
+
 def fresh(out: Path) -> None:
-    """Empties out where it holds an earlier comparison; refuses a folder holding anything else."""
+    """Empties out where it holds only what a comparison writes (one refused or stopped part-way
+    too); refuses a folder holding anything else."""
     if out.exists() and any(out.iterdir()):
-        if not (out / PLAN_JSON).exists():
-            raise SystemExit(f"error: --out {out} holds files of something other than a "
-                             "comparison; give an empty or new folder")
+        strangers = sorted(e.name for e in out.iterdir() if not ours(e))
+        if strangers:
+            raise SystemExit(f"error: --out {out} holds files a comparison does not write "
+                             f"({', '.join(strangers[:3])}); give an empty or new folder")
         shutil.rmtree(out)
     out.mkdir(parents=True)
 

@@ -52,9 +52,16 @@ def test_the_command_refuses_a_plan_over_its_budget_before_starting_anything(tmp
 
 
 def test_an_earlier_comparison_is_replaced_but_other_files_are_not(tmp_path):
+    # one refused after its stress: no plan.json, a stress/ folder
+    (tmp_path / "stress").mkdir()
+    (tmp_path / "stress" / "summary.json").write_text("{}")
+    done = experiments("compare-policies", "--policies", "fcfs static", "--rate", "1",
+                       "--out", str(tmp_path), timeout_s=60)
+    assert done.returncode == 2 and "error: 3 configurations" in done.stdout
+    assert not (tmp_path / "stress").exists()
     (tmp_path / "mine.txt").write_text("keep")
     done = experiments("compare-policies", "--rate", "1", "--out", str(tmp_path), timeout_s=60)
-    assert done.returncode != 0 and "holds files of something other than a comparison" in (
+    assert done.returncode != 0 and "holds files a comparison does not write (mine.txt)" in (
         done.stdout + done.stderr)
     assert (tmp_path / "mine.txt").read_text() == "keep"
 

@@ -22,6 +22,7 @@ SOAK_MD, SOAK_PNG = "soak.md", "soak.png"
 # --min-change of the level, so a change at the drift bar fills the axis and noise far under it
 # stays flat.
 FROM_ZERO = ("waiting", "scraped_waiting", "kv_usage_percent", "preemptions_per_min")
+MOST_TELLING_SHARE = 10.0  # a projected rise past 1000% of the start is said in its unit only
 
 
 def header(horizon: Horizon) -> list[str]:
@@ -51,8 +52,10 @@ def _horizon_words(s: Series) -> str:
     """What the slope amounts to over the horizon, beside the start and the budget."""
     tr = s.trend
     hours = f"{tr.horizon_s / S_PER_H:g} h"
-    share = ("" if tr.projected_share is None
-             else f", {100 * tr.projected_share:+.0f}% of the start")
+    # a share of a start near 0 (a queue that was empty), or of a line held at 0, says nothing
+    telling = (tr.projected_share is not None and not tr.below_zero
+               and abs(tr.projected_share) <= MOST_TELLING_SHARE)
+    share = f", {100 * tr.projected_share:+.0f}% of the start" if telling else ""
     words = f"over {hours}: {_projection(tr)} {s.unit}{share}"
     if tr.budget is None:
         return words
