@@ -3,6 +3,7 @@ is refused before anything starts, saying what would fit; and end to end, real s
 Locust runs, every policy and the A/A copy interleaved round by round, progress printed run by
 run, and compare.json holding the recommendation with the runs each verdict stands on."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -10,6 +11,8 @@ import sys
 
 import pytest
 
+from experiments import load_choice
+from experiments.compare_policies import the_load
 from experiments.plan import DoesNotFit, floor, least_rate, plan
 from tests.conftest import REPO
 
@@ -68,24 +71,42 @@ def test_an_earlier_comparison_is_replaced_but_other_files_are_not(tmp_path):
 
 @pytest.mark.slow
 def test_a_comparison_runs_interleaved_and_recommends_in_compare_json(tmp_path):
+    # fcfs and its A/A copy, two rounds: the least that runs the whole way
     out = tmp_path / "cmp"
-    done = experiments("compare-policies", "--policies", "fcfs static", "--server",
-                       "--preset tiny --torch-threads 1 --max-batch-size 4 --max-wait-ms 20",
+    done = experiments("compare-policies", "--policies", "fcfs", "--server",
+                       "--preset tiny --torch-threads 1 --max-batch-size 4",
                        "--load", "--prompt-tokens 8 --max-tokens 8", "--rate", "20",
                        "--slo-percentile", "90", "--repeats", "2", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines if re.match(r"run \d+ of", line)] == [
-        f"run {k} of 6 (round {(k - 1) // 3 + 1} of 2)" for k in range(1, 7)]
+        f"run {k} of 4 (round {(k - 1) // 2 + 1} of 2)" for k in range(1, 5)]
     assert "load: 20 requests/s: given (--rate)" in lines
     assert lines[-2].startswith("recommendation: at 20 requests/s with TTFT p90 <= 500 ms "
                                 "and TPOT p90 <= 100 ms: ")
     last = json.loads(lines[-1])
     saved = json.loads((out / "compare.json").read_text())
-    assert last["recommendation"] == saved["recommendation"]["policy"]
-    verdicts = {v["config"]: v for v in saved["recommendation"]["verdicts"]}
-    assert verdicts["fcfs-again"]["verdict"] == "A/A" and verdicts["static"]["n_runs"] == 2
-    ttft = verdicts["static"]["figures"]["TTFT p50 (ms)"]
-    assert ttft["runs"] == [[str(out / f"round-{k}" / "fcfs"), str(out / f"round-{k}" / "static")]
-                            for k in (1, 2)]
+    assert last["recommendation"] == saved["recommendation"]["policy"] is None
+    assert last["significant"] == {} == saved["over_runs"]["significant"]
+    (verdict,) = saved["recommendation"]["verdicts"]
+    assert verdict["config"] == "fcfs-again" and verdict["verdict"] == "A/A"
+    assert verdict["n_runs"] == 2 and saved["recommendation"]["aa_check"] is True
+    ttft = verdict["figures"]["TTFT p50 (ms)"]
+    assert ttft["runs"] == [[str(out / f"round-{k}" / "fcfs"),
+                             str(out / f"round-{k}" / "fcfs-again")] for k in (1, 2)]
     assert saved["plan"]["aa"] == "fcfs-again" and saved["load"]["rate"] == 20
+
+def test_a_found_load_too_low_to_fit_is_raised_to_the_least_that_fits(monkeypatch, tmp_path):
+    found = load_choice.LoadChoice(rate=20.0, carried=40.0, share=0.5, why="0.5 x 40/s carried")
+    monkeypatch.setattr(load_choice, "choose", lambda *args: found)
+    args = argparse.Namespace(rate=0.0, server="", load="", slo_percentile=99.0, slo_ttft_ms=500,
+                              slo_tpot_ms=100, repeats=3, load_share=0.5)
+    policies = ["fcfs", "static"]
+    rate, why, carried = the_load(args, policies, tmp_path, lambda: 250.0)
+    assert rate == least_rate(policies, 99, 3, 249.0) and 20 < rate <= 0.85 * 40
+    assert why.startswith(f"{rate:g} requests/s ({rate / 40:.2f} x), the least at which 3 "
+                          "rounds fit --budget-s; 0.5 x 40/s carried") and carried == 40
+    # where even 0.85 of what it carried would not fit, the load stays, for the plan to refuse
+    assert the_load(args, policies, tmp_path, lambda: 120.0)[0] == 20.0
+    # a load that fits is kept
+    assert the_load(args, policies, tmp_path, lambda: 600.0)[:2] == (20.0, found.why)

@@ -91,8 +91,8 @@ def sentence(s: Series, min_change: float) -> str:
     if tr.undecided:
         longer = ("; its fitted slope alone reaches past the budget: a longer soak would tell"
                   if tr.longer_by is None else
-                  f"; a soak about {tr.longer_by:.0f} times as long ({tr.longer_by * minutes:.0f} "
-                  "min) would tell")
+                  f"; a soak about {tr.longer_by:.1f} times as long ({tr.longer_by * minutes:.0f} "
+                  "min), were the fitted slope to hold, would tell")
         return (f"{s.title}: {CANNOT_JUDGE} ({rate}{over}; {ahead}: the interval cannot tell "
                 f"drift from none against the budget{longer})")
     if tr.drift:

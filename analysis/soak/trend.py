@@ -67,14 +67,14 @@ class Trend:
     @property
     def longer_by(self) -> float | None:
         """For an undecided trend, about how many times longer a soak would bring the
-        interval's half-width over the horizon within the budget, were the slope nought: a
+        interval's fast end over the horizon within the budget, were the fitted slope to hold: a
         slope's interval narrows as the run's length to the power 1.5 (evenly spaced windows,
         one noise); None where the fitted slope itself reaches the budget, which a longer soak
         would call drift."""
         if not self.undecided or self.projected >= self.budget:
             return None
         low, high = self.projected_ci
-        return ((high - low) / 2 / self.budget) ** (2 / 3)
+        return ((high - low) / 2 / (self.budget - max(self.projected, 0.0))) ** (2 / 3)
 
     @property
     def projected(self) -> float:
