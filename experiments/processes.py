@@ -22,7 +22,9 @@ class ProcessError(RuntimeError):
     """A server that did not start, or a run that did not end."""
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 20) -> None:
+def stop_process(proc: subprocess.Popen, grace_s: float = 20) -> int:
+    """SIGTERM, then SIGKILL if it does not end in time (a hung gevent process ignores TERM);
+    returns its exit status."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -30,6 +32,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 20) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return proc.returncode
 
 
 @contextmanager
@@ -51,7 +54,7 @@ def server(flags: list[str], run_dir: Path) -> Iterator[str]:
                 time.sleep(0.05)
             yield f"127.0.0.1:{port_file.read_text().strip()}"
         finally:
-            _stop(proc)
+            stop_process(proc)
 
 
 def locust(host: str, run_dir: Path, flags: list[str], limit_s: float) -> dict:
@@ -65,7 +68,7 @@ def locust(host: str, run_dir: Path, flags: list[str], limit_s: float) -> dict:
         try:
             proc.wait(limit_s)
         except subprocess.TimeoutExpired:
-            _stop(proc, grace_s=5)
+            stop_process(proc, grace_s=5)
             raise ProcessError(f"the run did not end in {limit_s:.0f} s: see "
                                f"{run_dir / 'locust.log'}") from None
     for line in reversed((run_dir / "locust.log").read_text().splitlines()):

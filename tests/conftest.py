@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import grpc
 import pytest
 import torch
 
+from experiments import processes
 from proto import moe_pb2_grpc
 from records.declare import build
 from records.server_settings import ServerSettings
@@ -100,12 +100,5 @@ def port_file_process(tmp_path, module: str, *flags: str):
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 20) -> int:
-    """SIGTERM, then SIGKILL if it does not end in time (a hung gevent process ignores TERM)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+    """SIGTERM, then SIGKILL if it does not end in time (experiments/processes.py)."""
+    return processes.stop_process(proc, grace_s=timeout_s)
