@@ -5,11 +5,13 @@ and when a stress step counts as short of its arrivals."""
 import itertools
 import random
 import statistics
+from types import SimpleNamespace
 
 import pytest
 from hdrh.histogram import HdrHistogram
 
 from loadgen.modes.stress import short_of_sent
+from loadgen.recording import groups
 from loadgen.recording.histograms import HIGHEST_US, Histogram
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.timing import stream_timing
@@ -79,6 +81,47 @@ def test_recording_a_stream_at_once_is_recording_each_value():
     assert at_once.clamped == one_by_one.clamped > 2
     assert at_once.encode() == one_by_one.encode()
     assert (at_once.hdr.min_value, at_once.hdr.max_value) == (0, HIGHEST_US)
+
+
+def test_a_cleared_histogram_records_as_a_new_one_does():
+    used, new = Histogram(), Histogram()
+    used.record_all([5, 70_000, HIGHEST_US * 2])
+    used.clear()
+    assert (used.count, used.clamped, used.stats().count) == (0, 0, 0)
+    for h in (used, new):
+        h.record_all([3, 3, 900, 12_345_678])
+    assert used.encode() == new.encode() and used.stats() == new.stats()
+
+
+def test_each_interval_holds_what_was_recorded_since_the_take_before():
+    rec = Recorder(start_ns=0, warmup_s=0)
+    rec.record("ttft", 1000)
+    first = rec.take_interval()
+    rec.record("ttft", 2000)
+    rec.record("ttft", 3000)
+    assert first["ttft"].count == 1  # still whole until the next take
+    second = rec.take_interval()
+    assert second["ttft"].count == 2 and second["ttft"].hdr.get_min_value() == 2000
+    rec.record("ttft", 4000)
+    third = rec.take_interval()
+    assert third is first and third["ttft"].count == 1  # the same memory, emptied
+    assert rec.client["ttft"].count == 4
+
+
+def test_a_group_makes_its_histograms_once_not_a_set_a_request(monkeypatch):
+    made = []
+
+    class Counted(Histogram):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(groups, "Histogram", Counted)
+    chat = groups.Groups()
+    for ms in range(1, 51):
+        chat.record("chat", SimpleNamespace(ttft_us=1000 * ms, tpot_us=None, e2e_us=None))
+    assert len(made) == len(groups.METRICS)
+    assert chat.hists["chat"]["ttft"].count == 50
 
 
 @pytest.mark.parametrize("n", [1, 7, 300, 20_000])

@@ -29,7 +29,11 @@ class Groups:
                 hists[name].record(getattr(timing, f"{name}_us"))
 
     def _hists(self, key: str) -> dict[str, Histogram]:
-        return self.hists.setdefault(key, {m: Histogram() for m in METRICS})
+        """The group's histograms, made once: not a new set per request to throw away
+        (loadgen/recording/histograms.py, Histogram.clear, says what one costs)."""
+        if key not in self.hists:
+            self.hists[key] = {m: Histogram() for m in METRICS}
+        return self.hists[key]
 
     def figures(self, order=str) -> dict[str, ClassFigures]:
         """Each group on its own, keys sorted by `order` of the key."""

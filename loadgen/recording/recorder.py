@@ -60,6 +60,8 @@ class Recorder:
         default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     interval: dict[str, Histogram] = field(
         default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
+    spare: dict[str, Histogram] = field(  # the interval taken last (take_interval)
+        default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     server: dict[str, Histogram] = field(
         default_factory=lambda: {m: Histogram() for m in SERVER_METRICS})
     classes: Groups = field(default_factory=Groups)  # by request class
@@ -232,9 +234,12 @@ class Recorder:
         self.interval[metric].record_all(values_us)
 
     def take_interval(self) -> dict[str, Histogram]:
-        """The interval histograms so far; recording goes on into fresh ones."""
-        taken = self.interval
-        self.interval = {m: Histogram() for m in CLIENT_METRICS}
+        """The interval histograms so far, valid until the next take; recording goes on into
+        the ones taken the time before, emptied (Histogram.clear: not new ones each time)."""
+        taken, self.interval = self.interval, self.spare
+        for h in self.interval.values():
+            h.clear()
+        self.spare = taken
         return taken
 
     def class_figures(self) -> dict[str, ClassFigures]:
