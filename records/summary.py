@@ -48,7 +48,7 @@ class Lengths:
 class OfferedWorkload:
     """What the requests sent asked for: their prompt lengths, the output lengths asked, and
     the share of their prompt tokens in 16-token blocks an earlier prompt of the run began
-    with (records/prefix_blocks.py): what an unbounded prefix cache could hit."""
+    with (records/prefix_blocks.py): what a prefix cache of 262,144 tokens could hit."""
 
     requests: int
     prompt_tokens: Lengths

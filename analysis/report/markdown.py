@@ -113,8 +113,8 @@ def _workload_md(report: Report) -> list[str]:
             markdown_table(["", "mean", "p50", "p90", "p99", "max"], _workload_rows(report.run)),
             f"{workload.requests} requests sent; their prompts shared "
             f"{100 * workload.prefix_share:.1f}% of their tokens by 16-token "
-            "blocks an earlier prompt began with: what an unbounded prefix cache could "
-            "hit (`workload.prefix_share`)."]
+            "blocks an earlier prompt began with: what a prefix cache of 262,144 tokens "
+            "could hit (`workload.prefix_share`)."]
 
 
 def _requests_md(report: Report) -> list[str]:

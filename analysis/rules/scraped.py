@@ -158,8 +158,8 @@ def prefix_misses(d: Signals) -> Finding:
                        judged=False)
     allowed = workload.prefix_share
     evidence.append(f"the workload's prompts shared {100 * allowed:.1f}% of their tokens by "
-                    "16-token blocks (summary.json workload.prefix_share: what an unbounded "
-                    "cache hits)")
+                    "16-token blocks (summary.json workload.prefix_share: what a cache of 262,144 "
+                    "tokens hits)")
     if allowed < PREFIX_SHARED:
         return Finding(*PREFIX, False, f"Not fired: the workload's prompts share little "
                        f"({100 * allowed:.1f}%, judged from {100 * PREFIX_SHARED:.0f}%).",
