@@ -129,7 +129,7 @@ class Run:
             self.aio.ready.wait(AIO_READY_S)
         if self.scraping is not None and self.scraping.urls:  # its counters before any request
             self.scraping.ready.wait(SCRAPE_READY_S)
-        self.recorder.start_ns = time.monotonic_ns()
+        self.recorder.start_ns, self.recorder.start_unix_s = time.monotonic_ns(), time.time()
         if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
             gevent.spawn_later(self.run_time_s, self.end,
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)")

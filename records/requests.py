@@ -23,6 +23,9 @@ class RequestRow:
     warmup: bool  # scheduled during the warm-up: not measured
     scheduled_ms: float
     sent_ms: float | None  # None: never sent
+    # when it was sent, Unix time (s): a run joins on it with a server's logs and traces, and
+    # with another process's rows (request_id is what went on the wire); None: never sent
+    sent_unix_s: float | None = field(None, omit=None)
     output_tokens: int
     messages: int
     ttft_ms: float | None  # None unless ok and streamed

@@ -232,6 +232,15 @@ def test_request_rows_are_capped_and_the_rest_counted():
     assert rec.accounting().rows_omitted == 2 and rec.accounting().sent == 5
 
 
+def test_a_row_says_when_it_was_sent_in_unix_time():
+    rec = Recorder(start_ns=5_000 * MS, warmup_s=0, start_unix_s=1_800_000_000.0)
+    rec.add(StreamResult("r", 5_250 * MS, sent_ns=5_251 * MS, recv_ns=[5_260 * MS], tokens=[1]))
+    rec.add(StreamResult("never", 5_300 * MS, status="UNAVAILABLE"))
+    sent, never = (to_json(r) for r in rec.rows)
+    assert sent["sent_ms"] == 251.0 and sent["sent_unix_s"] == pytest.approx(1_800_000_000.251)
+    assert "sent_unix_s" not in never and never["sent_ms"] is None
+
+
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
 def test_gamma_schedule_keeps_the_rate_and_sets_the_burstiness(burstiness):
     schedule = arrival_offsets_s(20.0, "gamma", seed=3, burstiness=burstiness)

@@ -17,7 +17,7 @@ from analysis.rules.delivery import write_delay
 from loadgen.settings import check
 from loadgen.targets.moe import MoeTarget
 from loadgen.targets.openai import OpenAITarget
-from loadgen.targets.target import TARGETS, RequestSpec
+from loadgen.targets.target import TARGETS, RequestSpec, target_of
 from records.declare import SettingsError, build
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
@@ -215,6 +215,18 @@ def test_a_server_of_another_protocol_is_refused_in_one_line_naming_it(tmp_path)
         last = done.stdout.strip().splitlines()[-1]
         assert done.returncode == 2 and says in last, done.stdout
         assert "Traceback" not in done.stdout
+
+
+def test_each_request_carries_its_id_on_the_wire_whatever_the_target():
+    spec = RequestSpec("7-42", 4, (65,), session="s1")
+    for name in TARGETS:
+        target = target_of(build(LoadSettings, {"target": name}).target)
+        if name == "openai":
+            headers = target.headers_of(spec)
+            assert headers["X-Request-Id"] == "7-42" and headers["X-Session-ID"] == "s1"
+            assert "X-Request-Id" not in target.headers  # the shared headers stay the run's
+        else:
+            assert {("x-request-id", "7-42"), ("session_id", "s1")} <= set(target.metadata_of(spec))
 
 
 def test_token_ids_are_asked_of_the_servers_that_send_them_unless_told():

@@ -56,6 +56,7 @@ class Recorder:
     warmup_s: float
     slo: SloSettings = field(default_factory=SloSettings)
     stop_ns: int | None = None  # end of the schedule, set when the run stops
+    start_unix_s: float | None = None  # start_ns on the wall clock (Unix s), set with it
     client: dict[str, Histogram] = field(
         default_factory=lambda: {m: Histogram() for m in CLIENT_METRICS})
     interval: dict[str, Histogram] = field(
@@ -273,6 +274,8 @@ class Recorder:
             details=r.details,
             warmup=warmup, scheduled_ms=(r.scheduled_ns - self.start_ns) / 1e6,
             sent_ms=(r.sent_ns - self.start_ns) / 1e6 if r.sent_ns else None,
+            sent_unix_s=self.start_unix_s + (r.sent_ns - self.start_ns) / 1e9
+            if r.sent_ns and self.start_unix_s is not None else None,
             output_tokens=sum(r.tokens), messages=len(r.tokens),
             ttft_ms=t.ttft_us / 1000 if t else None,
             tpot_ms=t.tpot_us / 1000 if t and t.tpot_us is not None else None,

@@ -64,9 +64,10 @@ class GrpcTarget:
         return stub.Generate(request, timeout=timeout_s, metadata=metadata)
 
     def metadata_of(self, spec: RequestSpec) -> tuple:
-        """The call's metadata: the bearer token, and a session's turn its session_id."""
+        """The call's metadata: the bearer token, the request's id (x-request-id, as the HTTP
+        targets send it: requests.jsonl's request_id), and a session's turn its session_id."""
         session = (("session_id", spec.session),) if spec.session else ()
-        return (*self.credentials.metadata, *session)
+        return (*self.credentials.metadata, ("x-request-id", spec.request_id), *session)
 
     def connect(self, host: str) -> Conn:
         channel = self.credentials.channel(host, CHANNEL_OPTIONS)

