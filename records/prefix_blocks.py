@@ -31,12 +31,12 @@ class PrefixBlocks:
     def add(self, prompt: Sequence) -> int:
         """Looks the prompt (token ids, or words) up, then keeps its blocks: the tokens it
         hit."""
-        chain, hits, keys = 0, 0, []
+        chain, hits, keys, matching = 0, 0, [], True
         for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
             chain = hash((chain, tuple(prompt[start:start + BLOCK])))
             keys.append(chain)
-            if hits == BLOCK * (len(keys) - 1) and chain in self.held:
-                hits += BLOCK
+            matching = matching and chain in self.held
+            hits += BLOCK * matching
         for key in reversed(keys):
             self.held[key] = None
             self.held.move_to_end(key)
