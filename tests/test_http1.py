@@ -263,7 +263,7 @@ def test_closing_the_pool_closes_a_connection_still_finishing_its_reply():
         assert list(pool.finishing.values()) == [reply]
         await pool.close()
         server.close()
-        return conn.writer.is_closing(), pool.finishing
+        return conn.transport.is_closing(), pool.finishing
 
     assert asyncio.run(main()) == (True, {})
 

@@ -1,11 +1,14 @@
-"""A small HTTP/1.1 client on asyncio streams, the openai target's in the aio sender.
+"""A small HTTP/1.1 client on asyncio, the openai target's in the aio sender.
 
 It puts a request on the wire in one write, ~0.1 ms after it is asked for, where aiohttp's
 client took ~0.35 ms at rest (docs/design.md, "The default client"): that time is inside every
-TTFT the generator measures. It keeps connections alive in a pool with no limit (one
-connection per concurrent stream, as HTTP/1.1 needs), speaks TLS where the URL is https://,
-and reads a body framed by Transfer-Encoding: chunked, by Content-Length or by the connection's
-close. It asks for no compression, follows no redirects and uses no proxy.
+TTFT the generator measures. Each connection reads on a buffered protocol into one buffer its
+pool shares (asyncio's own socket reads allocate 256 KiB a read: 12 us of an event's cost,
+docs/measured.md), and hands each read to the reply being read, which decodes it there and
+then, stamped once (loadgen/targets/http1_reply.py). It keeps connections alive in a pool with
+no limit (one connection per concurrent stream, as HTTP/1.1 needs), speaks TLS where the URL
+is https://, and reads a body framed by Transfer-Encoding: chunked, by Content-Length or by
+the connection's close. It asks for no compression, follows no redirects and uses no proxy.
 
 A reply whose caller is done with it (`keep`: a stream that ended with [DONE]) goes back to the
 pool once the rest of its body is read, in the background, so the request's result does not
@@ -20,157 +23,121 @@ http.client's HTTPExceptions (a reply that is not HTTP/1.x).
 from __future__ import annotations
 
 import asyncio
-import http.client
-import re
 import ssl
 import time
-from collections import deque
 from urllib.parse import urlsplit
 
-READ_BLOCK = 4 * 1024 * 1024  # bytes read at once; events of long contexts fit whole
-LINE_LIMIT = 1024 * 1024  # the longest status, header or chunk-size line read
+from loadgen.targets.http1_reply import TO_CLOSE, NotServed, Reply
+
+READ_BLOCK = 4 * 1024 * 1024  # bytes a greenlet's client reads at once (the openai target)
+READ_SIZE = 256 * 1024  # bytes one socket read takes at most, into the pool's buffer
 FINISH_S = 1.0  # the wait for the rest of a kept reply's body, before its connection is reused
-CHUNKED, SIZED, TO_CLOSE = "chunked", "sized", "to-close"
-CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 OURS = ("host", "user-agent", "content-length")  # headers the client writes itself
 
 
-class NotServed(ConnectionResetError):
-    """The connection closed (or was reset) before any byte of a reply."""
+class Connection(asyncio.BufferedProtocol):
+    """One connection's reads, each handed to the reply being read as it arrives."""
 
+    def __init__(self, scratch: memoryview):
+        self.scratch = scratch  # the pool's read buffer: taken from at once, never kept
+        self.transport: asyncio.Transport | None = None
+        self.unread = bytearray()  # bytes no reply has taken
+        self.reply: Reply | None = None
+        self.closed = False
+        self.waiter: asyncio.Future | None = None
 
-def buffered(reader: asyncio.StreamReader) -> int:
-    """Bytes the reader holds unread (asyncio's StreamReader keeps them in _buffer)."""
-    return len(reader._buffer)
+    def connection_made(self, transport) -> None:
+        self.transport = transport
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.scratch
 
-async def read_line(reader: asyncio.StreamReader, first: bool = False) -> bytes:
-    """A status, header, chunk-size or trailer line, with its end; NotServed where the
-    connection ended before the reply's first byte (first: its first status line, not one
-    after a 1xx)."""
-    try:
-        return await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        if first and not exc.partial:
-            raise NotServed("the server closed the connection without a reply") from None
-        raise ConnectionResetError("the server closed the connection mid-reply") from None
-    except ConnectionResetError as exc:
-        if first and not buffered(reader):
-            raise NotServed(f"the connection was reset before a reply: {exc}") from None
-        raise
-    except asyncio.LimitOverrunError:
-        raise http.client.HTTPException("a line of the reply is over 1 MiB") from None
+    def buffer_updated(self, nbytes: int) -> None:
+        arrived_ns = time.monotonic_ns()  # before anything parses it
+        self.unread += self.scratch[:nbytes]
+        if self.reply is not None:
+            self.reply.feed(self.unread, arrived_ns, nbytes)
+        self._wake()
 
+    def eof_received(self) -> bool:
+        return False  # the transport closes: connection_lost follows
 
-class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader, self.writer = reader, writer
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.reply is not None:
+            self.reply.ended(exc)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def more(self) -> None:
+        """Until the next read, or the connection's end."""
+        if self.closed:
+            return
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def begin(self, reply: Reply) -> None:
+        """The reply to the request just written is the one its reads go to."""
+        self.reply = reply
+        if self.unread:  # bytes that came before the request: not an answer to it
+            reply.feed(self.unread, time.monotonic_ns(), len(self.unread))
+        if self.closed:
+            reply.ended(None)
 
     @property
     def usable(self) -> bool:
         """Still open both ways, with nothing unread: a server that closed an idle connection,
         or sent more than its reply, is seen here."""
-        return not (self.writer.is_closing() or self.reader.at_eof()
-                    or buffered(self.reader))
+        return not (self.closed or self.transport.is_closing() or self.unread)
 
     def close(self) -> None:
-        self.writer.close()
-
-
-def content_length(headers: dict[str, str]) -> int:
-    """The body's length; repeated values must agree (RFC 9112, 6.3)."""
-    values = {v.strip() for v in headers["content-length"].split(",")}
-    if len(values) != 1 or not ((value := values.pop()).isascii() and value.isdigit()):
-        raise http.client.HTTPException(
-            f"a reply's Content-Length is not one number: {headers['content-length']!r}")
-    return int(value)
+        if self.transport is not None:
+            self.transport.close()
 
 
 class Response:
     """A reply's status and headers (names lower-cased), its body read as it arrives."""
 
-    def __init__(self, pool: Pool, conn: Connection, status: int, headers: dict[str, str],
-                 keep_alive: bool):
-        self.pool, self.conn = pool, conn
-        self.status, self.headers = status, headers
-        self.keep_alive = keep_alive
-        self.framing = (CHUNKED if "chunked" in headers.get("transfer-encoding", "").lower()
-                        else SIZED if "content-length" in headers else TO_CLOSE)
-        self.left = content_length(headers) if self.framing == SIZED else 0
-        self.done = self.framing == SIZED and self.left == 0
-        self.lines: deque[tuple[bytes, int]] = deque()  # whole lines not yet taken, and
-        # when the bytes that ended each arrived
-        self.tail: list[bytes] = []  # the pieces of a line not yet ended
+    def __init__(self, pool: Pool, conn: Connection, reply: Reply):
+        self.pool, self.conn, self.reply = pool, conn, reply
+        self.status, self.headers = reply.status, reply.headers
+        token = reply.headers.get("connection", "").lower()
+        self.keep_alive = ("close" not in token if reply.version == "HTTP/1.1"
+                           else "keep-alive" in token)
         self.line_ns = 0  # when the line readline returned last arrived
         self.kept = False
 
-    async def _next(self) -> bytes:
-        """The body's next bytes as they came, b"" at its end."""
-        if self.done:
-            return b""
-        reader = self.conn.reader
-        try:
-            if self.framing == CHUNKED:
-                line = await read_line(reader)
-                token = line.split(b";", 1)[0].strip()  # its extensions ignored
-                if not CHUNK_SIZE.fullmatch(token):
-                    raise http.client.HTTPException(
-                        f"a chunk of the reply has no size: {line[:100]!r}")
-                if not (size := int(token, 16)):
-                    while (await read_line(reader)).strip():  # the trailer, if any
-                        pass
-                    self.done = True
-                    return b""
-                data = await reader.readexactly(size + 2)  # with its CRLF
-                if data[-2:] != b"\r\n":
-                    raise http.client.HTTPException("a chunk of the reply is longer than its size")
-                return data[:-2]
-            if self.framing == SIZED:
-                data = await reader.read(min(self.left, READ_BLOCK))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", self.left)
-                self.left -= len(data)
-                self.done = not self.left
-                return data
-            data = await reader.read(READ_BLOCK)
-            self.done = not data
-            return data
-        except asyncio.IncompleteReadError:
-            raise ConnectionResetError("the server closed the connection mid-reply") from None
-
-    def _feed(self, data: bytes, arrived_ns: int) -> None:
-        """data split into lines: each byte is looked at once, however much is buffered."""
-        *ended, rest = data.split(b"\n")
-        if ended:
-            self.tail.append(ended[0])
-            self.lines.append((b"".join(self.tail) + b"\n", arrived_ns))
-            self.lines.extend((line + b"\n", arrived_ns) for line in ended[1:])
-            self.tail = []
-        if rest:
-            self.tail.append(rest)
+    async def _more(self) -> None:
+        """Until the reply has more (it raises what broke it once what came first is read)."""
+        if self.reply.error is not None:
+            raise self.reply.error
+        await self.conn.more()
 
     async def readline(self) -> bytes:
         """The body's next line with its b"\\n" (the last one maybe without), b"" at its end;
         line_ns says when it arrived, stamped as its bytes came, before anything parses them."""
-        while not self.lines:
-            if not (data := await self._next()):
-                line, self.tail = b"".join(self.tail), []
+        reply = self.reply
+        while not reply.lines:
+            if reply.done:
+                line, reply.tail, reply.held = b"".join(reply.tail), [], 0
                 return line
-            self._feed(data, time.monotonic_ns())
-        line, self.line_ns = self.lines.popleft()
+            await self._more()
+        line, self.line_ns = reply.lines.popleft()
+        reply.held -= len(line)
         return line
 
     async def read(self, limit: int) -> bytes:
         """Up to limit bytes of the body (fewer at its end)."""
-        pieces = [*(line for line, _ in self.lines), *self.tail]
-        self.lines.clear()
-        self.tail = []
-        size = sum(map(len, pieces))
-        while size < limit and (data := await self._next()):
-            pieces.append(data)
-            size += len(data)
-        data = b"".join(pieces)
-        self._feed(data[limit:], time.monotonic_ns())
+        while self.reply.held < limit and not self.reply.done:
+            await self._more()
+        data = self.reply.take()
+        self.reply.put(data[limit:], time.monotonic_ns())
         return data[:limit]
 
     def keep(self) -> None:
@@ -183,10 +150,11 @@ class Response:
         keep it alive (a kept reply's rest read first, in the background); else closed."""
         if self.conn is None:
             return
-        reusable = self.keep_alive and self.framing != TO_CLOSE
-        if reusable and self.done and not (self.lines or self.tail):
+        reusable = self.keep_alive and self.reply.framing != TO_CLOSE
+        if reusable and self.reply.done and not self.reply.held:
+            self.conn.reply = None
             self.pool.put(self.conn)
-        elif reusable and self.kept and not self.done:
+        elif reusable and self.kept and not self.reply.done:
             self.pool.finish(self)
             return
         else:
@@ -196,16 +164,17 @@ class Response:
     async def finish(self) -> None:
         """Reads what is left of the body, then releases it; closed if that fails, takes
         longer than FINISH_S or is cancelled (the sender's end)."""
+        self.reply.discard = True
+        self.reply.take()
         try:
             async with asyncio.timeout(FINISH_S):
-                while await self._next():
-                    pass
-        except (OSError, http.client.HTTPException):  # TimeoutError is an OSError
+                while not self.reply.done:
+                    await self._more()
+        except OSError:  # TimeoutError is an OSError
             pass
         finally:
-            self.lines.clear()
-            self.tail = []
-            self.kept = self.kept and self.done
+            self.reply.take()
+            self.kept = self.kept and self.reply.done and self.reply.error is None
             self.release()
 
 
@@ -221,6 +190,7 @@ class Pool:
         self.port = parts.port or (443 if self.tls else 80)
         self.authority = parts.netloc.rpartition("@")[2]  # never a URL's user:password
         self.connect_s = connect_s
+        self.scratch = memoryview(bytearray(READ_SIZE))  # every connection's reads, in turn
         self.idle: list[Connection] = []
         self.finishing: dict[asyncio.Task, Response] = {}
         self.closed = False
@@ -235,15 +205,16 @@ class Pool:
         return await self._open(), False
 
     async def _open(self) -> Connection:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_s):
-                reader, writer = await asyncio.open_connection(
-                    self.host, self.port, ssl=self.tls, limit=LINE_LIMIT,
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self.scratch), self.host, self.port, ssl=self.tls,
                     server_hostname=self.host if self.tls else None)
         except TimeoutError:  # not the request's own deadline
             raise ConnectionError(f"no connection to {self.authority} within "
                                   f"{self.connect_s:g} s") from None
-        return Connection(reader, writer)
+        return conn
 
     def put(self, conn: Connection) -> None:
         if self.closed or not conn.usable:
@@ -280,42 +251,18 @@ class Pool:
         return await self._exchange(await self._open(), data)
 
     async def _exchange(self, conn: Connection, data: bytes) -> Response:
+        reply = Reply()
+        conn.begin(reply)
         try:
-            conn.writer.write(data)
-            try:
-                await conn.writer.drain()
-            except (ConnectionResetError, BrokenPipeError) as exc:
-                raise NotServed(f"the connection was reset before a reply: {exc}") from None
-            status, version = await self._status(conn.reader, first=True)
-            while True:
-                fields = await self._headers(conn.reader)
-                if not 100 <= status < 200:
-                    break
-                status, version = await self._status(conn.reader, first=False)
-            token = fields.get("connection", "").lower()
-            keep_alive = "close" not in token if version == "HTTP/1.1" else "keep-alive" in token
-            return Response(self, conn, status, fields, keep_alive)
+            conn.transport.write(data)
+            while not reply.head_read:
+                await conn.more()
+            if reply.error is not None:
+                raise reply.error
+            return Response(self, conn, reply)
         except BaseException:
             conn.close()
             raise
-
-    @staticmethod
-    async def _status(reader: asyncio.StreamReader, first: bool) -> tuple[int, str]:
-        line = await read_line(reader, first)
-        version, _, rest = line.decode("latin-1").strip().partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise http.client.BadStatusLine(line[:100].decode("latin-1"))
-        return int(code), version
-
-    @staticmethod
-    async def _headers(reader: asyncio.StreamReader) -> dict[str, str]:
-        fields: dict[str, str] = {}
-        while line := (await read_line(reader)).strip():
-            name, _, value = line.decode("latin-1").partition(":")
-            name, value = name.strip().lower(), value.strip()
-            fields[name] = f"{fields[name]}, {value}" if name in fields else value
-        return fields
 
     async def close(self) -> None:
         """Every idle connection closed, and those still finishing a reply."""
