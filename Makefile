@@ -195,8 +195,15 @@ lab-vs-vllm: install $(VLLM_STAMP)
 bench-engine: install
 	$(PY) -m server.tools.bench_engine
 
-bench-loadgen: install
+# The native streaming mock the events/s sweep measures against (loadgen/events_bench/sse_mock.c)
+MOCK := .build/sse_mock
+$(MOCK): loadgen/events_bench/sse_mock.c
+	mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -o $@ $< -lm
+
+bench-loadgen: install $(MOCK)
 	$(PY) -m loadgen.bench_loadgen
+	$(PY) -m loadgen.events_bench.sweep
 
 # The load generators bench-loadgen sets beside ours at rest (loadgen/bench_peers.py), each in an
 # environment of its own under .venv-peers/ (their pins are not ours), from PyPI

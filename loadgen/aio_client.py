@@ -90,10 +90,11 @@ class AioSender:
         """The SLA search's START or CUT of a probe (loadgen/sla/part.py), for its schedule."""
         self._send({"sla": kind, **data})
 
-    def start(self, start_ns: int) -> None:
-        """The schedule's time zero."""
+    def start(self, start_ns: int, end_ns: int | None = None) -> None:
+        """The schedule's time zero, and its end where it is known ahead (-t): the sender
+        sends nothing due after it, however late it hears of the stop."""
         self.started = True
-        self._send({"start_ns": start_ns})
+        self._send({"start_ns": start_ns, "end_ns": end_ns})
 
     def _read(self) -> None:
         ended = False

@@ -7,8 +7,9 @@ sends the schedule and timestamps every message itself. Its parent (loadgen/aio_
 writes one JSON job line to its stdin ({"config": the settings, flat, "workers", "index"}) as
 the run is set up; once the target's client is imported and connected the sender answers
 {"ready": true}, and the parent starts the schedule with a line of its time zero
-({"start_ns"}); at the end of a finite schedule (a trace) it writes {"schedule_over": true}. It
-reads one JSON line per finished request from its stdout, and writes
+({"start_ns"}, with "end_ns" where -t set the schedule's end: nothing due after it is sent,
+however late the stop's line comes); at the end of a finite schedule (a trace) it writes
+{"schedule_over": true}. It reads one JSON line per finished request from its stdout, and writes
 {"stop_ns"} to end the schedule at that time (arrivals due by then that were not sent are
 counted: loadgen/traffic/dispatch.py); the sender then drains for drain_s, cuts off what is left,
 reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvloop
+
 from loadgen.recording.cpu import CpuClock
 from loadgen.recording.loop_lag import asyncio_probe
 from loadgen.sla.part import CUT, JUDGE_S, SAMPLE, START, ProbePart
@@ -50,6 +53,9 @@ from records.load_settings.choices import Mode
 
 SPIN_S = 0.0015
 SPIN_RATE = 50.0  # requests/s a sender, at most, where its sends are spun into: 7.5% of a core
+# a send this late says the sender is behind: the next goes out without a turn of the loop
+# between them (a turn reads every stream that has data: at 50k events/s, milliseconds)
+BEHIND_NS = 1_000_000
 
 
 async def main() -> None:
@@ -81,8 +87,10 @@ async def main() -> None:
     try:
         line = await reader.readline()
         if line.strip():  # else the run ended before it began
-            await Sender(settings, workload, target, conn, count, transport, spin_s, part).run(
-                json.loads(line)["start_ns"], reader, schedule)
+            times = json.loads(line)
+            sender = Sender(settings, workload, target, conn, count, transport, spin_s, part)
+            sender.end_ns = times.get("end_ns")
+            await sender.run(times["start_ns"], reader, schedule)
     finally:
         await target.aclose(conn)
 
@@ -103,6 +111,8 @@ class Sender:
     offered: Offered = field(default_factory=Offered)  # what the requests sent asked for
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     stopped_ns: int | None = None  # the run's stop, as the parent timed it
+    behind: bool = False  # the last send was late by more than BEHIND_NS
+    end_ns: int | None = None  # the schedule's end, where the parent knew it ahead (-t)
 
     def emit(self, data: dict) -> None:
         """One JSON line to the parent: buffered by the loop, never blocks."""
@@ -171,14 +181,18 @@ class Sender:
 
     async def until(self, due_ns: int | None) -> None:
         """Until due_ns, its last SPIN_S spun (see main); None: the request just handed over
-        goes out first."""
+        goes out first, unless the sender is behind (its requests then go out together, in
+        order, at the loop's next turn)."""
         if due_ns is None:
-            await asyncio.sleep(0)
+            if not self.behind:
+                await asyncio.sleep(0)
             return
         delay_s = (due_ns - time.monotonic_ns()) / 1e9
         if delay_s > self.spin_s:
             await asyncio.sleep(delay_s - self.spin_s)
-        while self.spin_s and time.monotonic_ns() < due_ns and not self.stopped.is_set():
+        # spun to its time, never before it: uvloop's timers count whole milliseconds from the
+        # loop's time at its turn's start, so they can fire early
+        while time.monotonic_ns() < due_ns and not self.stopped.is_set():
             await asyncio.sleep(0)
 
     # loadgen/traffic/dispatch.py's Sends
@@ -190,6 +204,7 @@ class Sender:
 
     def send(self, built: tuple[RequestSpec, StreamResult], due_ns: int) -> None:
         spec, r = built
+        self.behind = time.monotonic_ns() - due_ns > BEHIND_NS
         task = asyncio.create_task(astream_request(self.target, self.conn, spec, r,
                                                    self.settings.sender.request_timeout_s,
                                                    self.count))
@@ -201,6 +216,9 @@ class Sender:
         return len(self.tasks)
 
     def stop_ns(self) -> int | None:
+        """The stop the parent sent; before it comes, the schedule's end once it has passed."""
+        if self.stopped_ns is None and self.end_ns and time.monotonic_ns() >= self.end_ns:
+            return self.end_ns
         return self.stopped_ns
 
 
@@ -240,4 +258,4 @@ if __name__ == "__main__":
     # Ctrl-C reaches the terminal's whole process group: the parent ends the run, which stops
     # this process by its pipe, so what it holds is reported rather than lost
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(main())
+    uvloop.run(main())

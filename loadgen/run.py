@@ -130,9 +130,11 @@ class Run:
         if self.scraping is not None and self.scraping.urls:  # its counters before any request
             self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns, self.recorder.start_unix_s = time.monotonic_ns(), time.time()
-        if self.run_time_s:  # the sender's start-up and the first scrape do not count against -t
+        end_ns = self.start_ns + int(self.run_time_s * 1e9) if self.run_time_s else None
+        if end_ns:  # the sender's start-up and the first scrape do not count against -t
             gevent.spawn_later(self.run_time_s, self.end,
-                               f"--run-time limit reached ({self.run_time_s:g} s of schedule)")
+                               f"--run-time limit reached ({self.run_time_s:g} s of schedule)",
+                               end_ns)
         self.mode.begin(self)
         if self.expert_recorder is not None:  # over the measured window only
             self.expert_recorder.starting = gevent.spawn_later(
@@ -140,7 +142,7 @@ class Run:
         if self.aio is not None:
             if self.aio.died:  # before its first send: the schedule never starts
                 self.recorder.stop_ns = self.start_ns
-            self.aio.start(self.start_ns)
+            self.aio.start(self.start_ns, end_ns)
 
     @property
     def stopping(self) -> bool:
@@ -186,12 +188,14 @@ class Run:
         self.stop()
         self.request_stop()
 
-    def end(self, why: str) -> None:
+    def end(self, why: str, at_ns: int | None = None) -> None:
         """The run ends (its drain follows), as Locust's -t would end it: the trace is replayed,
-        or -t's schedule is over."""
+        or -t's schedule is over (at_ns: its end, which the sender was told as it began)."""
         if not self.stopping:
             log.info("%s: ending the run", why)
-            self.stop()
+            if at_ns is not None:  # a timer that fired early waits for it
+                gevent.sleep(max(0.0, (at_ns - time.monotonic_ns()) / 1e9))
+            self.stop(at_ns)
             self.request_stop()
 
     def send_request(self, conn, spec: RequestSpec,
@@ -230,10 +234,11 @@ class Run:
         self.mode.observe(result)
         self.on_result(result, timing)
 
-    def stop(self) -> None:
-        """Ends the schedule: no request is sent after this moment."""
+    def stop(self, at_ns: int | None = None) -> None:
+        """Ends the schedule: no request is sent after this moment (at_ns: the end -t set,
+        now or just past)."""
         if self.stop_ns is None:
-            self.recorder.stop_ns = time.monotonic_ns()
+            self.recorder.stop_ns = at_ns or time.monotonic_ns()
             if self.aio is not None:
                 self.aio.stop(self.stop_ns)
             self.mode.stop()
