@@ -31,7 +31,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,9 +148,8 @@ class Sender:
         lags = LagLines(self.emit)
         probe = asyncio.create_task(asyncio_probe(lags.add))
         tally = SendCounts()
-        for due_ns in dispatch(schedule, start_ns, self.settings.sender.max_in_flight, self,
-                               tally):
-            await self.until(due_ns)
+        await Paced(dispatch(schedule, start_ns, self.settings.sender.max_in_flight, self,
+                             tally), self).run()
         if not self.stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops
             self.emit({"schedule_over": True})
         await watcher
@@ -179,22 +178,6 @@ class Sender:
             self.emit({SAMPLE: {"worker": 0, **sample.to_message()}})
             await asyncio.sleep(JUDGE_S)
 
-    async def until(self, due_ns: int | None) -> None:
-        """Until due_ns, its last SPIN_S spun (see main); None: the request just handed over
-        goes out first, unless the sender is behind (its requests then go out together, in
-        order, at the loop's next turn)."""
-        if due_ns is None:
-            if not self.behind:
-                await asyncio.sleep(0)
-            return
-        delay_s = (due_ns - time.monotonic_ns()) / 1e9
-        if delay_s > self.spin_s:
-            await asyncio.sleep(delay_s - self.spin_s)
-        # spun to its time, never before it: uvloop's timers count whole milliseconds from the
-        # loop's time at its turn's start, so they can fire early
-        while time.monotonic_ns() < due_ns and not self.stopped.is_set():
-            await asyncio.sleep(0)
-
     # loadgen/traffic/dispatch.py's Sends
 
     def build(self, index: int, due_ns: int) -> tuple[RequestSpec, StreamResult]:
@@ -220,6 +203,57 @@ class Sender:
         if self.stopped_ns is None and self.end_ns and time.monotonic_ns() >= self.end_ns:
             return self.end_ns
         return self.stopped_ns
+
+
+class Paced:
+    """A dispatch (loadgen/traffic/dispatch.py) stepped from the loop's own callbacks: a timer
+    that falls due sends in its own turn of the loop, where a task it woke would send a turn
+    later, and each turn reads every stream that has data (at 25k events/s, milliseconds).
+    The last SPIN_S before a send is spun (see main), and a send never goes before its time:
+    uvloop's timers count whole milliseconds from the loop's time at its turn's start, so
+    they can fire early. After a send the next step waits a turn, so the request goes out
+    before the next is built, unless the sender is behind: its requests then go out together,
+    in order, at the next turn."""
+
+    def __init__(self, steps: Iterator[int | None], sender: Sender):
+        self.steps, self.sender = steps, sender
+        self.loop = asyncio.get_running_loop()
+        self.over = self.loop.create_future()
+        self.due_ns: int | None = None  # the time being waited for
+
+    async def run(self) -> None:
+        self.step()
+        await self.over
+
+    def step(self) -> None:
+        try:
+            if self.due_ns is not None and self.wait():
+                return
+            for due_ns in self.steps:
+                if due_ns is None:
+                    if not self.sender.behind:
+                        self.loop.call_soon(self.step)
+                        return
+                elif self.wait(due_ns):
+                    return
+        except BaseException as exc:  # a bug: the run fails with it, not silently
+            self.over.set_exception(exc)
+            return
+        self.over.set_result(None)
+
+    def wait(self, due_ns: int | None = None) -> bool:
+        """Whether there is still time to wait until due_ns (the last one when None): a
+        timer, or the next turn where the time is spun."""
+        due_ns = self.due_ns = due_ns or self.due_ns
+        left_s = (due_ns - time.monotonic_ns()) / 1e9
+        if left_s <= 0 or self.sender.stopped.is_set():
+            self.due_ns = None
+            return False
+        if left_s > self.sender.spin_s:
+            self.loop.call_later(left_s - self.sender.spin_s, self.step)
+        else:
+            self.loop.call_soon(self.step)
+        return True
 
 
 class LagLines:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadgen.recording.limits import SPOILS
 from records.jsonform import dumps
 from records.summary import SlaResult, Stats, Summary
 
@@ -39,6 +40,8 @@ def print_summary(summary: Summary, run_dir: Path) -> None:
                 "tpot_p99_ms": None if searched else m["tpot_ms"].p99,
                 "output_tokens_per_s": t.output_tokens_per_s,
                 "sent": r.sent, "ok": r.ok, "failed": r.failed}
+    if limited := summary.generator.limited:  # the figures that measure the generator
+        headline["generator_limited"] = sorted(limited)
     if searched:
         headline |= print_sla(summary.sla)
     print(dumps(headline))
@@ -48,10 +51,14 @@ def print_latency(summary: Summary) -> None:
     """The run's latency percentiles, per class and per turn where it has them, and the share
     of requests meeting each objective."""
     m = summary.metrics
+    spoilt = {name: figure for figure in summary.generator.limited for name in SPOILS[figure]}
     print(f"{'ms':<14}{'count':>8}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for name in ROWS:
         s = m[f"{name}_ms"]
-        if s.count:
+        if s.count and name in spoilt:  # no figure of the generator's read as the server's
+            print(f"{name:<14}{s.count:>8}  generator-limited ({spoilt[name].upper()}, see "
+                  "WARNING below): not a measurement of the server")
+        elif s.count:
             print(f"{name:<14}{s.count:>8}{s.p50:>10.1f}{s.p90:>10.1f}{s.p99:>10.1f}{s.max:>10.1f}")
         else:
             print(f"{name:<14}{0:>8}  no samples")

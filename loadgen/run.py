@@ -110,6 +110,7 @@ class Run:
         self.mode = parts.mode
         self._schedule = SharedSchedule(self.mode.arrivals())
         self._begun = False
+        self.end_ns: int | None = None  # -t's end of the schedule, known as it begins
         self._place = (workers, index)
         self.failure: str | None = None  # why the run failed, where a part of it died
         self.aio = (AioSender(self._record, settings, workers, index, self.recorder.loop_lag,
@@ -130,7 +131,8 @@ class Run:
         if self.scraping is not None and self.scraping.urls:  # its counters before any request
             self.scraping.ready.wait(SCRAPE_READY_S)
         self.recorder.start_ns, self.recorder.start_unix_s = time.monotonic_ns(), time.time()
-        end_ns = self.start_ns + int(self.run_time_s * 1e9) if self.run_time_s else None
+        end_ns = self.end_ns = (self.start_ns + int(self.run_time_s * 1e9) if self.run_time_s
+                                else None)
         if end_ns:  # the sender's start-up and the first scrape do not count against -t
             gevent.spawn_later(self.run_time_s, self.end,
                                f"--run-time limit reached ({self.run_time_s:g} s of schedule)",
@@ -362,4 +364,9 @@ class UserSends:
         return len(self.run.inflight)
 
     def stop_ns(self) -> int | None:
+        """The run's stop; before it comes, -t's end once it has passed (the greenlet that
+        stops the run may not have run yet)."""
+        end_ns = self.run.end_ns
+        if self.run.stop_ns is None and end_ns is not None and time.monotonic_ns() >= end_ns:
+            return end_ns
         return self.run.stop_ns

@@ -129,6 +129,9 @@ class Generator:
     # what the figures rest on, for a reader to know (how tokens were counted, what a trace
     # held); runs from before it kept these among the warnings
     notes: list[str] = field(default_factory=list, omit=[])
+    # figure ("ttft", "itl") -> from when and why the generator, not the server, limited it
+    # (loadgen/recording/limits.py); its warnings say so too
+    limited: dict[str, str] = field(default_factory=dict, omit={})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,10 +85,12 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
 
 def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
     class Seen(OpenAITarget):
-        async def astream(self, conn, spec, timeout_s):
-            async for chunk in super().astream(conn, spec, timeout_s):
+        async def apush(self, conn, spec, timeout_s, on_chunk):
+            def seen(chunk):
                 self.chunks.append(chunk)
-                yield chunk
+                return on_chunk(chunk)
+
+            await super().apush(conn, spec, timeout_s, seen)
 
     target = Seen(build(LoadSettings, {}).target)
     target.chunks = []

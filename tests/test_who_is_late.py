@@ -136,6 +136,11 @@ def test_only_a_generator_that_is_late_itself_is_accused(tmp_path, starved):
     assert generator.fired is starved, generator.verdict
     loop = run.summary.metrics["loop_lag_ms"]
     assert (loop.p99 > 20) is starved
+    # the figures it spoilt are named, in summary.json and in the run's last line
+    assert bool(run.summary.generator.limited) is starved, run.summary.generator.limited
+    headline = json.loads(next(line for line in reversed(done.stdout.splitlines())
+                               if line.startswith('{"run_dir"')))
+    assert ("generator_limited" in headline) is starved, headline
     write = delivery_split(run).write
     assert write is not None and write.count >= 100  # the server's own account, every message
 

@@ -48,6 +48,18 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
                         "--max-in-flight (the server is not keeping up with the offered "
                         "rate), or due before the run stopped and not reached by then (the "
                         "load generator behind its schedule)")
+    warnings += count_warnings(rec)
+    limited = rec.limits.limited()
+    return Generator(late_sends=rec.late_sends, late_threshold_ms=LATE_SEND_MS,
+                     cpu_percent=cpu.used_percent, client=client, limited=limited,
+                     warnings=warnings + limited_warnings(limited, more),
+                     cpu_wait_percent=cpu.waited_percent)
+
+
+def count_warnings(rec: Recorder) -> list[str]:
+    """What the recorder counted that makes the figures suspect: lengths other than asked,
+    values clamped."""
+    warnings = []
     if rec.off_length:
         warnings.append(f"{rec.off_length} of {rec.statuses['OK']} ok requests got another "
                         "output length than --max-tokens asked (the server's usage says so): "
@@ -58,9 +70,13 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
     if clamped:
         warnings.append(f"{clamped} latency values fell outside the histogram range "
                         "and were clamped")
-    return Generator(late_sends=rec.late_sends, late_threshold_ms=LATE_SEND_MS,
-                     cpu_percent=cpu.used_percent, warnings=warnings, client=client,
-                     cpu_wait_percent=cpu.waited_percent)
+    return warnings
+
+
+def limited_warnings(limited: dict[str, str], more: str) -> list[str]:
+    """A warning for each figure the generator limited (loadgen/recording/limits.py)."""
+    return [f"{figure.upper()} is generator-limited {why}: it measures the load generator, not "
+            f"the server; {more}" for figure, why in limited.items()]
 
 
 def cpu_warnings(cpu: GeneratorCpu) -> list[str]:

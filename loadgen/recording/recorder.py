@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from loadgen.recording import slo as objectives
 from loadgen.recording.groups import Groups
 from loadgen.recording.histograms import Histogram
+from loadgen.recording.limits import GeneratorLimits
 from loadgen.recording.timing import StreamTiming, stream_timing
 from loadgen.targets.client import StreamResult
 from records.jsonform import from_json, to_json
@@ -91,6 +92,7 @@ class Recorder:
     reasoned: Counter = field(default_factory=Counter)
     reasoning_times: dict[str, Histogram] = field(
         default_factory=lambda: {"ttfr": Histogram(), "ttfa": Histogram()})
+    limits: GeneratorLimits = field(default_factory=GeneratorLimits)  # where the generator was the limit
 
     @classmethod
     def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
@@ -138,6 +140,7 @@ class Recorder:
             return None
         if lag_us is not None:
             self.record("send_lag", lag_us)
+            self.limits.send(self.second(result.sent_ns), lag_us)
         if timing is None:
             return None
         self.record_timing(result, timing, checks)
@@ -153,6 +156,7 @@ class Recorder:
         for name in ("ttft", "ttft_service", "e2e", "e2e_service"):
             self.record(name, getattr(timing, f"{name}_us"))
         self.record_all("itl", timing.itl_us)
+        self.limits.gaps(self.second(result.recv_ns[-1]), timing.itl_us)
         self.record_all("itl_token", timing.itl_token_us)
         # the sub-microsecond rounding below zero is 0, not a clamped value
         self.record_all("delivery_lag", [max(lag, 0) for lag in timing.delivery_lag_us])
@@ -197,7 +201,7 @@ class Recorder:
             "classes": self.classes.export(), "turns": self.turns.export(),
             "session_ends": dict(self.session_ends), "session_turns": dict(self.session_turns),
             "session_duration": [self.session_duration.encode(), self.session_duration.clamped],
-            **{k: getattr(self, k) for k in MERGED_COUNTS},
+            "limits": self.limits.export(), **{k: getattr(self, k) for k in MERGED_COUNTS},
         }
 
     def absorb(self, part: dict) -> None:
@@ -212,6 +216,7 @@ class Recorder:
         self.session_turns.update(part["session_turns"])
         self.session_duration.merge(*part["session_duration"])
         self.slo_met.update(part["slo_met"])
+        self.limits.absorb(part["limits"])
         room = self.max_rows - len(self.rows)
         self.rows.extend(from_json(RequestRow, row, "a worker's row")
                          for row in part["rows"][:room])
@@ -223,6 +228,11 @@ class Recorder:
         """One wake of the event-loop probe (loadgen/recording/loop_lag.py), in the window."""
         if self.in_window(t_ns):
             self.record("loop_lag", late_us)
+            self.limits.wake(self.second(t_ns), late_us)
+
+    def second(self, t_ns: int) -> int:
+        """The second of the run t_ns falls in."""
+        return (t_ns - self.start_ns) // 1_000_000_000
 
     def record(self, metric: str, value_us: float) -> None:
         """Into the run's histogram and the current interval's."""

@@ -142,8 +142,20 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
 
 async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
                           timeout_s: float, count: Counter) -> None:
-    """stream_request on asyncio (the aio sender)."""
+    """stream_request on asyncio (the aio sender): through the target's apush where it has
+    one (each message handled as its read arrives), else its astream."""
     result.sent_ns = time.monotonic_ns()
+    if (push := getattr(target, "apush", None)) is not None:
+        def on_chunk(chunk: Chunk) -> bool:
+            result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
+            return result.cancels(spec)
+
+        try:
+            await push(conn, spec, timeout_s, on_chunk)
+        except Exception as exc:  # as stream_request
+            result.status, result.details = target.failure(exc)
+        result.close(count)
+        return
     stream = target.astream(conn, spec, timeout_s)
     try:
         async for chunk in stream:

@@ -45,9 +45,12 @@ class Connection(asyncio.BufferedProtocol):
         self.reply: Reply | None = None
         self.closed = False
         self.waiter: asyncio.Future | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # kept: asyncio.get_running_loop() asks the kernel for the process id each call
+        self.loop = asyncio.get_running_loop()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.scratch
@@ -76,7 +79,7 @@ class Connection(asyncio.BufferedProtocol):
         """Until the next read, or the connection's end."""
         if self.closed:
             return
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.loop.create_future()
         try:
             await self.waiter
         finally:
@@ -139,6 +142,21 @@ class Response:
         data = self.reply.take()
         self.reply.put(data[limit:], time.monotonic_ns())
         return data[:limit]
+
+    async def consume(self, sink) -> bool:
+        """Hands each line of the body to sink(line, arrived_ns) in the read that brought it,
+        no task woken a line, until sink returns True (then True) or the body ends (False)."""
+        reply = self.reply
+        reply.sink = sink
+        reply.to_sink()  # what was held already
+        while not (reply.stopped or reply.done):
+            await self._more()
+        if reply.error is not None and not reply.stopped:
+            raise reply.error
+        if not reply.stopped and reply.tail:  # its last line, without an end
+            line, reply.tail, reply.held = b"".join(reply.tail), [], 0
+            reply.stopped = sink(line, self.line_ns)
+        return reply.stopped
 
     def keep(self) -> None:
         """The caller is done with the body: release reads the rest of it for the connection's

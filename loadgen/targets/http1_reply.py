@@ -3,7 +3,8 @@ each read to the reply being read (Reply.feed) inside the event loop's read call
 with the time it arrived, before any coroutine runs. Status line, headers and the body's
 framing (Transfer-Encoding: chunked, Content-Length, or to the connection's close) are parsed
 there; the body comes out as lines, each stamped with the read that completed it, so a read
-holding several events times them all alike and costs one clock read.
+holding several events times them all alike and costs one clock read. A reader that takes
+the lines as they come (a sink) gets them there too, with no coroutine woken a line.
 
 Failures are OSErrors (closed or reset mid-reply: ConnectionResetError; NotServed where no byte
 of the reply came) or http.client's HTTPExceptions (bytes that are not an HTTP/1.x reply),
@@ -15,6 +16,7 @@ from __future__ import annotations
 import http.client
 import re
 from collections import deque
+from collections.abc import Callable
 
 LINE_LIMIT = 1024 * 1024  # the longest status, header or chunk-size line read
 CHUNKED, SIZED, TO_CLOSE = "chunked", "sized", "to-close"
@@ -51,6 +53,10 @@ class Reply:
         self.tail: list[bytes] = []  # the pieces of a line not yet ended
         self.held = 0  # bytes in lines and tail
         self.discard = False  # the body is read only to reach its end: its lines dropped
+        # where set, each whole line goes to it as its read arrives (Response.consume); it
+        # returns True to stop: the rest of the body is not read
+        self.sink: Callable[[bytes, int], bool] | None = None
+        self.stopped = False
         self.error: BaseException | None = None
 
     @property
@@ -64,11 +70,12 @@ class Reply:
 
     def feed(self, unread: bytearray, arrived_ns: int, received: int) -> None:
         """Decodes what unread holds (received: the bytes the read added); what it took is
-        deleted from it. A reply that is not HTTP keeps its error for the reader."""
+        deleted from it. A reply that is not HTTP, or a line its sink refused, keeps its error
+        for the reader."""
         self.got += received
         try:
             taken = self._decode(unread, arrived_ns)
-        except http.client.HTTPException as exc:
+        except Exception as exc:  # http.client.HTTPException, or the sink's own
             self.error, taken = exc, len(unread)
         del unread[:taken]
 
@@ -147,7 +154,7 @@ class Reply:
 
     def _body_bytes(self, data: bytes, arrived_ns: int) -> None:
         """data split into lines: each byte is looked at once, however much is held."""
-        if self.discard:
+        if self.discard or self.stopped:
             return
         self.held += len(data)
         *ended, rest = data.split(b"\n")
@@ -158,6 +165,16 @@ class Reply:
             self.tail = []
         if rest:
             self.tail.append(rest)
+        if self.sink is not None:
+            self.to_sink()
+
+    def to_sink(self) -> None:
+        """The whole lines held, to the sink, until it says stop."""
+        lines = self.lines
+        while lines and not self.stopped:
+            line, arrived_ns = lines.popleft()
+            self.held -= len(line)
+            self.stopped = self.sink(line, arrived_ns)
 
     def take(self) -> bytes:
         """Every body byte held, lines and tail, taken."""

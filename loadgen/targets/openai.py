@@ -26,7 +26,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from loadgen.targets.credentials import Credentials
 from loadgen.targets.http1 import READ_BLOCK, Pool
@@ -199,8 +199,9 @@ class OpenAITarget:
               arrived_ns: int) -> Chunk:
         """event (data, parsed), its first choice and the part of it holding the text (a
         completion's choice, a chat delta or message) as a Chunk."""
-        usage = event.get("usage") or {}
-        counts = {k: usage[k] for k in USAGE_KEYS if isinstance(usage.get(k), int)}
+        usage = event.get("usage")
+        counts = {k: usage[k] for k in USAGE_KEYS
+                  if isinstance(usage.get(k), int)} if usage else {}
         elapsed = event.get("server_elapsed_us", 0)
         routed = data if self.reads_routing and carries_routing(event, choice) else ""
         if choice is None:
@@ -317,6 +318,37 @@ class OpenAITarget:
                 while not reader.done and (line := await response.readline()):
                     if (chunk := reader.line(line, response.line_ns)) is not None:
                         yield chunk
+                reader.finish()
+                response.keep()
+            finally:
+                response.release()
+
+    async def apush(self, conn: Pool, spec: RequestSpec, timeout_s: float,
+                    on_chunk: Callable[[Chunk], bool]) -> None:
+        """astream with each message handed to on_chunk as its read arrives, in the
+        connection's read callback (no task woken a message: a third of an event's cost, docs/
+        design.md); on_chunk returns True to leave the stream (the client cancels)."""
+        async with asyncio.timeout(timeout_s):
+            response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
+                                          self.body(spec))
+            try:
+                status, whole = response.status, self.whole(spec)
+                self.check_reply(status, response.headers.get("content-type", ""),
+                                 await response.read(ERROR_BODY) if status != 200 else b"",
+                                 whole)
+                if whole:
+                    data = await response.read(WHOLE_BODY)
+                    on_chunk(self.whole_chunk(data, time.monotonic_ns()))
+                    response.keep()
+                    return
+                reader = Reader(self)
+
+                def line(raw: bytes, arrived_ns: int) -> bool:
+                    chunk = reader.line(raw, arrived_ns)
+                    return reader.done or (chunk is not None and on_chunk(chunk))
+
+                if await response.consume(line) and not reader.done:
+                    return  # left by the client: the connection closes
                 reader.finish()
                 response.keep()
             finally:

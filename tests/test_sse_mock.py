@@ -1,0 +1,110 @@
+"""loadgen/events_bench/: the native streaming mock (built here with the machine's C compiler,
+as the Makefile builds it) answers as an OpenAI server streaming with known delays, its truth
+in every event and its account at the end; and the sweep's run measures our generator against
+it, every arrival of the schedule accounted for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from loadgen.events_bench import sweep
+from loadgen.targets.client import StreamResult, astream_request
+from loadgen.targets.openai import OpenAITarget
+from loadgen.targets.target import RequestSpec
+from loadgen.targets.text_tokens import TextCounter
+from records.declare import build
+from records.load_settings import LoadSettings
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+
+
+@pytest.fixture(scope="module")
+def mock_binary(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mock") / "sse_mock"
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", str(out),
+                    str(REPO / "loadgen/events_bench/sse_mock.c"), "-lm"], check=True)
+    return out
+
+
+@contextmanager
+def mock_on(binary: Path, tmp: Path, ttft_ms: float, itl_ms: float):
+    """The mock on a free port: yields (port, the path its account is written to)."""
+    port_file, stats = tmp / "port", tmp / "stats.json"
+    proc = subprocess.Popen([str(binary), "--port", "0", "--port-file", str(port_file),
+                             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+                             "--stats", str(stats)])
+    try:
+        deadline = time.monotonic() + 10
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield int(port_file.read_text()), stats
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def test_the_mock_streams_with_its_delays_and_its_truth_and_accounts_for_them(
+        mock_binary, tmp_path):
+    target = OpenAITarget(build(LoadSettings, {}).target)
+
+    async def main(port: int) -> list[StreamResult]:
+        pool = await target.aconnect(f"127.0.0.1:{port}")
+        results = []
+        for i in range(3):
+            spec = RequestSpec(f"r{i}", 5, prompt_ids=(65, 66))
+            result = StreamResult.of(spec, time.monotonic_ns())
+            await astream_request(target, pool, spec, result, 10, TextCounter(""))
+            results.append(result)
+        await target.aclose(pool)
+        return results
+
+    with mock_on(mock_binary, tmp_path, ttft_ms=20, itl_ms=5) as (port, stats):
+        results = asyncio.run(main(port))
+        assert target.owner == "vllm" and target.model == "mock"  # so token ids are asked for
+    for r in results:
+        assert r.ok and r.tokens == [1] * 5 and r.finish_reason == "length", r.details
+        true_ttft_us = r.usage["ttft_us"]
+        assert 20_000 <= true_ttft_us < 40_000
+        assert (r.recv_ns[0] - r.sent_ns) / 1e3 >= true_ttft_us  # the client sees it later
+        elapsed = r.server_elapsed_us
+        gaps = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
+        assert elapsed[0] == true_ttft_us and all(4_900 < gap < 15_000 for gap in gaps)
+    account = json.loads(stats.read_text())
+    assert (account["requests"], account["events"]) == (3, 15)
+    assert 4_900 < account["itl_us"]["mean"] < 10_000 and account["late_us"]["p50"] < 5_000
+
+
+def test_a_request_it_cannot_read_closes_its_connection_and_it_serves_on(mock_binary, tmp_path):
+    with mock_on(mock_binary, tmp_path, ttft_ms=1, itl_ms=1) as (port, _):
+        with socket.create_connection(("127.0.0.1", port)) as bad:
+            bad.sendall(b"x" * 70_000)  # no end of headers within what it reads
+            try:
+                assert bad.recv(10) == b""  # closed (reset, with bytes it left unread)
+            except ConnectionResetError:
+                pass
+        with socket.create_connection(("127.0.0.1", port)) as good:
+            good.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert good.recv(4096).startswith(b"HTTP/1.1 200 OK")
+
+
+@pytest.mark.slow
+def test_a_sweep_run_measures_our_generator_against_the_mocks_truth(mock_binary, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setattr(sweep, "MOCK", mock_binary)
+    row = sweep.one_run(tmp_path, 1_000, 1, 20, 3.0)
+    assert row["accounted"] and row["sent_percent"] == 100.0, row
+    assert row["scheduled"] > 100
+    assert 0 <= row["ttft_error_p50_ms"] < 20, row  # the mock's truth joined, not its design
+    assert 0 < row["true_itl_sd_ms"] and 0 < row["itl_sd_ms"], row
+    assert row["events_per_s"] > 500 and row["generator_limited"] == {}, row
