@@ -135,9 +135,13 @@ class AioSender:
             self.proc.stdin.flush()
 
     def wait(self, timeout_s: float) -> None:
-        """Until the sender has reported its drain and exited; killed past timeout_s."""
+        """Until the sender has reported its drain and exited; killed once timeout_s passes
+        with no result read (a reader behind a sender that reported much at the stop is still
+        reading them, each to be counted)."""
         if self.started:
-            self.ended.wait(timeout_s)
+            read = -1
+            while not self.ended.wait(timeout_s) and self.results != read:
+                read = self.results
         else:
             self.proc.stdin.close()  # never given a job: it exits on EOF
         try:

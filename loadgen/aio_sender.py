@@ -27,6 +27,7 @@ non-blocking pipe writer, so a slow reader never stalls the sends.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -83,6 +84,9 @@ async def main() -> None:
     spin_s = (SPIN_S if not traffic.trace and part is None
               and traffic.rate / job["workers"] <= SPIN_RATE else 0.0)
     conn = await target.aconnect(sender.host)
+    # what set-up made is never collected again: a full collection then walks only what the
+    # run makes (a saturated process was seen to pause 56 ms in one: docs/measured.md)
+    gc.freeze()
     transport.write(b'{"ready": true}\n')
     try:
         line = await reader.readline()

@@ -162,3 +162,21 @@ def test_users_sharing_a_schedule_that_waits_inside_take_turns():
     assert held.due_by(0, 10 * S) == 0
     user.join()
     assert held.due_by(0, 10 * S) == 5
+
+
+def test_a_request_due_after_the_stop_is_counted_apart_and_nowhere_else():
+    """A sender that heard of the stop late (a distributed worker's) sent one due after it: it
+    is outside the run, so scheduled = sent + not sent still holds, and the run says so."""
+    from loadgen.recording.cpu import GeneratorCpu
+    from loadgen.recording.health import generator_health
+    from loadgen.recording.recorder import Recorder
+    from loadgen.targets.client import StreamResult
+
+    rec = Recorder(0, 0.0)
+    rec.stop_ns = 3 * S
+    for due_ns in (2 * S, 3 * S + 1):
+        rec.add(StreamResult(f"r{due_ns}", due_ns, sent_ns=due_ns, recv_ns=[due_ns + S],
+                             tokens=[1], server_elapsed_us=[0], finish_reason="length"))
+    assert (rec.accounting().sent, rec.after_stop, len(rec.rows)) == (1, 1, 1)
+    warnings = generator_health(rec, GeneratorCpu(5.0)).warnings
+    assert any("1 requests due after the run's stop" in w for w in warnings), warnings

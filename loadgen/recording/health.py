@@ -66,6 +66,10 @@ def count_warnings(rec: Recorder) -> list[str]:
                         "it ended them at end-of-sequence, so the workload is not the one "
                         "asked for (TPOT still holds); use a server that takes ignore_eos "
                         "or min_tokens (--exact-length)")
+    if rec.after_stop:
+        warnings.append(f"{rec.after_stop} requests due after the run's stop were sent before "
+                        "the sender heard of it (a distributed worker, a stop from the web UI): "
+                        "outside the run, not counted in it")
     clamped = sum(h.clamped for h in rec.client.values())
     if clamped:
         warnings.append(f"{clamped} latency values fell outside the histogram range "

@@ -44,8 +44,8 @@ CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2
                   "send_lag", "delivery_lag", "loop_lag")
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
-MERGED_COUNTS = ("not_sent", "late_sends", "warmup", "window_tokens", "window_ok", "window_good",
-                 "slo_judged", "rows_omitted", "off_length", "unstreamed")
+MERGED_COUNTS = ("not_sent", "after_stop", "late_sends", "warmup", "window_tokens", "window_ok",
+                 "window_good", "slo_judged", "rows_omitted", "off_length", "unstreamed")
 
 
 @dataclass
@@ -77,6 +77,9 @@ class Recorder:
     rows_omitted: int = 0
     statuses: Counter = field(default_factory=Counter)
     not_sent: int = 0
+    # sent though due after the stop: a sender that heard of the stop late (a distributed
+    # worker's, a stop from the web UI); outside the run, counted apart and nowhere else
+    after_stop: int = 0
     late_sends: int = 0
     warmup: int = 0
     window_tokens: int = 0  # output tokens received inside the measured window
@@ -92,7 +95,8 @@ class Recorder:
     reasoned: Counter = field(default_factory=Counter)
     reasoning_times: dict[str, Histogram] = field(
         default_factory=lambda: {"ttfr": Histogram(), "ttfa": Histogram()})
-    limits: GeneratorLimits = field(default_factory=GeneratorLimits)  # where the generator was the limit
+    # where the generator was the limit
+    limits: GeneratorLimits = field(default_factory=GeneratorLimits)
 
     @classmethod
     def for_settings(cls, settings: LoadSettings, start_ns: int) -> Recorder:
@@ -109,6 +113,9 @@ class Recorder:
 
     def add(self, result: StreamResult) -> StreamTiming | None:
         """Accounts for a finished request; returns its timing when it is measured and ok."""
+        if self.stop_ns is not None and result.scheduled_ns > self.stop_ns:
+            self.after_stop += 1
+            return None
         self.statuses[result.status] += 1
         done = result.usage.get("completion_tokens")
         self.off_length += bool(result.ok and result.max_tokens and done is not None

@@ -6,7 +6,9 @@ The rule (docs/design.md, "A load-generator run"): every arrival of the schedule
 the run's stop is sent at its time or counted as not sent, exactly once. Not sent: the cap
 (--max-in-flight) was reached as it fell due, or the stop came before the loop reached it
 (a sender that fell behind leaves overdue arrivals: they are counted, not dropped). An
-arrival due after the stop is neither: it was never due in the run.
+arrival due after the stop is neither: it was never due in the run (a sender told of the stop
+after it had passed, a distributed worker's, may have sent one: its recorder counts it apart,
+`after_stop`, and nowhere else).
 
 `dispatch` is a generator free of any event loop: it yields the time each arrival is due, and
 its caller waits until then by its own means (gevent.sleep, asyncio.sleep) and resumes it;
