@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 import gevent
+import orjson
 from gevent import subprocess
 from gevent.event import Event
 
@@ -99,7 +100,7 @@ class AioSender:
     def _read(self) -> None:
         ended = False
         for line in self.proc.stdout:
-            data = json.loads(line)
+            data = orjson.loads(line)  # a third of json's time, a request's line
             if data.get("ready"):
                 self.ready.set()
             elif data.get("schedule_over"):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import uvloop
 
 from loadgen.recording.cpu import CpuClock
@@ -120,7 +121,7 @@ class Sender:
 
     def emit(self, data: dict) -> None:
         """One JSON line to the parent: buffered by the loop, never blocks."""
-        self.transport.write((json.dumps(data) + "\n").encode())
+        self.transport.write(orjson.dumps(data) + b"\n")  # a fifth of json's time
 
     def done(self, task: asyncio.Task) -> None:
         result = self.tasks.pop(task)

@@ -14,7 +14,7 @@ import pytest
 from loadgen.targets.client import StreamResult, astream_request
 from loadgen.targets.http1 import Pool
 from loadgen.targets.openai import OpenAITarget
-from loadgen.targets.target import RequestSpec
+from loadgen.targets.target import RequestSpec, TargetError
 from loadgen.targets.text_tokens import TextCounter
 from records.declare import build
 from records.load_settings import LoadSettings
@@ -325,3 +325,14 @@ def test_a_request_the_server_began_to_answer_is_never_sent_again(after, reset):
     with pytest.raises(ConnectionResetError):
         two_requests(answer_once_then(after, reset, connections))
     assert len(connections) == 1  # no second connection: not retried
+
+
+def test_an_event_only_pythons_json_reads_is_read_and_a_broken_one_fails():
+    """Events parse with orjson, falling back on json where orjson is stricter (NaN, an integer
+    past 64 bits): what a server sends that json reads is never a failure."""
+    target = OpenAITarget(build(LoadSettings, {}).target)
+    chunk = target.chunk_of('{"choices": [{"text": "a", "logprobs": NaN, "finish_reason": null}],'
+                            ' "seed": 123456789012345678901234567890}')
+    assert chunk.text == "a"
+    with pytest.raises(TargetError, match="not JSON"):
+        target.chunk_of('{"choices": [')
