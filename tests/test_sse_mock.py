@@ -77,12 +77,12 @@ def test_the_mock_streams_with_its_delays_and_its_truth_and_accounts_for_them(
         true_ttft_us = r.usage["ttft_us"]
         assert 20_000 <= true_ttft_us < 40_000
         assert (r.recv_ns[0] - r.sent_ns) / 1e3 >= true_ttft_us  # the client sees it later
-        elapsed = r.server_elapsed_us
-        gaps = [b - a for a, b in zip(elapsed, elapsed[1:], strict=False)]
-        assert elapsed[0] == true_ttft_us and all(4_900 < gap < 15_000 for gap in gaps)
+        elapsed = r.server_elapsed_us  # each event's write, never before its time
+        assert elapsed[0] == true_ttft_us
+        assert all(e >= 20_000 + k * 5_000 for k, e in enumerate(elapsed)), elapsed
     account = json.loads(stats.read_text())
     assert (account["requests"], account["events"]) == (3, 15)
-    assert 4_900 < account["itl_us"]["mean"] < 10_000 and account["late_us"]["p50"] < 5_000
+    assert 4_000 < account["itl_us"]["mean"] < 20_000 and account["late_us"]["p50"] < 10_000
 
 
 def test_a_request_it_cannot_read_closes_its_connection_and_it_serves_on(mock_binary, tmp_path):

@@ -23,6 +23,7 @@ http.client's HTTPExceptions (a reply that is not HTTP/1.x).
 from __future__ import annotations
 
 import asyncio
+import http.client
 import ssl
 import time
 from urllib.parse import urlsplit
@@ -188,7 +189,7 @@ class Response:
             async with asyncio.timeout(FINISH_S):
                 while not self.reply.done:
                     await self._more()
-        except OSError:  # TimeoutError is an OSError
+        except (OSError, http.client.HTTPException):  # TimeoutError is an OSError
             pass
         finally:
             self.reply.take()
