@@ -60,15 +60,11 @@ SPIN_RATE = 50.0  # requests/s a sender, at most, where its sends are spun into:
 BEHIND_NS = 1_000_000
 
 
-async def main() -> None:
+async def main(job: dict) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
-    line = await reader.readline()
-    if not line:  # the parent closed the pipe without a job
-        return
-    job = json.loads(line)
     settings = build(LoadSettings, job["config"])
     sender = settings.sender
     workload = Workload(settings)
@@ -293,8 +289,20 @@ async def drain(tasks: dict[asyncio.Task, StreamResult], done, drain_s: float, e
     await asyncio.sleep(0)  # the queued callbacks run
 
 
+def fast(job: dict) -> bool:
+    """Whether the sender runs on uvloop: past SPIN_RATE requests/s, where its CPU an event
+    counts (14% less than asyncio's loop at 19k events/s); below it on asyncio's own, whose
+    timers never fire early (beside a real vLLM on 2 cores at 4 requests/s, TPOT p99 0.87x vLLM's bench
+    against 1.14-1.54x on uvloop: docs/measured.md)."""
+    return build(LoadSettings, job["config"]).traffic.rate / job["workers"] > SPIN_RATE
+
+
 if __name__ == "__main__":
     # Ctrl-C reaches the terminal's whole process group: the parent ends the run, which stops
     # this process by its pipe, so what it holds is reported rather than lost
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    uvloop.run(main())
+    # the job, before any loop: the parent writes nothing more until the sender is ready
+    line = sys.stdin.buffer.readline()
+    if line:  # else the parent closed the pipe without a job
+        job = json.loads(line)
+        (uvloop.run if fast(job) else asyncio.run)(main(job))

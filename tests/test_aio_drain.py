@@ -34,3 +34,13 @@ def test_a_request_that_ends_as_the_drain_does_is_whole_and_reported_once():
     assert sorted((r["request_id"], r["status"]) for r in reported) == [
         ("r0", "OK"), ("r1", "OK"), ("r2", "OK"), ("r3", CUT_OFF)]
     assert left == {}
+
+
+def test_the_sender_runs_on_uvloop_only_past_its_spin_rate():
+    from loadgen.aio_sender import SPIN_RATE, fast
+
+    def job(rate: float, workers: int = 1) -> dict:
+        return {"config": {"rate": rate}, "workers": workers}
+
+    assert not fast(job(4)) and not fast(job(SPIN_RATE))
+    assert fast(job(SPIN_RATE * 2)) and not fast(job(SPIN_RATE * 2, workers=2))

@@ -18,6 +18,7 @@ COALESCED_US = 20  # a gap between two events of one stream under this: one read
 SHARE = 0.01  # more than this share of a second's gaps (or sends, or loop wakes): limited
 LATE_US = 5_000  # a send, or a wake of the loop, later than this is the generator's delay
 MIN_SAMPLES = 20  # fewer gaps (sends, wakes) than this say nothing
+MIN_LIMITED = 5  # nor fewer late ones (one late send of a short run's 80 is not a limit)
 # figure -> the figures it spoils (summary.json's metrics)
 SPOILS = {"ttft": ("ttft", "ttft_service", "e2e", "e2e_service", "delivery_lag"),
           "itl": ("itl", "itl_token")}
@@ -51,16 +52,17 @@ class GeneratorLimits:
             self.seconds.setdefault(int(second), Counter()).update(counts)
 
     def first(self, many: str, of: str) -> tuple[int, float] | None:
-        """Where more than SHARE of the run's `of` (at least MIN_SAMPLES) were `many`: the
-        first second with one from which on the share stayed above SHARE, and the share from
-        then; None where the run's share is not above it."""
+        """Where more than SHARE of the run's `of` (at least MIN_SAMPLES, MIN_LIMITED of them
+        `many`) were `many`: the first second with one from which on the share stayed above
+        SHARE, and the share from then; None where the run's share is not above it."""
         found, many_after, of_after = None, 0, 0
         for second in sorted(self.seconds, reverse=True):  # the totals from each second on
             counts = self.seconds[second]
             many_after, of_after = many_after + counts[many], of_after + counts[of]
             if counts[many] and many_after > SHARE * of_after:
                 found = second, many_after / of_after
-        if of_after < MIN_SAMPLES or many_after <= SHARE * of_after:
+        if (of_after < MIN_SAMPLES or many_after < MIN_LIMITED
+                or many_after <= SHARE * of_after):
             return None
         return found
 
