@@ -104,11 +104,14 @@ def test_requests_jsonl_joins_vllms_log_on_the_id_sent_and_the_send_time(vllm, t
 
 
 def test_our_timing_beside_vllm_bench_on_the_same_server(vllm, tmp_path):
-    load = PoissonLoad(rate=4.0, duration_s=20.0)
-    mine, bench = alternate(vllm, load, rounds=2, out=tmp_path)
+    # four short rounds each, interleaved: the CPU server's own speed drifts over a minute on a
+    # shared machine (two rounds of ours once read TPOT p50 4.9 and 8.2 ms), and a drift then
+    # falls on both tools alike
+    load, rounds = PoissonLoad(rate=4.0, duration_s=10.0), 4
+    mine, bench = alternate(vllm, load, rounds=rounds, out=tmp_path)
     print(f"\n{table(mine, bench)}")
-    assert len(mine.ttft_ms) >= 0.9 * 2 * load.requests and not mine.failed
-    assert len(bench.ttft_ms) == 2 * load.requests and not bench.failed
+    assert len(mine.ttft_ms) >= 0.9 * rounds * load.requests and not mine.failed
+    assert len(bench.ttft_ms) == rounds * load.requests and not bench.failed
     # p99 of ~160 requests moves by a third between two runs of the same client: the claim is
     # that ours is not above 1.2x vLLM's beyond that noise (its 95% interval's low end)
     for metric in ("ttft", "tpot"):
