@@ -292,8 +292,7 @@ async def drain(tasks: dict[asyncio.Task, StreamResult], done, drain_s: float, e
 def fast(job: dict) -> bool:
     """Whether the sender runs on uvloop: past SPIN_RATE requests/s, where its CPU an event
     counts (14% less than asyncio's loop at 19k events/s); below it on asyncio's own, whose
-    timers never fire early (beside a real vLLM on 2 cores at 4 requests/s, TPOT p99 0.87x vLLM's bench
-    against 1.14-1.54x on uvloop: docs/measured.md)."""
+    timers never fire early (docs/measured.md)."""
     return build(LoadSettings, job["config"]).traffic.rate / job["workers"] > SPIN_RATE
 
 

@@ -63,9 +63,13 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
         for i in range(3):
             spec = RequestSpec(f"r{i}", 3, prompt_ids=(65, 65))
             chunks, handed = [], []
-            async for chunk in target.astream(pool, spec, 10):
+
+            def seen(chunk, chunks=chunks, handed=handed):
                 chunks.append(chunk)
                 handed.append(time.monotonic_ns())
+                return False
+
+            await target.apush(pool, spec, 10, seen)
             assert [c.text for c in chunks if c.text] == ["tok "] * 3
             # each stamped as its bytes came, before they were parsed and handed over
             arrived = [c.arrived_ns for c in chunks]
@@ -223,7 +227,10 @@ def test_a_stream_whole_at_done_is_whole_whatever_follows_and_its_connection_is_
         streams = []
         for i in range(2):
             spec = RequestSpec(f"r{i}", 1, prompt_ids=(65,))
-            streams.append([c.finish_reason async for c in target.astream(pool, spec, 10)])
+            ends = []
+            await target.apush(pool, spec, 10,
+                               lambda c, ends=ends: ends.append(c.finish_reason) or False)
+            streams.append(ends)
             await asyncio.gather(*pool.finishing)
             assert pool.idle == []  # its end never came: closed, not kept
         server.close()

@@ -26,7 +26,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import orjson
 
@@ -301,35 +301,11 @@ class OpenAITarget:
                 pass  # the requests will say why
         return pool
 
-    async def astream(self, conn: Pool, spec: RequestSpec,
-                      timeout_s: float) -> AsyncIterator[Chunk]:
-        async with asyncio.timeout(timeout_s):
-            response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
-                                          self.body(spec))
-            try:
-                status, whole = response.status, self.whole(spec)
-                self.check_reply(status, response.headers.get("content-type", ""),
-                                 await response.read(ERROR_BODY) if status != 200 else b"",
-                                 whole)
-                if whole:
-                    data = await response.read(WHOLE_BODY)
-                    yield self.whole_chunk(data, time.monotonic_ns())
-                    response.keep()
-                    return
-                reader = Reader(self)
-                while not reader.done and (line := await response.readline()):
-                    if (chunk := reader.line(line, response.line_ns)) is not None:
-                        yield chunk
-                reader.finish()
-                response.keep()
-            finally:
-                response.release()
-
     async def apush(self, conn: Pool, spec: RequestSpec, timeout_s: float,
                     on_chunk: Callable[[Chunk], bool]) -> None:
-        """astream with each message handed to on_chunk as its read arrives, in the
-        connection's read callback (no task woken a message: a third of an event's cost, docs/
-        design.md); on_chunk returns True to leave the stream (the client cancels)."""
+        """The request's messages, each handed to on_chunk as its read arrives, in the
+        connection's read callback (no task woken a message); on_chunk returns True to leave
+        the stream (the client cancels). Raises on failure, as `stream`."""
         async with asyncio.timeout(timeout_s):
             response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
                                           self.body(spec))
