@@ -45,7 +45,7 @@ from loadgen.sla.part import CUT, JUDGE_S, SAMPLE, START, ProbePart
 from loadgen.targets.client import StreamResult, astream_request, cut_off
 from loadgen.targets.target import RequestSpec, Target, target_of
 from loadgen.targets.text_tokens import TextCounter
-from loadgen.traffic.dispatch import SendCounts, dispatch
+from loadgen.traffic.dispatch import SendCounts, dispatch, stop_or_end
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
@@ -200,10 +200,7 @@ class Sender:
         return len(self.tasks)
 
     def stop_ns(self) -> int | None:
-        """The stop the parent sent; before it comes, the schedule's end once it has passed."""
-        if self.stopped_ns is None and self.end_ns and time.monotonic_ns() >= self.end_ns:
-            return self.end_ns
-        return self.stopped_ns
+        return stop_or_end(self.stopped_ns, self.end_ns)
 
 
 class Paced:

@@ -32,7 +32,7 @@ from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.ticker import Ticker
-from loadgen.traffic.dispatch import SendCounts, dispatch, due_before
+from loadgen.traffic.dispatch import SendCounts, dispatch, due_before, stop_or_end
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
@@ -364,9 +364,5 @@ class UserSends:
         return len(self.run.inflight)
 
     def stop_ns(self) -> int | None:
-        """The run's stop; before it comes, -t's end once it has passed (the greenlet that
-        stops the run may not have run yet)."""
-        end_ns = self.run.end_ns
-        if self.run.stop_ns is None and end_ns is not None and time.monotonic_ns() >= end_ns:
-            return end_ns
-        return self.run.stop_ns
+        return stop_or_end(self.run.stop_ns, self.run.end_ns)  # -t's end: the greenlet
+        # that stops the run may not have run yet

@@ -23,6 +23,7 @@ gone. A schedule with nothing due yet (the SLA search's, between probes) gives a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -89,6 +90,15 @@ def dispatch(arrivals: Iterator[tuple[int | None, float]], start_ns: int, max_in
         sends.send(built, due_ns)
         tally.sent += 1
         yield None
+
+
+def stop_or_end(stop_ns: int | None, end_ns: int | None) -> int | None:
+    """A sender's Sends.stop_ns: the run's stop once it is known; before it, the schedule's end
+    that -t set (end_ns, None: none), once that has passed, so nothing due after it is sent
+    however late the stop itself reaches the sender."""
+    if stop_ns is None and end_ns is not None and time.monotonic_ns() >= end_ns:
+        return end_ns
+    return stop_ns
 
 
 def due_before(arrivals: Iterator[tuple[int | None, float]], start_ns: int, stop_ns: int) -> int:
