@@ -27,9 +27,7 @@ async def one_stream(pool: Pool) -> list[bytes]:
     reply = await pool.request("POST", "/v1/completions",
                                {"Content-Type": "application/json"}, STREAM_BODY)
     assert reply.status == 200 and reply.headers["content-type"] == "text/event-stream"
-    lines = []
-    while line := await reply.readline():
-        lines.append(line)
+    lines = (await reply.read(1 << 20)).splitlines(keepends=True)
     reply.release()
     return [line for line in lines if line.startswith(b"data:")]
 
@@ -137,17 +135,14 @@ async def against(*replies: bytes, chunks: bool = False):
 
 
 def body_of(*replies: bytes, chunks: bool = False) -> list[bytes]:
-    """Each reply's body, read line by line, one request after the other."""
+    """Each reply's body, one request after the other."""
     async def main():
         server, pool = await against(*replies, chunks=chunks)
         bodies = []
         for _ in replies:
             reply = await pool.request("GET", "/", {})
-            lines = []
-            while line := await reply.readline():
-                lines.append(line)
+            bodies.append(await reply.read(1 << 20))
             reply.release()
-            bodies.append(b"".join(lines))
         await pool.close()
         server.close()
         return bodies

@@ -3,8 +3,9 @@
  *
  * One thread, epoll, a timerfd and a heap of due events. POST (any path) answers with an event
  * stream in vLLM's /v1/completions shape: max_tokens events of one token each (token_ids where
- * the request asks return_token_ids), the first --ttft-ms after the request's body arrived, then
- * one every --itl-ms; then a usage event and [DONE]. GET /v1/models names one model owned by
+ * the request asks return_token_ids), the first --ttft-ms after the request's body arrived (when
+ * the kernel received it: the mock's own delay in reading it is its lateness), then one every
+ * --itl-ms; then a usage event and [DONE]. GET /v1/models names one model owned by
  * "vllm". Each event carries server_elapsed_us (its write time from the request's arrival), the
  * usage its ttft_us: the truth a client's timestamps are checked against. Connections are kept
  * alive. Times are CLOCK_MONOTONIC.
@@ -48,6 +49,7 @@ typedef struct {
     char id[ID_CAP];
     int ids, left, sent, prompt;
     int64_t arrived_ns, last_ns, first_ns, due_ns;
+    int64_t in_ns; /* when the kernel received the bytes last read (0: not known) */
 } Conn;
 
 typedef struct {
@@ -63,10 +65,33 @@ static volatile sig_atomic_t stopping;
 static uint64_t late_hist[LATE_BUCKETS + 1], events, requests;
 static double itl_n, itl_mean, itl_m2; /* Welford */
 
-static int64_t now_ns(void) {
+static int64_t ns_of(clockid_t clock) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int64_t now_ns(void) { return ns_of(CLOCK_MONOTONIC); }
+
+/* One read of fd into buf, and when the kernel received its last bytes (SO_TIMESTAMPNS, a
+ * CLOCK_REALTIME time, brought to CLOCK_MONOTONIC) into *at_ns where it says: a request's
+ * arrival is then when it reached the machine, not when this process got round to it. */
+static ssize_t read_stamped(int fd, char *buf, size_t len, int64_t *at_ns) {
+    char control[CMSG_SPACE(sizeof(struct timespec))];
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                       .msg_controllen = sizeof control};
+    ssize_t n = recvmsg(fd, &m, 0);
+    for (struct cmsghdr *h = n > 0 ? CMSG_FIRSTHDR(&m) : NULL; h; h = CMSG_NXTHDR(&m, h)) {
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec t;
+            memcpy(&t, CMSG_DATA(h), sizeof t);
+            int64_t real = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+            int64_t mono = now_ns(), at = real - (ns_of(CLOCK_REALTIME) - mono);
+            if (real && at <= mono) *at_ns = at;
+        }
+    }
+    return n;
 }
 
 static void push(int64_t due_ns, int fd) {
@@ -243,7 +268,8 @@ static size_t answer(int ep, int fd) {
         c->prompt = 0;
         c->sent = 0;
         c->streaming = 1;
-        c->arrived_ns = now_ns();
+        c->arrived_ns = c->in_ns ? c->in_ns : now_ns();
+        c->in_ns = 0;
         c->due_ns = c->arrived_ns + ttft_ns;
         push(c->due_ns, fd);
         requests++;
@@ -260,7 +286,7 @@ static void on_readable(int ep, int fd) {
             close_conn(ep, fd);
             return;
         }
-        ssize_t n = read(fd, c->in + c->in_len, IN_CAP - 1 - c->in_len);
+        ssize_t n = read_stamped(fd, c->in + c->in_len, IN_CAP - 1 - c->in_len, &c->in_ns);
         if (n == 0 || (n < 0 && errno != EAGAIN)) {
             close_conn(ep, fd);
             return;
@@ -337,7 +363,9 @@ static void accept_all(int ep, int s) {
             continue;
         }
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
         conns[fd].open = 1;
+        conns[fd].in_ns = 0;
         struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
         epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
     }

@@ -73,8 +73,12 @@ class Connection(asyncio.BufferedProtocol):
         self._wake()
 
     def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
+        """The reader waiting for a read, unless the read went to a sink that goes on: a
+        streamed body wakes its reader once, at its end."""
+        waiter = self.waiter
+        if waiter is not None and not waiter.done() and not (
+                self.reply is not None and self.reply.streaming and not self.closed):
+            waiter.set_result(None)
 
     async def more(self) -> None:
         """Until the next read, or the connection's end."""
@@ -114,7 +118,6 @@ class Response:
         token = reply.headers.get("connection", "").lower()
         self.keep_alive = ("close" not in token if reply.version == "HTTP/1.1"
                            else "keep-alive" in token)
-        self.line_ns = 0  # when the line readline returned last arrived
         self.kept = False
 
     async def _more(self) -> None:
@@ -122,19 +125,6 @@ class Response:
         if self.reply.error is not None:
             raise self.reply.error
         await self.conn.more()
-
-    async def readline(self) -> bytes:
-        """The body's next line with its b"\\n" (the last one maybe without), b"" at its end;
-        line_ns says when it arrived, stamped as its bytes came, before anything parses them."""
-        reply = self.reply
-        while not reply.lines:
-            if reply.done:
-                line, reply.tail, reply.held = b"".join(reply.tail), [], 0
-                return line
-            await self._more()
-        line, self.line_ns = reply.lines.popleft()
-        reply.held -= len(line)
-        return line
 
     async def read(self, limit: int) -> bytes:
         """Up to limit bytes of the body (fewer at its end)."""
@@ -145,8 +135,8 @@ class Response:
         return data[:limit]
 
     async def consume(self, sink) -> bool:
-        """Hands each line of the body to sink(line, arrived_ns) in the read that brought it,
-        no task woken a line, until sink returns True (then True) or the body ends (False)."""
+        """Hands the body's bytes to sink(data, arrived_ns) in the read that brought them, no
+        task woken a read, until sink returns True (then True) or the body ends (False)."""
         reply = self.reply
         reply.sink = sink
         reply.to_sink()  # what was held already
@@ -154,9 +144,6 @@ class Response:
             await self._more()
         if reply.error is not None and not reply.stopped:
             raise reply.error
-        if not reply.stopped and reply.tail:  # its last line, without an end
-            line, reply.tail, reply.held = b"".join(reply.tail), [], 0
-            reply.stopped = sink(line, self.line_ns)
         return reply.stopped
 
     def keep(self) -> None:

@@ -2,20 +2,19 @@
 each read to the reply being read (Reply.feed) inside the event loop's read callback, stamped
 with the time it arrived, before any coroutine runs. Status line, headers and the body's
 framing (Transfer-Encoding: chunked, Content-Length, or to the connection's close) are parsed
-there; the body comes out as lines, each stamped with the read that completed it, so a read
-holding several events times them all alike and costs one clock read. A reader that takes
-the lines as they come (a sink) gets them there too, with no coroutine woken a line.
+there; the body comes out as the pieces each read brought, each stamped with its read's time,
+so a read holding several events times them all alike and costs one clock read. A reader that
+takes the body as it comes (a sink) gets each piece there too, with no coroutine woken a read.
 
 Failures are OSErrors (closed or reset mid-reply: ConnectionResetError; NotServed where no byte
 of the reply came) or http.client's HTTPExceptions (bytes that are not an HTTP/1.x reply),
-raised to the reader once the lines decoded before them are read.
+raised to the reader once the body decoded before them is read.
 """
 
 from __future__ import annotations
 
 import http.client
 import re
-from collections import deque
 from collections.abc import Callable
 
 LINE_LIMIT = 1024 * 1024  # the longest status, header or chunk-size line read
@@ -38,7 +37,7 @@ def content_length(headers: dict[str, str]) -> int:
 
 
 class Reply:
-    """A reply's head and its body's lines, decoded from `unread` (the connection's bytes not
+    """A reply's head and its body, decoded from `unread` (the connection's bytes not
     yet taken) by feed."""
 
     def __init__(self):
@@ -48,13 +47,13 @@ class Reply:
         self.headers: dict[str, str] = {}
         self.framing = TO_CLOSE
         self.left = 0  # a sized body's bytes, a chunk's bytes (its CRLF too), still to come
-        self.lines: deque[tuple[bytes, int]] = deque()  # whole lines not yet taken, and when
-        # the read that ended each arrived
-        self.tail: list[bytes] = []  # the pieces of a line not yet ended
-        self.held = 0  # bytes in lines and tail
-        self.discard = False  # the body is read only to reach its end: its lines dropped
-        # where set, each whole line goes to it as its read arrives (Response.consume); it
-        # returns True to stop: the rest of the body is not read
+        # the body's bytes not yet taken, as they came, and when the read that brought each
+        # arrived
+        self.pieces: list[tuple[bytes, int]] = []
+        self.held = 0  # bytes in pieces
+        self.discard = False  # the body is read only to reach its end: its bytes dropped
+        # where set, the body's bytes go to it as each read brings them (Response.consume);
+        # it returns True to stop: the rest of the body is not read
         self.sink: Callable[[bytes, int], bool] | None = None
         self.stopped = False
         self.error: BaseException | None = None
@@ -64,8 +63,15 @@ class Reply:
         return self.state > HEADERS or self.error is not None
 
     @property
+    def streaming(self) -> bool:
+        """Its body goes to a sink that has not stopped, and it is not over: a read has
+        nothing to wake its reader for."""
+        return (self.sink is not None and not self.stopped and self.state != DONE
+                and self.error is None)
+
+    @property
     def done(self) -> bool:
-        """The body is decoded to its end (its lines may still be unread)."""
+        """The body is decoded to its end (its bytes may still be held)."""
         return self.state == DONE
 
     def feed(self, unread: bytearray, arrived_ns: int, received: int) -> None:
@@ -83,7 +89,9 @@ class Reply:
         pos, end = 0, len(data)
         while pos < end and self.state != DONE:
             if self.state in (DATA, BODY):
-                pos = self._body(data, pos, arrived_ns)
+                if (moved := self._body(data, pos, arrived_ns)) == pos:
+                    break  # the rest of a chunk's end to come
+                pos = moved
                 continue
             eol = data.find(b"\n", pos)
             if eol < 0:
@@ -133,16 +141,19 @@ class Reply:
             self.framing, self.state = TO_CLOSE, BODY
 
     def _body(self, data: bytearray, pos: int, arrived_ns: int) -> int:
-        """Body bytes from pos: a chunk whole, or what there is of a sized or closed body."""
+        """Body bytes from pos: what there is of a chunk (its CRLF once whole), of a sized
+        body or of one read to the close."""
         if self.framing == CHUNKED:
-            if len(data) - pos < self.left:
-                return len(data)  # wait for the whole chunk
-            piece = data[pos:pos + self.left]
-            if piece[-2:] != b"\r\n":
-                raise http.client.HTTPException("a chunk of the reply is longer than its size")
-            self._body_bytes(bytes(piece[:-2]), arrived_ns)
-            self.state = SIZE
-            return pos + self.left
+            if (n := min(len(data) - pos, self.left - 2)) > 0:
+                self._body_bytes(bytes(data[pos:pos + n]), arrived_ns)
+                self.left -= n
+                pos += n
+            if self.left == 2 and len(data) - pos >= 2:
+                if data[pos:pos + 2] != b"\r\n":
+                    raise http.client.HTTPException("a chunk of the reply is longer than its size")
+                self.state, self.left = SIZE, 0
+                pos += 2
+            return pos
         if self.framing == SIZED:
             piece = bytes(data[pos:pos + self.left])
             self.left -= len(piece)
@@ -153,39 +164,32 @@ class Reply:
         return pos + len(piece)
 
     def _body_bytes(self, data: bytes, arrived_ns: int) -> None:
-        """data split into lines: each byte is looked at once, however much is held."""
         if self.discard or self.stopped:
             return
-        self.held += len(data)
-        *ended, rest = data.split(b"\n")
-        if ended:
-            self.tail.append(ended[0])
-            self.lines.append((b"".join(self.tail) + b"\n", arrived_ns))
-            self.lines.extend((line + b"\n", arrived_ns) for line in ended[1:])
-            self.tail = []
-        if rest:
-            self.tail.append(rest)
-        if self.sink is not None:
-            self.to_sink()
+        if self.sink is not None and not self.pieces:
+            self.stopped = self.sink(data, arrived_ns)
+        else:
+            self.pieces.append((data, arrived_ns))
+            self.held += len(data)
 
     def to_sink(self) -> None:
-        """The whole lines held, to the sink, until it says stop."""
-        lines = self.lines
-        while lines and not self.stopped:
-            line, arrived_ns = lines.popleft()
-            self.held -= len(line)
-            self.stopped = self.sink(line, arrived_ns)
+        """The pieces held, to the sink, until it says stop."""
+        pieces, self.pieces, self.held = self.pieces, [], 0
+        for data, arrived_ns in pieces:
+            if self.stopped:
+                break
+            self.stopped = self.sink(data, arrived_ns)
 
     def take(self) -> bytes:
-        """Every body byte held, lines and tail, taken."""
-        data = b"".join([*(line for line, _ in self.lines), *self.tail])
-        self.lines.clear()
-        self.tail, self.held = [], 0
+        """Every body byte held, taken."""
+        data = b"".join(data for data, _ in self.pieces)
+        self.pieces, self.held = [], 0
         return data
 
     def put(self, data: bytes, arrived_ns: int) -> None:
         """Body bytes taken and not used, back (take took all: nothing is ahead of them)."""
-        self._body_bytes(data, arrived_ns)
+        if data:
+            self._body_bytes(data, arrived_ns)
 
     def ended(self, reset: BaseException | None) -> None:
         """The connection closed (reset: how, None for the server's close): a reply read to

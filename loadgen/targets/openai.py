@@ -70,13 +70,24 @@ USAGE_KEYS = ("prompt_tokens", "completion_tokens", "queue_us", "prefill_us", "d
               "ttft_us")
 
 class Reader:
-    """An event stream's messages, one line at a time; `done` once [DONE] came."""
+    """An event stream's messages, from its bytes as they come or a line at a time; `done`
+    once [DONE] came."""
 
     def __init__(self, target: OpenAITarget):
         self.target = target
         self.events = EventStream()
         self.done = False
-        self.size = 0  # the bytes of the lines since the last message
+        self.size = 0  # the bytes read since the last message
+
+    def feed(self, data: bytes, arrived_ns: int, on_chunk: Callable[[Chunk], bool]) -> bool:
+        """Body bytes as a read brought them (arrived_ns: when): each message they end to
+        on_chunk; True once the stream is done or on_chunk returned True (the client leaves)."""
+        self.size += len(data)
+        for event in self.events.feed(data):
+            chunk = self.data(event, arrived_ns)
+            if self.done or on_chunk(chunk):
+                return True
+        return False
 
     def line(self, line: bytes, arrived_ns: int = 0) -> Chunk | None:
         """arrived_ns: when the line reached the client (0: unknown)."""
@@ -321,11 +332,10 @@ class OpenAITarget:
                     return
                 reader = Reader(self)
 
-                def line(raw: bytes, arrived_ns: int) -> bool:
-                    chunk = reader.line(raw, arrived_ns)
-                    return reader.done or (chunk is not None and on_chunk(chunk))
+                def body(data: bytes, arrived_ns: int) -> bool:
+                    return reader.feed(data, arrived_ns, on_chunk)
 
-                if await response.consume(line) and not reader.done:
+                if await response.consume(body) and not reader.done:
                     return  # left by the client: the connection closes
                 reader.finish()
                 response.keep()
