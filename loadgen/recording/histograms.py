@@ -3,17 +3,20 @@
 hdrhistogram silently drops values outside its range; here they are clamped into range
 and counted, so a summary can say how many there were. Queries run in numpy (records/hdr.py):
 hdrhistogram's own took ~30 ms a histogram from the event loop that timestamps the streams, on
-every poll of the web UI's live tab. Recording a stream's values (`record_all`) computes
-hdrhistogram's counts index inline: its record_value, five Python calls a value, was a fifth
-of the Locust process's CPU behind the aio sender (docs/design.md, "The default client").
+every poll of the web UI's live tab. A stream's values are recorded at once (`record_all`,
+`add`): hdrhistogram's counts indices computed in numpy (`Binned`), once for the run's
+histogram and the interval's; its record_value, five Python calls a value, was a fifth of the
+Locust process's CPU behind the aio sender (docs/design.md, "The default client").
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from records import hdr
@@ -27,9 +30,36 @@ _MASK, _UNIT = _SHAPE.sub_bucket_mask, _SHAPE.unit_magnitude
 _HALF_MAG, _HALF = _SHAPE.sub_bucket_half_count_magnitude, _SHAPE.sub_bucket_half_count
 
 
+@dataclass(frozen=True)
+class Binned:
+    """Values (us) in hdrhistogram's counts indices, ready to add to any of these histograms:
+    each value as record() takes it (truncated, clamped into range and counted)."""
+
+    index: np.ndarray
+    clamped: int
+    low: int
+    high: int
+
+    @classmethod
+    def of(cls, values_us: Sequence[float]) -> Binned:
+        v = np.asarray(values_us)
+        if v.dtype.kind == "f":  # int() of each, past the range kept past it
+            v = np.clip(v, -1, HIGHEST_US + 1).astype(np.int64)
+        out = (v < 0) | (v > HIGHEST_US)
+        clamped = int(np.count_nonzero(out))
+        if clamped:
+            v = np.clip(v, 0, HIGHEST_US)
+        # hdrhistogram's _counts_index_for: the bucket from the value's bit length (frexp's
+        # exponent, exact below 2**53), then the sub-bucket
+        bucket = np.frexp((v | _MASK).astype(np.float64))[1] - _UNIT - _HALF_MAG - 1
+        index = ((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF
+        return cls(index, clamped, int(v.min()), int(v.max()))
+
+
 class Histogram:
     def __init__(self):
         self.hdr = HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS)
+        self.counts = np.ctypeslib.as_array(self.hdr.counts)  # the same memory, in numpy
         self.clamped = 0
 
     def record(self, value_us: float) -> None:
@@ -39,21 +69,18 @@ class Histogram:
             v = min(max(v, 0), HIGHEST_US)
         self.hdr.record_value(v)
 
-    def record_all(self, values_us: Iterable[float]) -> None:
-        """record() of each value, with hdrhistogram's _counts_index_for written out."""
-        hdr, counts, n = self.hdr, self.hdr.counts, 0
-        low, high = hdr.min_value, hdr.max_value
-        for value in values_us:
-            v = int(value)
-            if not 0 <= v <= HIGHEST_US:
-                self.clamped += 1
-                v = min(max(v, 0), HIGHEST_US)
-            bucket = (v | _MASK).bit_length() - _UNIT - _HALF_MAG - 1
-            counts[((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF] += 1
-            n += 1
-            low, high = min(low, v), max(high, v)
-        hdr.total_count += n
-        hdr.min_value, hdr.max_value = low, high
+    def record_all(self, values_us: Sequence[float]) -> None:
+        """record() of each value."""
+        if len(values_us):
+            self.add(Binned.of(values_us))
+
+    def add(self, binned: Binned) -> None:
+        hdr = self.hdr
+        np.add.at(self.counts, binned.index, 1)
+        hdr.total_count += len(binned.index)
+        hdr.min_value, hdr.max_value = min(hdr.min_value, binned.low), max(hdr.max_value,
+                                                                           binned.high)
+        self.clamped += binned.clamped
 
     def clear(self) -> None:
         """Empty again, in the memory it has: a histogram is ~180 KB, and each hdrhistogram

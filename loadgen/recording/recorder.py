@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from loadgen.recording import slo as objectives
 from loadgen.recording.groups import Groups
-from loadgen.recording.histograms import Histogram
+from loadgen.recording.histograms import Binned, Histogram
 from loadgen.recording.limits import GeneratorLimits
 from loadgen.recording.timing import StreamTiming, stream_timing
 from loadgen.targets.client import StreamResult
@@ -248,8 +248,10 @@ class Recorder:
 
     def record_all(self, metric: str, values_us: list[float]) -> None:
         """record() of each of a stream's values."""
-        self.client[metric].record_all(values_us)
-        self.interval[metric].record_all(values_us)
+        if values_us:
+            binned = Binned.of(values_us)
+            self.client[metric].add(binned)
+            self.interval[metric].add(binned)
 
     def take_interval(self) -> dict[str, Histogram]:
         """The interval histograms so far, valid until the next take; recording goes on into

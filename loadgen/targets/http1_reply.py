@@ -88,6 +88,9 @@ class Reply:
     def _decode(self, data: bytearray, arrived_ns: int) -> int:
         pos, end = 0, len(data)
         while pos < end and self.state != DONE:
+            if self.state == SIZE and (moved := self._whole_chunk(data, pos, arrived_ns)):
+                pos = moved
+                continue
             if self.state in (DATA, BODY):
                 if (moved := self._body(data, pos, arrived_ns)) == pos:
                     break  # the rest of a chunk's end to come
@@ -101,6 +104,19 @@ class Reply:
             self._line(bytes(data[pos:eol + 1]))
             pos = eol + 1
         return pos
+
+    def _whole_chunk(self, data: bytearray, pos: int, arrived_ns: int) -> int:
+        """A chunk at pos that data holds whole, its size line without extensions (a streamed
+        event, as servers send them), taken at once: where it ends; 0 where it is not one."""
+        eol = data.find(b"\n", pos)
+        token = data[pos:eol].rstrip(b"\r") if eol >= 0 else b""
+        if not CHUNK_SIZE.fullmatch(token) or not (size := int(token, 16)):
+            return 0
+        stop = eol + 1 + size
+        if data[stop:stop + 2] != b"\r\n":
+            return 0
+        self._body_bytes(bytes(data[eol + 1:stop]), arrived_ns)
+        return stop + 2
 
     def _line(self, line: bytes) -> None:
         """A status, header, chunk-size or trailer line."""
