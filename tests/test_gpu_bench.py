@@ -14,8 +14,8 @@ from server.tools import gpu_bench, gpu_wheels
 def test_the_gpu_bench_runs_on_a_cpu_and_writes_its_files(tmp_path, capsys):
     assert gpu_bench.main(["--device", "cpu", "--out", str(tmp_path), "--presets", "tiny",
                            "--batches", "1,4", "--policies", "fcfs,dynamic", "--skip", "check",
-                           "--copy-mb", "64", "--e2e-run-s", "2",
-                           "--stress-step-s", "2", "--stress-steps", "2"]) == 0
+                           "--copy-mb", "16", "--e2e-run-s", "2",
+                           "--stress-step-s", "1", "--stress-steps", "2"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compare.md", "gpu_bench.json",
                                                            "gpu_bench.md"]
     results = json.loads(tmp_path.joinpath("gpu_bench.json").read_text())

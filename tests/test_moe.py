@@ -297,6 +297,7 @@ def test_random_eviction_is_seeded():
     assert evicted(0) == evicted(0)
 
 
+@pytest.mark.timing  # wall time against the stages: a busy machine preempts between them
 def test_stage_times_add_up_to_the_step():
     engine = LocalEngine.from_preset("tiny", kv_slots=4, device="cpu", dtype=torch.float32, seed=0)
     seqs = [SeqInput(0, [1] * 40, 0), SeqInput(1, [2], 5), SeqInput(2, [3], 9)]

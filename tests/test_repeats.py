@@ -45,7 +45,7 @@ def test_interleaved_runs_tell_a_known_delay_apart(tmp_path):
         for i in range(3):  # interleaved: A B A B A B
             for name, port in (("a", port_a), ("b", port_b)):
                 run_dir = tmp_path / f"round-{i}" / name
-                done = locust(port, run_dir, "--rate", "20", "-t", "2", "--max-tokens", "4",
+                done = locust(port, run_dir, "--rate", "20", "-t", "1", "--max-tokens", "4",
                               "--seed", str(i))
                 assert done.returncode == 0, done.stdout
                 runs[name].append(run_dir)

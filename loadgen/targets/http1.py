@@ -2,10 +2,12 @@
 
 It puts a request on the wire in one write, ~0.1 ms after it is asked for, where aiohttp's
 client took ~0.35 ms at rest (docs/design.md, "The default client"): that time is inside every
-TTFT the generator measures. Each connection reads on a buffered protocol into one buffer its
-pool shares (asyncio's own socket reads allocate 256 KiB a read: 12 us of an event's cost,
-docs/measured.md), and hands each read to the reply being read, which decodes it there and
-then, stamped once (loadgen/targets/http1_reply.py). It keeps connections alive in a pool with
+TTFT the generator measures. Each connection reads into one buffer its pool shares (asyncio's
+own socket reads allocate 256 KiB a read: 12 us of an event's cost, docs/measured.md), and
+hands each read to the reply being read, which decodes it there and then, stamped once
+(loadgen/targets/http1_reply.py): with the time the kernel received its bytes on a plain TCP
+connection (loadgen/targets/stamped_socket.py), with the time of the read over TLS (the loop's
+own transport, on a buffered protocol). It keeps connections alive in a pool with
 no limit (one connection per concurrent stream, as HTTP/1.1 needs), speaks TLS where the URL
 is https://, and reads a body framed by Transfer-Encoding: chunked, by Content-Length or by
 the connection's close. It asks for no compression, follows no redirects and uses no proxy.
@@ -28,6 +30,7 @@ import ssl
 import time
 from urllib.parse import urlsplit
 
+from loadgen.targets import stamped_socket
 from loadgen.targets.http1_reply import TO_CLOSE, NotServed, Reply
 
 READ_BLOCK = 4 * 1024 * 1024  # bytes a greenlet's client reads at once (the openai target)
@@ -57,7 +60,10 @@ class Connection(asyncio.BufferedProtocol):
         return self.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
-        arrived_ns = time.monotonic_ns()  # before anything parses it
+        self.received(nbytes, time.monotonic_ns())  # stamped before anything parses it
+
+    def received(self, nbytes: int, arrived_ns: int) -> None:
+        """nbytes read into scratch, arrived at arrived_ns."""
         self.unread += self.scratch[:nbytes]
         if self.reply is not None:
             self.reply.feed(self.unread, arrived_ns, nbytes)
@@ -211,12 +217,18 @@ class Pool:
         return await self._open(), False
 
     async def _open(self) -> Connection:
+        """A new connection: over TLS on the loop's transport, else on a socket whose reads
+        carry the kernel's time for them (loadgen/targets/stamped_socket.py)."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_s):
+                if self.tls is None:
+                    conn = Connection(self.scratch)
+                    await stamped_socket.connect(self.host, self.port, conn)
+                    return conn
                 _, conn = await loop.create_connection(
                     lambda: Connection(self.scratch), self.host, self.port, ssl=self.tls,
-                    server_hostname=self.host if self.tls else None)
+                    server_hostname=self.host)
         except TimeoutError:  # not the request's own deadline
             raise ConnectionError(f"no connection to {self.authority} within "
                                   f"{self.connect_s:g} s") from None

@@ -284,9 +284,9 @@ def end_to_end(preset: str, device: str, policies: list[str], options: argparse.
             finally:
                 server.stop()
             metrics, requests = summary["metrics"], summary["requests"]
-            result["runs"][policy] = {
-                "ttft_p50_ms": metrics["ttft_ms"]["p50"], "ttft_p99_ms": metrics["ttft_ms"]["p99"],
-                "tpot_p50_ms": metrics["tpot_ms"]["p50"], "tpot_p99_ms": metrics["tpot_ms"]["p99"],
+            result["runs"][policy] = {  # a run that measured nothing has no percentiles
+                **{f"{m}_{p}_ms": metrics[f"{m}_ms"].get(p) for m in ("ttft", "tpot")
+                   for p in ("p50", "p99")},
                 "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
                 "ok": requests["ok"], "failed": requests["failed"],
                 "gpu_utilisation_percent": nvml_utilisation(tmp / policy)}
