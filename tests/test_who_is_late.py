@@ -86,6 +86,15 @@ def test_a_generator_kept_waiting_for_a_core_is_accused_and_the_headline_says_so
     assert not generator_health(Recorder(0, 0.0), GeneratorCpu(4.0, 3.0)).warnings
 
 
+def test_a_busy_generator_is_warned_of_past_its_own_clients_bound():
+    def warned(used: float, client: str) -> list[str]:
+        return generator_health(Recorder(0, 0.0), GeneratorCpu(used), client=client).warnings
+
+    # the aio sender times messages by the kernel's receipt: busy means its sends, later
+    assert not warned(60.0, "aio") and "sends fall behind" in warned(85.0, "aio")[0]
+    assert "receive timestamps lag" in warned(60.0, "gevent")[0]
+
+
 def test_small_writes_leave_the_server_unaccused(tmp_path):
     run = run_with(tmp_path, [4.0] * 100, [0.2] * 100, [90, 10, 0, 0, 0, 0], 20.0)
     assert not finding(diagnose(run), "server_write_delay").fired
