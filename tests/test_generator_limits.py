@@ -8,6 +8,7 @@ import json
 
 from loadgen.console import print_summary
 from loadgen.recording.cpu import GeneratorCpu
+from loadgen.recording.health import generator_health
 from loadgen.recording.limits import COALESCED_US, LATE_US, GeneratorLimits
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.summary import Span, summarize
@@ -59,6 +60,29 @@ def test_late_sends_limit_ttft_and_a_late_loop_every_timestamp():
             limits.wake(second, LATE_US + 1)
     assert sorted(limits.limited()) == ["itl", "ttft"]
     assert limits.limited()["ttft"].startswith("from 0 s")  # the loop was late from the start
+
+
+def test_a_late_loop_spoils_no_timestamp_the_kernel_took():
+    limits = GeneratorLimits()
+    for second in range(5):
+        for _ in range(200):
+            limits.wake(second, LATE_US + 1)
+    assert sorted(limits.limited()) == ["itl", "ttft"]
+    assert limits.limited(kernel_timed=True) == {}  # its sends, on time, say what it spoilt
+
+
+def test_a_recorder_counts_the_streams_the_kernel_timed():
+    rec = Recorder(start_ns=0, warmup_s=0)
+    for i, kernel in enumerate([True] * 99 + [False]):
+        result = StreamResult(f"r{i}", 0, sent_ns=1, recv_ns=[2 * MS, 3 * MS], tokens=[1, 1],
+                              server_elapsed_us=[0, 0], finish_reason="length")
+        result.kernel_timed = kernel
+        rec.add(result)
+    assert rec.kernel_timed == 99 and rec.kernel_timed_share == 0.99
+    for _ in range(100):  # a loop late by 20 ms: its sends could be, its timestamps are not
+        rec.loop_lag(S, 20_000)
+    (warning,) = [w for w in generator_health(rec, GeneratorCpu(10.0)).warnings if "loop" in w]
+    assert "its sends could be that late" in warning and "timestamps are" not in warning
 
 
 def test_counts_from_several_processes_add_up():

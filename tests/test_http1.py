@@ -92,7 +92,7 @@ def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
                 self.chunks.append(chunk)
                 return on_chunk(chunk)
 
-            await super().apush(conn, spec, timeout_s, seen)
+            return await super().apush(conn, spec, timeout_s, seen)
 
     target = Seen(build(LoadSettings, {}).target)
     target.chunks = []
@@ -110,6 +110,7 @@ def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
         result = asyncio.run(main())
     assert result.ok, result.details
     assert result.recv_ns == [c.arrived_ns for c in target.chunks if c.text]
+    assert result.kernel_timed  # plain TCP on Linux: the kernel's receipt
 
 
 async def pool_on(answer):

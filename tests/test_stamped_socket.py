@@ -14,13 +14,15 @@ class Protocol:
     def __init__(self):
         self.scratch = memoryview(bytearray(64 * 1024))
         self.reads: list[tuple[bytes, int, int]] = []  # bytes, arrived_ns, when read
+        self.kernel: list[bool] = []
         self.lost: list[BaseException | None] = []
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def received(self, nbytes: int, arrived_ns: int) -> None:
+    def received(self, nbytes: int, arrived_ns: int, kernel: bool) -> None:
         self.reads.append((bytes(self.scratch[:nbytes]), arrived_ns, time.monotonic_ns()))
+        self.kernel.append(kernel)
 
     def connection_lost(self, exc) -> None:
         self.lost.append(exc)
@@ -51,7 +53,7 @@ def test_a_read_the_loop_came_to_late_is_timed_by_its_arrival():
 
     before_ns, after_ns = asyncio.run(main())
     (data, arrived_ns, read_ns), = protocol.reads
-    assert data == b"event"
+    assert data == b"event" and protocol.kernel == [True]
     assert read_ns - after_ns >= 50e6  # read late ...
     assert before_ns - 1e6 <= arrived_ns <= after_ns + 1e6  # ... timed as it arrived
 

@@ -8,6 +8,8 @@ from loadgen.recording.recorder import LATE_SEND_MS, Recorder
 from records.summary import CPU_WAIT_PERCENT, Generator
 
 LATE_LOOP_MS = 5.0  # the generator's loop lag p99 above this: its timestamps are that late
+# ... unless this share of the streams (or more) was timed by the kernel's receipt
+KERNEL_TIMED_SHARE = 0.99
 # a core's share past which a client's timing suffers (docs/measured.md), and how: gevent's
 # delivery lag grows past half a core; the aio sender's messages are timed by the kernel's
 # receipt, and its sends fall behind as it nears a whole core (80%: none limited at 55-61% of
@@ -33,10 +35,13 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
     more = ("see its wait for a core above" if (cpu.waited_percent or 0) > CPU_WAIT_PERCENT else
             "add Locust worker processes (--processes N, with -u N) or lower the rate")
     loop = rec.client["loop_lag"].stats()
+    kernel_timed = rec.kernel_timed_share >= KERNEL_TIMED_SHARE
     if (loop.p99 or 0) > LATE_LOOP_MS:
         warnings.append(
             f"the generator's event loop woke up to {loop.p99:.1f} ms late (loop lag p99, "
-            f"above {LATE_LOOP_MS:g} ms): its message timestamps are that late; "
+            f"above {LATE_LOOP_MS:g} ms): "
+            + ("its sends could be that late (its messages were timed by the kernel's "
+               "receipt); " if kernel_timed else "its message timestamps are that late; ")
             + ("use --client aio (fixed, mixed and sla modes), " if client == "gevent" else "")
             + more)
     if rec.late_sends:
@@ -53,7 +58,7 @@ def generator_health(rec: Recorder, cpu: GeneratorCpu, closed_loop: bool = False
                         "rate), or due before the run stopped and not reached by then (the "
                         "load generator behind its schedule)")
     warnings += count_warnings(rec)
-    limited = rec.limits.limited()
+    limited = rec.limits.limited(kernel_timed)
     return Generator(late_sends=rec.late_sends, late_threshold_ms=LATE_SEND_MS,
                      cpu_percent=cpu.used_percent, client=client, limited=limited,
                      warnings=warnings + limited_warnings(limited, more),

@@ -2,12 +2,13 @@
 `generator.limited`; docs/metrics.md, "When the generator is the limit").
 
 A generator that falls behind spoils figures in two ways. Its sends go out late, or its event
-loop wakes late: every receive time it stamps is that late, so TTFT (and E2E) carry its delay,
-not the server's. Its reads fall behind the stream: several events of one stream wait in the
-socket and come in one read, sharing a timestamp, so the gaps between them read ~0, and ITL's
-low percentiles read a figure that is wrong rather than late. Each is counted by the second of
-the run it happened in (from its start: each process its own), so the summary can say from
-when; the counts add up across processes.
+loop wakes late: every receive time it stamps is that late (unless the kernel's receipt timed
+the messages), so TTFT (and E2E) carry its delay, not the server's. Its reads fall behind the
+stream: several events of one stream wait in the socket and come in one read, sharing a
+timestamp, so the gaps between them read ~0, and ITL's low percentiles read a figure that is
+wrong rather than late. Each is counted by the second of the run it happened in (from its
+start: each process its own), so the summary can say from when; the counts add up across
+processes.
 """
 
 from __future__ import annotations
@@ -66,14 +67,16 @@ class GeneratorLimits:
             return None
         return found
 
-    def limited(self) -> dict[str, str]:
-        """figure ("ttft", "itl") -> why and from when the generator limited it."""
+    def limited(self, kernel_timed: bool = False) -> dict[str, str]:
+        """figure ("ttft", "itl") -> why and from when the generator limited it. kernel_timed:
+        the messages were timed by the kernel's receipt (docs/metrics.md, "Arrival times"), so
+        a late loop delayed only the sends, which the late sends count."""
         why: dict[str, list[tuple[int, str]]] = {}
         late_ms = LATE_US / 1000
         if found := self.first("late_sends", "sends"):
             why.setdefault("ttft", []).append(
                 (found[0], f"{found[1]:.1%} of its sends went out over {late_ms:g} ms late"))
-        if found := self.first("late_wakes", "wakes"):
+        if not kernel_timed and (found := self.first("late_wakes", "wakes")):
             for figure in SPOILS:
                 why.setdefault(figure, []).append(
                     (found[0], f"its event loop woke over {late_ms:g} ms late "

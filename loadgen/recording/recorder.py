@@ -45,7 +45,8 @@ CLIENT_METRICS = ("ttft", "ttft_service", "tpot", "itl", "itl_token", "e2e", "e2
 SERVER_METRICS = ("queue", "prefill", "decode", "ttft")
 LATE_SEND_MS = 5.0  # a send this late means the generator, not the server, is the bottleneck
 MERGED_COUNTS = ("not_sent", "after_stop", "late_sends", "warmup", "window_tokens", "window_ok",
-                 "window_good", "slo_judged", "rows_omitted", "off_length", "unstreamed")
+                 "window_good", "slo_judged", "rows_omitted", "off_length", "unstreamed",
+                 "kernel_timed")
 
 
 @dataclass
@@ -90,6 +91,9 @@ class Recorder:
     slo_judged: int = 0  # measured ok requests
     off_length: int = 0  # ok requests whose server counted another output length than asked
     unstreamed: int = 0  # ok requests answered whole (--routed-experts-sample): not timed
+    # ok streamed requests whose messages the kernel's receipt timed (docs/metrics.md,
+    # "Arrival times"), not the generator's reads
+    kernel_timed: int = 0
     # measured ok requests that reasoned: tokens of each kind, requests with no answer, and
     # the times to the first token of each kind
     reasoned: Counter = field(default_factory=Counter)
@@ -134,6 +138,7 @@ class Recorder:
         checks = objectives.checks(self.slo, timing) if timing else {}
         whole = result.ok and not result.streamed
         self.unstreamed += whole
+        self.kernel_timed += result.ok and result.streamed and result.kernel_timed
         if (timing or whole) and self.in_window(result.recv_ns[-1]):
             self.window_ok += 1
             self.window_good += bool(timing) and all(checks.values())
@@ -327,6 +332,12 @@ class Recorder:
                           failed_by_code=failed, warmup=self.warmup,
                           rows_omitted=self.rows_omitted,
                           cancelled=self.statuses[CLIENT_CANCELLED], unstreamed=self.unstreamed)
+
+    @property
+    def kernel_timed_share(self) -> float:
+        """Of the ok streamed requests, the share whose messages the kernel's receipt timed."""
+        streamed = self.statuses["OK"] - self.unstreamed
+        return self.kernel_timed / streamed if streamed else 0.0
 
     @property
     def window_s(self) -> float:

@@ -51,6 +51,9 @@ class StreamResult:
     routed_raw: list[str] = field(default_factory=list)
     routing: dict = field(default_factory=dict)  # RoutedRow's fields, once read (routing on)
     streamed: bool = True  # False: its reply came whole (Chunk.whole), so it is not timed
+    # its messages were timed by the kernel's receipt, not by the client's read of them
+    # (docs/metrics.md, "Arrival times")
+    kernel_timed: bool = False
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
@@ -151,7 +154,7 @@ async def astream_request(target: Target, conn, spec: RequestSpec, result: Strea
             return result.cancels(spec)
 
         try:
-            await push(conn, spec, timeout_s, on_chunk)
+            result.kernel_timed = await push(conn, spec, timeout_s, on_chunk)
         except Exception as exc:  # as stream_request
             result.status, result.details = target.failure(exc)
         result.close(count)

@@ -62,10 +62,12 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.received(nbytes, time.monotonic_ns())  # stamped before anything parses it
 
-    def received(self, nbytes: int, arrived_ns: int) -> None:
-        """nbytes read into scratch, arrived at arrived_ns."""
+    def received(self, nbytes: int, arrived_ns: int, kernel: bool = False) -> None:
+        """nbytes read into scratch, arrived at arrived_ns (kernel: the kernel's time for them,
+        not the read's)."""
         self.unread += self.scratch[:nbytes]
         if self.reply is not None:
+            self.reply.kernel_timed = self.reply.kernel_timed and kernel
             self.reply.feed(self.unread, arrived_ns, nbytes)
         self._wake()
 
@@ -100,6 +102,7 @@ class Connection(asyncio.BufferedProtocol):
         """The reply to the request just written is the one its reads go to."""
         self.reply = reply
         if self.unread:  # bytes that came before the request: not an answer to it
+            reply.kernel_timed = False
             reply.feed(self.unread, time.monotonic_ns(), len(self.unread))
         if self.closed:
             reply.ended(None)

@@ -57,6 +57,7 @@ class Reply:
         self.sink: Callable[[bytes, int], bool] | None = None
         self.stopped = False
         self.error: BaseException | None = None
+        self.kernel_timed = True  # every read of it so far timed by the kernel's receipt
 
     @property
     def head_read(self) -> bool:

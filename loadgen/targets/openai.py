@@ -313,10 +313,12 @@ class OpenAITarget:
         return pool
 
     async def apush(self, conn: Pool, spec: RequestSpec, timeout_s: float,
-                    on_chunk: Callable[[Chunk], bool]) -> None:
+                    on_chunk: Callable[[Chunk], bool]) -> bool:
         """The request's messages, each handed to on_chunk as its read arrives, in the
         connection's read callback (no task woken a message); on_chunk returns True to leave
-        the stream (the client cancels). Raises on failure, as `stream`."""
+        the stream (the client cancels). Whether every read of the reply was timed by the
+        kernel's receipt (loadgen/targets/stamped_socket.py). Raises on failure, as
+        `stream`."""
         async with asyncio.timeout(timeout_s):
             response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
                                           self.body(spec))
@@ -329,16 +331,17 @@ class OpenAITarget:
                     data = await response.read(WHOLE_BODY)
                     on_chunk(self.whole_chunk(data, time.monotonic_ns()))
                     response.keep()
-                    return
+                    return False
                 reader = Reader(self)
 
                 def body(data: bytes, arrived_ns: int) -> bool:
                     return reader.feed(data, arrived_ns, on_chunk)
 
-                if await response.consume(body) and not reader.done:
-                    return  # left by the client: the connection closes
-                reader.finish()
-                response.keep()
+                left = await response.consume(body) and not reader.done  # the client's cancel
+                if not left:  # (a stream left closes its connection)
+                    reader.finish()
+                    response.keep()
+                return response.reply.kernel_timed
             finally:
                 response.release()
 

@@ -10,8 +10,8 @@ is made, as the event loop's own transports would.
 
 It is the part of an asyncio transport the client uses: write (what the socket does not take
 at once waits for it to be writable), close, is_closing; and it calls its protocol's
-connection_made, received(nbytes, arrived_ns) (the bytes are in the protocol's scratch buffer)
-and connection_lost.
+connection_made, received(nbytes, arrived_ns, kernel) (the bytes are in the protocol's scratch
+buffer; kernel: whether arrived_ns is the kernel's) and connection_lost.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ ANCILLARY = socket.CMSG_SPACE(STAMP.size)
 LATEST_S = 1.0  # a kernel time further back than this is a clock step, not an arrival
 
 
-def arrival_ns(ancillary: list, now_ns: int) -> int:
+def kernel_ns(ancillary: list, now_ns: int) -> int | None:
     """When the read's bytes reached the machine, in time.monotonic_ns()'s clock: the kernel's
-    CLOCK_REALTIME stamp less the two clocks' offset now; now_ns where there is none."""
+    CLOCK_REALTIME stamp less the two clocks' offset now; None where it gave none."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= STAMP.size:
             seconds, nanoseconds = STAMP.unpack_from(data)
             at = seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - now_ns)
             if now_ns - LATEST_S * 1e9 < at <= now_ns:
                 return at
-    return now_ns
+    return None
 
 
 async def connect(host: str, port: int, protocol) -> StampedSocket:
@@ -90,7 +90,11 @@ class StampedSocket:
         if not nbytes:  # the server closed its side
             self._lost(None)
             return
-        self.protocol.received(nbytes, arrival_ns(ancillary, time.monotonic_ns()))
+        now_ns = time.monotonic_ns()
+        if (at_ns := kernel_ns(ancillary, now_ns)) is None:
+            self.protocol.received(nbytes, now_ns, kernel=False)
+        else:
+            self.protocol.received(nbytes, at_ns, kernel=True)
 
     def write(self, data: bytes) -> None:
         if self.closing:

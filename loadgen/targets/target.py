@@ -123,7 +123,9 @@ class Target(Protocol):
     def astream(self, conn: Any, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
         """`stream` on asyncio. A target may have `apush(conn, spec, timeout_s, on_chunk)`
         instead, handing each message to on_chunk as it arrives (True back: the client
-        leaves): the aio sender takes it where there is one (the openai target's)."""
+        leaves), and returning whether every message was timed by the kernel's receipt
+        (docs/metrics.md, "Arrival times"): the aio sender takes it where there is one (the
+        openai target's)."""
 
     def close(self, conn: Any) -> None: ...
 
