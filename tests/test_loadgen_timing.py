@@ -12,7 +12,7 @@ from hdrh.histogram import HdrHistogram
 
 from loadgen.modes.stress import short_of_sent
 from loadgen.recording import groups
-from loadgen.recording.histograms import HIGHEST_US, Histogram
+from loadgen.recording.histograms import HIGHEST_US, Binned, Histogram
 from loadgen.recording.recorder import Recorder
 from loadgen.recording.timing import stream_timing
 from loadgen.targets.client import StreamResult
@@ -76,8 +76,8 @@ def test_recording_a_stream_at_once_is_recording_each_value():
     one_by_one, at_once = Histogram(), Histogram()
     for v in values:
         one_by_one.record(v)
-    at_once.record_all(values[:100])
-    at_once.record_all(values[100:])
+    at_once.add(Binned.of(values[:100]))
+    at_once.add(Binned.of(values[100:]))
     assert at_once.clamped == one_by_one.clamped > 2
     assert at_once.encode() == one_by_one.encode()
     assert (at_once.hdr.min_value, at_once.hdr.max_value) == (0, HIGHEST_US)
@@ -85,11 +85,11 @@ def test_recording_a_stream_at_once_is_recording_each_value():
 
 def test_a_cleared_histogram_records_as_a_new_one_does():
     used, new = Histogram(), Histogram()
-    used.record_all([5, 70_000, HIGHEST_US * 2])
+    used.add(Binned.of([5, 70_000, HIGHEST_US * 2]))
     used.clear()
     assert (used.count, used.clamped, used.stats().count) == (0, 0, 0)
     for h in (used, new):
-        h.record_all([3, 3, 900, 12_345_678])
+        h.add(Binned.of([3, 3, 900, 12_345_678]))
     assert used.encode() == new.encode() and used.stats() == new.stats()
 
 

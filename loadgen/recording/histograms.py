@@ -3,8 +3,8 @@
 hdrhistogram silently drops values outside its range; here they are clamped into range
 and counted, so a summary can say how many there were. Queries run in numpy (records/hdr.py):
 hdrhistogram's own took ~30 ms a histogram from the event loop that timestamps the streams, on
-every poll of the web UI's live tab. A stream's values are recorded at once (`record_all`,
-`add`): hdrhistogram's counts indices computed in numpy (`Binned`), once for the run's
+every poll of the web UI's live tab. A stream's values are recorded at once (`add`):
+hdrhistogram's counts indices computed in numpy (`Binned`), once for the run's
 histogram and the interval's; its record_value, five Python calls a value, was a fifth of the
 Locust process's CPU behind the aio sender (docs/design.md, "The default client").
 """
@@ -69,12 +69,8 @@ class Histogram:
             v = min(max(v, 0), HIGHEST_US)
         self.hdr.record_value(v)
 
-    def record_all(self, values_us: Sequence[float]) -> None:
-        """record() of each value."""
-        if len(values_us):
-            self.add(Binned.of(values_us))
-
     def add(self, binned: Binned) -> None:
+        """record() of each value binned holds."""
         hdr = self.hdr
         np.add.at(self.counts, binned.index, 1)
         hdr.total_count += len(binned.index)

@@ -337,8 +337,8 @@ class OpenAITarget:
                 def body(data: bytes, arrived_ns: int) -> bool:
                     return reader.feed(data, arrived_ns, on_chunk)
 
-                left = await response.consume(body) and not reader.done  # the client's cancel
-                if not left:  # (a stream left closes its connection)
+                # a stream the client left (it cancelled) is not kept: its connection closes
+                if not (await response.consume(body) and not reader.done):
                     reader.finish()
                     response.keep()
                 return response.reply.kernel_timed
