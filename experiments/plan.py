@@ -1,6 +1,8 @@
 """How a comparison spends its budget: which configurations (every policy, and the first one again
-as the A/A pair), in what order (interleaved rounds, A B C A' A B C A' ..., each round on its own
-workload seed, the same for every configuration in it), and how long each run measures: long
+as the A/A pair), in what order (interleaved rounds, every other one reversed: A B C A', A' C B A,
+..., so that drift through a round hits every configuration alike over two rounds and none always
+runs first; each round on its own workload seed, the same for every configuration in it), and how
+long each run measures: long
 enough that its percentile objectives can be judged valid with none over (MLPerf's early-stopping
 floor, records/early_stopping.py: 459 requests for p99) at the chosen rate, with a margin. A plan
 that does not fit the budget says so, and what would make it fit, instead of running short."""
@@ -42,7 +44,7 @@ class ComparisonPlan:
     @property
     def runs(self) -> list[PlannedRun]:
         return [PlannedRun(k, name, policy, seed=k) for k in range(1, self.rounds + 1)
-                for name, policy in self.configs]
+                for name, policy in (self.configs if k % 2 else self.configs[::-1])]
 
     @property
     def aa(self) -> str:
