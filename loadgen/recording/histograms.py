@@ -4,9 +4,11 @@ hdrhistogram silently drops values outside its range; here they are clamped into
 and counted, so a summary can say how many there were. Queries run in numpy (records/hdr.py):
 hdrhistogram's own took ~30 ms a histogram from the event loop that timestamps the streams, on
 every poll of the web UI's live tab. A stream's values are recorded at once (`add`):
-hdrhistogram's counts indices computed in numpy (`Binned`), once for the run's
-histogram and the interval's; its record_value, five Python calls a value, was a fifth of the
-Locust process's CPU behind the aio sender (docs/design.md, "The default client").
+hdrhistogram's counts indices computed once for the run's histogram and the interval's
+(`Binned`), in numpy for a long stream and in Python's ints for a short one (numpy's calls cost
+~14 us however few the values, Python's ~0.2 us a value); its record_value, five Python calls a
+value, was a fifth of the Locust process's CPU behind the aio sender (docs/design.md, "The
+default client").
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from records.summary import Stats
 LOWEST_US = 1  # resolution; 0 is recordable too
 HIGHEST_US = 3_600_000_000  # one hour
 DIGITS = 3
+FEW = 64  # values below which a stream's are binned in Python, not numpy
 _SHAPE = HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS)  # hdrhistogram's index arithmetic, below
 _MASK, _UNIT = _SHAPE.sub_bucket_mask, _SHAPE.unit_magnitude
 _HALF_MAG, _HALF = _SHAPE.sub_bucket_half_count_magnitude, _SHAPE.sub_bucket_half_count
+_BUCKET_BASE = _UNIT + _HALF_MAG + 1
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,15 @@ class Binned:
     """Values (us) in hdrhistogram's counts indices, ready to add to any of these histograms:
     each value as record() takes it (truncated, clamped into range and counted)."""
 
-    index: np.ndarray
+    index: np.ndarray | list[int]
     clamped: int
     low: int
     high: int
 
     @classmethod
     def of(cls, values_us: Sequence[float]) -> Binned:
+        if len(values_us) < FEW:
+            return cls.of_few(values_us)
         v = np.asarray(values_us)
         if v.dtype.kind == "f":  # int() of each, past the range kept past it
             v = np.clip(v, -1, HIGHEST_US + 1).astype(np.int64)
@@ -51,9 +57,20 @@ class Binned:
             v = np.clip(v, 0, HIGHEST_US)
         # hdrhistogram's _counts_index_for: the bucket from the value's bit length (frexp's
         # exponent, exact below 2**53), then the sub-bucket
-        bucket = np.frexp((v | _MASK).astype(np.float64))[1] - _UNIT - _HALF_MAG - 1
+        bucket = np.frexp((v | _MASK).astype(np.float64))[1] - _BUCKET_BASE
         index = ((bucket + 1) << _HALF_MAG) + (v >> (bucket + _UNIT)) - _HALF
         return cls(index, clamped, int(v.min()), int(v.max()))
+
+    @classmethod
+    def of_few(cls, values_us: Sequence[float]) -> Binned:
+        v = [int(value) for value in values_us]
+        clamped = sum(not 0 <= x <= HIGHEST_US for x in v) if (
+            min(v) < 0 or max(v) > HIGHEST_US) else 0
+        if clamped:
+            v = [min(max(x, 0), HIGHEST_US) for x in v]
+        index = [((b := (x | _MASK).bit_length() - _BUCKET_BASE) + 1 << _HALF_MAG)
+                 + (x >> (b + _UNIT)) - _HALF for x in v]
+        return cls(index, clamped, min(v), max(v))
 
 
 class Histogram:
@@ -72,7 +89,12 @@ class Histogram:
     def add(self, binned: Binned) -> None:
         """record() of each value binned holds."""
         hdr = self.hdr
-        np.add.at(self.counts, binned.index, 1)
+        if isinstance(binned.index, list):
+            counts = hdr.counts  # ctypes' items are cheaper to add to than numpy's
+            for i in binned.index:
+                counts[i] += 1
+        else:
+            np.add.at(self.counts, binned.index, 1)
         hdr.total_count += len(binned.index)
         hdr.min_value, hdr.max_value = min(hdr.min_value, binned.low), max(hdr.max_value,
                                                                            binned.high)
