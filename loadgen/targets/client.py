@@ -145,30 +145,18 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
 
 async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
                           timeout_s: float, count: Counter) -> None:
-    """stream_request on asyncio (the aio sender): through the target's apush where it has
-    one (each message handled as its read arrives), else its astream."""
+    """stream_request on asyncio (the aio sender), through the target's apush: each message
+    handled as it arrives, timed where it arrived."""
     result.sent_ns = time.monotonic_ns()
-    if (push := getattr(target, "apush", None)) is not None:
-        def on_chunk(chunk: Chunk) -> bool:
-            result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
-            return result.cancels(spec)
 
-        try:
-            result.kernel_timed = await push(conn, spec, timeout_s, on_chunk)
-        except Exception as exc:  # as stream_request
-            result.status, result.details = target.failure(exc)
-        result.close(count)
-        return
-    stream = target.astream(conn, spec, timeout_s)
+    def on_chunk(chunk: Chunk) -> bool:
+        result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
+        return result.cancels(spec)
+
     try:
-        async for chunk in stream:
-            result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
-            if result.cancels(spec):
-                break
+        result.kernel_timed = await target.apush(conn, spec, timeout_s, on_chunk)
     except Exception as exc:  # as stream_request
         result.status, result.details = target.failure(exc)
-    finally:
-        await stream.aclose()
     result.close(count)
 
 

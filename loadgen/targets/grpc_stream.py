@@ -16,7 +16,8 @@ of the request's earlier messages); `call` is Generate unless the protocol diffe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -94,18 +95,24 @@ class GrpcTarget:
             pass
         return Conn(channel, self.stub_class(channel))
 
-    async def astream(self, conn: Conn, spec: RequestSpec,
-                      timeout_s: float) -> AsyncIterator[Chunk]:
+    async def apush(self, conn: Conn, spec: RequestSpec, timeout_s: float,
+                    on_chunk: Callable[[Chunk], bool]) -> bool:
+        """The server's messages, each handed to on_chunk (True back: the call is left), timed
+        as gRPC hands it over, before it is decoded into a Chunk. Never kernel-timed: gRPC
+        owns its socket."""
         seen = 0
         call = self.call(conn.stub, self.request(spec), timeout_s, self.metadata_of(spec))
         try:
             async for msg in call:
+                arrived_ns = time.monotonic_ns()
                 chunk = self.chunk_of(msg, seen)
-                chunk.size = msg.ByteSize()
+                chunk.size, chunk.arrived_ns = msg.ByteSize(), arrived_ns
                 seen += chunk.tokens
-                yield chunk
+                if on_chunk(chunk):
+                    break
         finally:
             call.cancel()
+        return False
 
     def close(self, conn: Conn) -> None:
         conn.channel.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -120,12 +120,11 @@ class Target(Protocol):
     async def aconnect(self, host: str) -> Any:
         """A connection for the aio sender, on its event loop."""
 
-    def astream(self, conn: Any, spec: RequestSpec, timeout_s: float) -> AsyncIterator[Chunk]:
-        """`stream` on asyncio. A target may have `apush(conn, spec, timeout_s, on_chunk)`
-        instead, handing each message to on_chunk as it arrives (True back: the client
-        leaves), and returning whether every message was timed by the kernel's receipt
-        (docs/metrics.md, "Arrival times"): the aio sender takes it where there is one (the
-        openai target's)."""
+    async def apush(self, conn: Any, spec: RequestSpec, timeout_s: float,
+                    on_chunk: Callable[[Chunk], bool]) -> bool:
+        """`stream` on asyncio: each message handed to on_chunk as it arrives, with its
+        arrival time (True back: the client leaves); returns whether every message was timed
+        by the kernel's receipt (docs/metrics.md, "Arrival times"). Raises on failure."""
 
     def close(self, conn: Any) -> None: ...
 
