@@ -195,13 +195,15 @@ lab-vs-vllm: install $(VLLM_STAMP)
 bench-engine: install
 	$(PY) -m server.tools.bench_engine
 
-# The native streaming mock the events/s sweep measures against (loadgen/events_bench/sse_mock.c)
-MOCK := .build/sse_mock
-$(MOCK): loadgen/events_bench/sse_mock.c
+# The native streaming mocks the benchmarks measure our generator against (loadgen/events_bench/):
+# OpenAI server-sent events (sse_mock.c) and the moe.v1 gRPC stream (grpc_mock.c)
+MOCK_CORE := loadgen/events_bench/mock_core.c loadgen/events_bench/mock_core.h
+MOCKS := .build/sse_mock .build/grpc_mock
+.build/%_mock: loadgen/events_bench/%_mock.c $(MOCK_CORE)
 	mkdir -p $(dir $@)
-	$(CC) -O2 -Wall -Wextra -o $@ $< -lm
+	$(CC) -O2 -Wall -Wextra -o $@ $< loadgen/events_bench/mock_core.c -lm
 
-bench-loadgen: install $(MOCK)
+bench-loadgen: install $(MOCKS)
 	$(PY) -m loadgen.bench_loadgen
 	$(PY) -m loadgen.events_bench.sweep
 

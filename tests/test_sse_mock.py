@@ -8,55 +8,32 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import signal
 import socket
-import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from loadgen.events_bench import sweep
+from loadgen.events_bench import native, sweep
 from loadgen.targets.client import StreamResult, astream_request
 from loadgen.targets.openai import OpenAITarget
 from loadgen.targets.target import RequestSpec
 from loadgen.targets.text_tokens import TextCounter
-from records.declare import build
+from records.declare import build as build_settings
 from records.load_settings import LoadSettings
-from tests.conftest import REPO
+from tests.native_mocks import build, mock_on
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
 
 
 @pytest.fixture(scope="module")
 def mock_binary(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("mock") / "sse_mock"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", str(out),
-                    str(REPO / "loadgen/events_bench/sse_mock.c"), "-lm"], check=True)
-    return out
-
-
-@contextmanager
-def mock_on(binary: Path, tmp: Path, ttft_ms: float, itl_ms: float):
-    """The mock on a free port: yields (port, the path its account is written to)."""
-    port_file, stats = tmp / "port", tmp / "stats.json"
-    proc = subprocess.Popen([str(binary), "--port", "0", "--port-file", str(port_file),
-                             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
-                             "--stats", str(stats)])
-    try:
-        deadline = time.monotonic() + 10
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        yield int(port_file.read_text()), stats
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    return build("sse_mock", tmp_path_factory.mktemp("mock"))
 
 
 def test_the_mock_streams_with_its_delays_and_its_truth_and_accounts_for_them(
         mock_binary, tmp_path):
-    target = OpenAITarget(build(LoadSettings, {}).target)
+    target = OpenAITarget(build_settings(LoadSettings, {}).target)
 
     async def main(port: int) -> list[StreamResult]:
         pool = await target.aconnect(f"127.0.0.1:{port}")
@@ -101,7 +78,7 @@ def test_a_request_it_cannot_read_closes_its_connection_and_it_serves_on(mock_bi
 @pytest.mark.slow
 def test_a_sweep_run_measures_our_generator_against_the_mocks_truth(mock_binary, tmp_path,
                                                                     monkeypatch):
-    monkeypatch.setattr(sweep, "MOCK", mock_binary)
+    monkeypatch.setattr(native, "BUILD", mock_binary.parent)
     row = sweep.one_run(tmp_path, 1_000, 1, 20, 3.0)
     assert row["accounted"] and row["sent_percent"] == 100.0, row
     assert row["scheduled"] > 100

@@ -26,21 +26,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from hdrh.histogram import HdrHistogram
 
 from loadgen.bench_loadgen import REPO, pct
+from loadgen.events_bench.native import native_mock, ttft_errors
 from loadgen.traffic.arrivals import worker_arrivals
 from records.cli import Parser
 
 TTFT_MS = 50.0
 EVENTS_PER_S = (5_000, 10_000, 25_000, 50_000, 100_000)  # the sweep's settings
 PER_STREAM = 100  # events/s a stream (one every 10 ms)
-MOCK = REPO / ".build" / "sse_mock"
-# the mock yields a core to the generator when both want one: its own lateness is in the truth
-MOCK_NICE = 10
 
 
 def streams_of(events_per_s: float, tokens: int) -> float:
@@ -60,16 +57,6 @@ def scheduled(summary: dict) -> int:
         for i, window in enumerate(windows))
 
 
-def ttft_errors(run_dir: Path) -> list[float]:
-    """Each measured ok request's TTFT less the mock's true one (ms)."""
-    errors = []
-    for line in (run_dir / "requests.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["status"] == "OK" and not row["warmup"] and row.get("server_ttft_us"):
-            errors.append(row["ttft_ms"] - row["server_ttft_us"] / 1e3)
-    return errors
-
-
 def itl_sd_ms(run_dir: Path) -> float:
     """The spread of the gaps the generator timed between a stream's events."""
     encoded = json.loads((run_dir / "histograms.json").read_text())["itl"]
@@ -79,24 +66,16 @@ def itl_sd_ms(run_dir: Path) -> float:
 def one_run(tmp: Path, events_per_s: int, processes: int, tokens: int,
             duration_s: float) -> dict:
     name = f"{events_per_s}-p{processes}"
-    run_dir, port_file, stats = tmp / name, tmp / f"{name}.port", tmp / f"{name}.mock.json"
-    mock = subprocess.Popen(["nice", "-n", str(MOCK_NICE), str(MOCK), "--port", "0",
-                             "--port-file", str(port_file), "--ttft-ms", str(TTFT_MS),
-                             "--itl-ms", str(1e3 / PER_STREAM), "--stats", str(stats)])
-    try:
-        while not port_file.exists():
-            time.sleep(0.02)
+    run_dir = tmp / name
+    with native_mock("sse_mock", tmp, TTFT_MS, 1e3 / PER_STREAM) as (port, stats):
         workers = ["--processes", str(processes), "-u", str(processes)] if processes > 1 else []
         done = subprocess.run(
             [str(Path(sys.executable).parent / "locust"), "-f", "loadgen/moe.py", "--host",
-             f"http://127.0.0.1:{port_file.read_text().strip()}", "--target", "openai",
+             f"http://127.0.0.1:{port}", "--target", "openai",
              "--headless", "--only-summary", "-t", f"{round(duration_s)}s", "--rate",
              f"{events_per_s / tokens:.3f}", "--prompt-tokens", "4", "--max-tokens", str(tokens),
              "--max-request-rows", "10000000", "--run-dir", str(run_dir), *workers],
             cwd=REPO, capture_output=True, text=True, timeout=duration_s + 120)
-    finally:
-        mock.terminate()
-        mock.wait(timeout=10)
     if not (run_dir / "summary.json").exists():
         raise SystemExit(f"locust wrote no summary (exit {done.returncode}):\n"
                          f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -147,8 +126,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events-per-s", type=int, nargs="+", default=list(EVENTS_PER_S),
                    help="the events/s each run asks for")
     args = p.parse_args(argv)
-    if not MOCK.exists():
-        raise SystemExit(f"{MOCK} is missing: make bench-loadgen builds it")
     tmp = Path(tempfile.mkdtemp(prefix="bench-events-"))
     rows = [one_run(tmp, events, processes, args.tokens, args.duration_s)
             for events in args.events_per_s for processes in args.processes]
