@@ -154,6 +154,7 @@ class Sender:
         if not self.stopped.is_set():  # a finite schedule (a trace) is sent: the parent stops
             self.emit({"schedule_over": True})
         await watcher
+        tally.stopped_at(self.stopped_ns)
         if self.part is not None:
             sampler.cancel()
         await drain(self.tasks, self.done, self.settings.sender.drain_s, self.emit)

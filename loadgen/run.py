@@ -32,7 +32,7 @@ from loadgen.targets.routed_experts import RoutingReader
 from loadgen.targets.target import RequestSpec, Target
 from loadgen.targets.text_tokens import TextCounter
 from loadgen.ticker import Ticker
-from loadgen.traffic.dispatch import SendCounts, dispatch, due_before, stop_or_end
+from loadgen.traffic.dispatch import SendCounts, dispatch, due_before, dues_before, stop_or_end
 from loadgen.traffic.offered import Offered
 from loadgen.traffic.profiles import schedule_of
 from loadgen.traffic.workload import Workload
@@ -253,7 +253,7 @@ class Run:
             self.aio.wait(self.sender.drain_s + 10)
             self.recorder.not_sent += self.aio.not_sent
         elif self.tally is not None:  # the users are gone: the arrivals due none of them took
-            self.tally.overtaken += self._schedule.due_by(self.start_ns, self.stop_ns)
+            self.tally.overtaken_ns.extend(self._schedule.dues_by(self.start_ns, self.stop_ns))
             self.recorder.not_sent += self.tally.not_sent
         self._group.join(timeout=self.sender.drain_s)
         self.mode.drained()
@@ -338,12 +338,12 @@ class SharedSchedule:
         with self._lock:
             return next(self.arrivals)
 
-    def due_by(self, start_ns: int, stop_ns: int) -> int:
-        """The arrivals left that fell due by stop_ns; none while a user waits inside the
-        schedule (it has none due: it waits for the next probe)."""
+    def dues_by(self, start_ns: int, stop_ns: int) -> list[int]:
+        """The due times of the arrivals left that fell due by stop_ns; none while a user
+        waits inside the schedule (it has none due: it waits for the next probe)."""
         if self._lock.locked():
-            return 0
-        return due_before(self.arrivals, start_ns, stop_ns)
+            return []
+        return list(dues_before(self.arrivals, start_ns, stop_ns))
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,18 @@ def test_a_sender_behind_at_the_stop_counts_what_it_did_not_reach():
     assert (tally.sent, tally.overtaken, tally.full) == (3, 3, 0)
 
 
+def test_a_sender_past_the_schedules_end_before_it_heard_of_an_earlier_stop_counts_to_it():
+    # a distributed worker's sender, 2.5 s behind: its schedule's end (-t from its own start,
+    # 6 s) passes before it hears of the run's stop (the master's, at 4.5 s); it counted what
+    # it did not reach up to 6 s, and the stop, once heard, leaves what fell due after it out
+    sender, tally = HandClock(), SendCounts()
+    drive(dispatch(every_second(10), 0, 100, sender, tally), sender, late_ns=int(2.5 * S),
+          stop_at_ns=6 * S)
+    assert sender.sent == [0, 1, 2, 3] and tally.overtaken_ns == [4 * S, 5 * S, 6 * S]
+    tally.stopped_at(int(4.5 * S))
+    assert tally.sent + tally.not_sent == 5  # 0..4, every arrival due by the stop, once
+
+
 def test_an_idle_schedule_is_waited_for_and_neither_sent_nor_counted():
     # the SLA search's schedule between probes: (None, when to look again) twice, then arrivals
     schedule = iter([(None, 0.5), (None, 1.0), (0, 1.5), (None, 2.0), (1, 2.5), (2, 3.5)])
@@ -159,9 +171,9 @@ def test_users_sharing_a_schedule_that_waits_inside_take_turns():
     held = SharedSchedule(waits_inside())
     user = gevent.spawn(next, held)
     gevent.sleep(0.001)  # the user waits inside: nothing in it is due
-    assert held.due_by(0, 10 * S) == 0
+    assert held.dues_by(0, 10 * S) == []
     user.join()
-    assert held.due_by(0, 10 * S) == 5
+    assert held.dues_by(0, 10 * S) == [0] * 5
 
 
 def test_a_request_due_after_the_stop_is_counted_apart_and_nowhere_else():

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -51,11 +51,23 @@ class SendCounts:
 
     sent: int = 0
     full: int = 0  # not sent: --max-in-flight were in flight as it fell due
-    overtaken: int = 0  # not sent: due before the stop, reached after it
+    # not sent: due before the stop, reached after it (their due times, ns)
+    overtaken_ns: list[int] = field(default_factory=list)
+
+    @property
+    def overtaken(self) -> int:
+        return len(self.overtaken_ns)
 
     @property
     def not_sent(self) -> int:
         return self.full + self.overtaken
+
+    def stopped_at(self, stop_ns: int) -> None:
+        """The run's stop, as it turned out: a sender past the schedule's end before it heard
+        of an earlier stop (a distributed worker's, behind) counted the arrivals due between
+        as overtaken; they were never due in the run. (One that met the cap in that time,
+        `full`, still counts: kept as a count, not a time.)"""
+        self.overtaken_ns = [due_ns for due_ns in self.overtaken_ns if due_ns <= stop_ns]
 
 
 def dispatch(arrivals: Iterator[tuple[int | None, float]], start_ns: int, max_in_flight: int,
@@ -78,11 +90,14 @@ def dispatch(arrivals: Iterator[tuple[int | None, float]], start_ns: int, max_in
                 yield due_ns
             except GeneratorExit:  # the caller was ended as it waited
                 stop_ns = sends.stop_ns()
-                tally.overtaken += stop_ns is not None and due_ns <= stop_ns
+                if stop_ns is not None and due_ns <= stop_ns:
+                    tally.overtaken_ns.append(due_ns)
                 raise
             stop_ns = sends.stop_ns()
         if stop_ns is not None:
-            tally.overtaken += (due_ns <= stop_ns) + due_before(arrivals, start_ns, stop_ns)
+            if due_ns <= stop_ns:
+                tally.overtaken_ns.append(due_ns)
+                tally.overtaken_ns.extend(dues_before(arrivals, start_ns, stop_ns))
             return
         if sends.in_flight() >= max_in_flight:
             tally.full += 1
@@ -101,12 +116,18 @@ def stop_or_end(stop_ns: int | None, end_ns: int | None) -> int | None:
     return stop_ns
 
 
-def due_before(arrivals: Iterator[tuple[int | None, float]], start_ns: int, stop_ns: int) -> int:
-    """How many of the arrivals left fell due by stop_ns (the schedule's times only grow; an
-    idle one is none)."""
-    due = 0
+def dues_before(arrivals: Iterator[tuple[int | None, float]], start_ns: int,
+                stop_ns: int) -> Iterator[int]:
+    """The due times (ns) of the arrivals left that fell due by stop_ns (the schedule's times
+    only grow; an idle one is none)."""
     for index, offset_s in arrivals:
-        if start_ns + int(offset_s * 1e9) > stop_ns:
+        due_ns = start_ns + int(offset_s * 1e9)
+        if due_ns > stop_ns:
             break
-        due += index is not None
-    return due
+        if index is not None:
+            yield due_ns
+
+
+def due_before(arrivals: Iterator[tuple[int | None, float]], start_ns: int, stop_ns: int) -> int:
+    """How many of the arrivals left fell due by stop_ns."""
+    return sum(1 for _ in dues_before(arrivals, start_ns, stop_ns))
