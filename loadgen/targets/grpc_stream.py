@@ -100,7 +100,7 @@ class GrpcTarget:
         """The server's messages, each handed to on_chunk (True back: the call is left), timed
         as gRPC hands it over, before it is decoded into a Chunk. Never kernel-timed: gRPC
         owns its socket."""
-        seen = 0
+        seen, ended = 0, False
         call = self.call(conn.stub, self.request(spec), timeout_s, self.metadata_of(spec))
         try:
             async for msg in call:
@@ -110,8 +110,11 @@ class GrpcTarget:
                 seen += chunk.tokens
                 if on_chunk(chunk):
                     break
+            else:
+                ended = True
         finally:
-            call.cancel()
+            if not ended:  # left early (or failed): the server's work freed now
+                call.cancel()
         return False
 
     def close(self, conn: Conn) -> None:
