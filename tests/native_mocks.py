@@ -3,6 +3,7 @@ as the Makefile builds them, and run on a free port."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -38,3 +39,23 @@ def mock_on(binary: Path, tmp: Path, ttft_ms: float, itl_ms: float) -> Iterator[
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+def check_truth(results: list, ttft_ms: float, itl_ms: float) -> None:
+    """Each stream (StreamResult) as the mock says it wrote it: a true TTFT of at least its
+    design's (and under twice it), seen later by the client, and every message written no
+    earlier than its time."""
+    for r in results:
+        true_ttft_us = r.usage["ttft_us"]
+        assert ttft_ms * 1e3 <= true_ttft_us < 2 * ttft_ms * 1e3
+        assert (r.recv_ns[0] - r.sent_ns) / 1e3 >= true_ttft_us  # the client sees it later
+        elapsed = r.server_elapsed_us  # each message's write, never before its time
+        assert elapsed[0] == true_ttft_us
+        assert all(e >= (ttft_ms + k * itl_ms) * 1e3 for k, e in enumerate(elapsed)), elapsed
+
+
+def check_account(stats: Path, requests: int, events: int) -> None:
+    """The mock's own account, written as it ended."""
+    account = json.loads(stats.read_text())
+    assert (account["requests"], account["events"]) == (requests, events)
+    assert 4_000 < account["itl_us"]["mean"] < 20_000 and account["late_us"]["p50"] < 10_000
