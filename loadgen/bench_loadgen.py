@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rest-repeats", type=int, default=3,
                    help="interleaved at-rest rounds, their medians compared")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds: at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     with native_mock("grpc_mock", tmp, TTFT_MS, ITL_MS) as (moe_port, _), \
             delay_server(tmp, "openai") as openai_port:
