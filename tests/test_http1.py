@@ -23,6 +23,22 @@ from tests.conftest import delay_server_process
 STREAM_BODY = b'{"prompt": [65, 65], "max_tokens": 3, "stream": true}'
 
 
+class Taken:
+    """A receiver (loadgen/targets/target.py's Receiver) that keeps each message it is handed,
+    and when it was handed over; an HTTP stream has no fast path."""
+
+    def __init__(self):
+        self.chunks, self.handed = [], []
+
+    def take(self, chunk) -> bool:
+        self.chunks.append(chunk)
+        self.handed.append(time.monotonic_ns())
+        return False
+
+    def timed(self, *message) -> bool:
+        raise AssertionError(f"an HTTP stream's message came without a Chunk: {message}")
+
+
 async def one_stream(pool: Pool) -> list[bytes]:
     reply = await pool.request("POST", "/v1/completions",
                                {"Content-Type": "application/json"}, STREAM_BODY)
@@ -60,14 +76,9 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
         kept = []
         for i in range(3):
             spec = RequestSpec(f"r{i}", 3, prompt_ids=(65, 65))
-            chunks, handed = [], []
-
-            def seen(chunk, chunks=chunks, handed=handed):
-                chunks.append(chunk)
-                handed.append(time.monotonic_ns())
-                return False
-
-            await target.apush(pool, spec, 10, seen)
+            taken = Taken()
+            await target.apush(pool, spec, 10, taken)
+            chunks, handed = taken.chunks, taken.handed
             assert [c.text for c in chunks if c.text] == ["tok "] * 3
             # each stamped as its bytes came, before they were parsed and handed over
             arrived = [c.arrived_ns for c in chunks]
@@ -86,21 +97,19 @@ def test_the_openai_targets_streams_keep_their_connection_and_name_the_model(tmp
 
 
 def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
-    class Seen(OpenAITarget):
-        async def apush(self, conn, spec, timeout_s, on_chunk):
-            def seen(chunk):
-                self.chunks.append(chunk)
-                return on_chunk(chunk)
+    chunks = []
 
-            return await super().apush(conn, spec, timeout_s, seen)
+    class Seen(StreamResult):
+        def take(self, chunk) -> bool:
+            chunks.append(chunk)
+            return super().take(chunk)
 
-    target = Seen(build(LoadSettings, {}).target)
-    target.chunks = []
+    target = OpenAITarget(build(LoadSettings, {}).target)
 
     async def main():
         pool = await target.aconnect(f"127.0.0.1:{port}")
         spec = RequestSpec("r0", 3, prompt_ids=(65, 65))
-        result = StreamResult.of(spec, time.monotonic_ns())
+        result = Seen.of(spec, time.monotonic_ns())
         await astream_request(target, pool, spec, result, 10, TextCounter(""))
         await target.aclose(pool)
         return result
@@ -109,7 +118,7 @@ def test_the_aio_client_times_each_message_by_its_arrival(tmp_path):
                               "--itl-ms", "1") as (_, port):
         result = asyncio.run(main())
     assert result.ok, result.details
-    assert result.recv_ns == [c.arrived_ns for c in target.chunks if c.text]
+    assert result.recv_ns == [c.arrived_ns for c in chunks if c.text]
     assert result.kernel_timed  # plain TCP on Linux: the kernel's receipt
 
 
@@ -223,10 +232,9 @@ def test_a_stream_whole_at_done_is_whole_whatever_follows_and_its_connection_is_
         streams = []
         for i in range(2):
             spec = RequestSpec(f"r{i}", 1, prompt_ids=(65,))
-            ends = []
-            await target.apush(pool, spec, 10,
-                               lambda c, ends=ends: ends.append(c.finish_reason) or False)
-            streams.append(ends)
+            taken = Taken()
+            await target.apush(pool, spec, 10, taken)
+            streams.append([c.finish_reason for c in taken.chunks])
             await asyncio.gather(*pool.finishing)
             assert pool.idle == []  # its end never came: closed, not kept
         server.close()

@@ -15,9 +15,11 @@ import pytest
 from analysis.readers.rundir import load_run
 from analysis.rules.delivery import write_delay
 from loadgen.settings import check
+from loadgen.targets.client import StreamResult
 from loadgen.targets.moe import MoeTarget
 from loadgen.targets.openai import OpenAITarget
 from loadgen.targets.target import TARGETS, RequestSpec, target_of
+from proto import moe_pb2
 from records.declare import SettingsError, build
 from records.jsonform import to_json
 from records.load_settings import LoadSettings
@@ -59,8 +61,9 @@ EXTRA = {("openai", "gevent"): ("--tokenizer", "{tokenizer}"),
 
 
 # Each target with each client, but where the two clients share every line of a target's own
-# code: the gRPC engines' requests and messages are the same code under both (their streams are
-# loadgen/targets/grpc_stream.py's, which moe's pair tests), so each runs once, alternating.
+# code: the three gRPC engines' requests and messages are one class's (EngineTarget; their
+# streams are loadgen/targets/grpc_stream.py's, which moe's pair tests), so each runs once,
+# alternating, sglang-grpc's with aio through its messages' fast path (`plain`).
 PAIRS = [(target, client) for target in TARGETS for client in ("gevent", "aio")
          if (target, client) not in {("vllm-grpc", "aio"), ("sglang-grpc", "gevent"),
                                      ("trtllm-grpc", "aio")}]
@@ -215,6 +218,36 @@ def test_a_server_of_another_protocol_is_refused_in_one_line_naming_it(tmp_path)
         last = done.stdout.strip().splitlines()[-1]
         assert done.returncode == 2 and says in last, done.stdout
         assert "Traceback" not in done.stdout
+
+
+@pytest.mark.parametrize("name", ["moe", "sglang-grpc"])
+def test_a_message_read_by_the_fast_path_is_recorded_as_its_chunk_would_be(name):
+    """The aio sender reads a gRPC message of tokens alone without a Chunk (GrpcTarget.plain,
+    StreamResult.timed): what it records is what the Chunk's way records; a message that ends
+    the stream, or carries no token, goes the Chunk's way."""
+    target = target_of(build(LoadSettings, {"target": name}).target)
+    if name == "moe":
+        messages = [moe_pb2.GenerateResponse(token_ids=ids, text="ab"[:len(ids)],
+                                             server_elapsed_us=900 + len(ids))
+                    for ids in ([97], [97, 98])]
+        ends = [moe_pb2.GenerateResponse(token_ids=[97], finish_reason=1),
+                moe_pb2.GenerateResponse(server_elapsed_us=5)]
+    else:
+        messages = [target.pb.GenerateResponse(chunk={"token_ids": ids}) for ids in ([7], [7, 8])]
+        ends = [target.pb.GenerateResponse(complete={"finish_reason": "length"}),
+                target.pb.GenerateResponse(chunk={})]
+    spec = RequestSpec("r", 3, prompt_ids=(65,))
+    fast, whole = StreamResult.of(spec, 0), StreamResult.of(spec, 0)
+    seen = 0
+    for arrived_ns, msg in enumerate(messages, start=10):
+        tokens, server_us = target.plain(msg)
+        assert not fast.timed(arrived_ns, tokens, server_us, msg.ByteSize())
+        chunk = target.chunk_of(msg, seen)
+        chunk.size, chunk.arrived_ns = msg.ByteSize(), arrived_ns
+        assert not whole.take(chunk)
+        seen += tokens
+    assert vars(fast) == vars(whole) and fast.tokens == [1, 2] and fast.received_bytes > 0
+    assert [target.plain(msg) for msg in ends] == [None, None]
 
 
 def test_each_request_carries_its_id_on_the_wire_whatever_the_target():

@@ -54,11 +54,12 @@ class StreamResult:
     # its messages were timed by the kernel's receipt, not by the client's read of them
     # (docs/metrics.md, "Arrival times")
     kernel_timed: bool = False
+    cancel_after: int = 0  # RequestSpec.cancel_after: the client leaves after this many tokens
 
     @classmethod
     def of(cls, spec: RequestSpec, scheduled_ns: int) -> StreamResult:
         return cls(spec.request_id, scheduled_ns, spec.request_class, spec.max_tokens,
-                   session=spec.session, turn=spec.turn)
+                   session=spec.session, turn=spec.turn, cancel_after=spec.cancel_after)
 
     @property
     def ok(self) -> bool:
@@ -86,11 +87,28 @@ class StreamResult:
         self.finish_reason = chunk.finish_reason or self.finish_reason
         self.usage |= chunk.usage
 
-    def cancels(self, spec: RequestSpec) -> bool:
+    def take(self, chunk: Chunk) -> bool:
+        """The aio sender's message (loadgen/targets/target.py's Receiver), at its arrival
+        where its reader stamped it, else now; whether the client cancels now."""
+        self.received(chunk, chunk.arrived_ns or time.monotonic_ns())
+        return self.cancels()
+
+    def timed(self, arrived_ns: int, tokens: int, server_elapsed_us: int, size: int) -> bool:
+        """A message of output tokens and nothing else the run keeps, as `received` would
+        record it, for a fraction of its cost (most messages of a stream come this way);
+        whether the client cancels now."""
+        self.recv_ns.append(arrived_ns)
+        self.tokens.append(tokens)
+        self.server_elapsed_us.append(server_elapsed_us)
+        self.reasoning.append(False)
+        self.received_bytes += size
+        return self.cancel_after > 0 and self.cancels()
+
+    def cancels(self) -> bool:
         """Whether the client cancels now, the tokens it waited for having arrived (and the
         stream not ended with them)."""
-        if (not spec.cancel_after or self.finish_reason
-                or sum(self.tokens) < spec.cancel_after):
+        if (not self.cancel_after or self.finish_reason
+                or sum(self.tokens) < self.cancel_after):
             return False
         self.status = CLIENT_CANCELLED
         self.details = f"cancelled by the client after {sum(self.tokens)} tokens (--cancel-share)"
@@ -134,7 +152,7 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
     try:
         for chunk in stream:
             result.received(chunk, time.monotonic_ns())
-            if result.cancels(spec):
+            if result.cancels():
                 break
     except Exception as exc:  # an error, a bad reply or a client bug: counted, never lost
         result.status, result.details = target.failure(exc)
@@ -146,15 +164,10 @@ def stream_request(target: Target, conn, spec: RequestSpec, result: StreamResult
 async def astream_request(target: Target, conn, spec: RequestSpec, result: StreamResult,
                           timeout_s: float, count: Counter) -> None:
     """stream_request on asyncio (the aio sender), through the target's apush: each message
-    handled as it arrives, timed where it arrived."""
+    handed to the result as it arrives, timed where it arrived."""
     result.sent_ns = time.monotonic_ns()
-
-    def on_chunk(chunk: Chunk) -> bool:
-        result.received(chunk, chunk.arrived_ns or time.monotonic_ns())
-        return result.cancels(spec)
-
     try:
-        result.kernel_timed = await target.apush(conn, spec, timeout_s, on_chunk)
+        result.kernel_timed = await target.apush(conn, spec, timeout_s, result)
     except Exception as exc:  # as stream_request
         result.status, result.details = target.failure(exc)
     result.close(count)

@@ -52,6 +52,11 @@ class EngineTarget(GrpcTarget):
             self.tokenizer = Tokenizer.from_file(self.settings.tokenizer)
         return self.tokenizer.encode(spec.text).ids
 
+    def plain(self, msg) -> tuple[int, int] | None:
+        if msg.WhichOneof("response") != "chunk" or not (tokens := len(msg.chunk.token_ids)):
+            return None
+        return tokens, 0
+
     def chunk_of(self, msg, seen: int) -> Chunk:
         kind = msg.WhichOneof("response")
         if kind == "chunk":

@@ -10,14 +10,15 @@ the server is back.
 
 A subclass names its stub (`stub_class`) and turns the workload's request into its protocol's
 (`request(spec)`) and each message into a Chunk (`chunk_of(msg, seen)`, seen: the output tokens
-of the request's earlier messages); `call` is Generate unless the protocol differs.
+of the request's earlier messages); `call` is Generate unless the protocol differs. `plain(msg)`
+reads a message of tokens alone without a Chunk, where the protocol allows it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,7 +26,7 @@ import grpc
 
 from loadgen.targets.credentials import Credentials
 from loadgen.targets.sniff import HTTP1, spoken
-from loadgen.targets.target import Chunk, RequestSpec, failure_of
+from loadgen.targets.target import Chunk, Receiver, RequestSpec, failure_of
 from records.load_settings import TargetSettings
 from records.server_stats import ServerStats
 
@@ -95,20 +96,32 @@ class GrpcTarget:
             pass
         return Conn(channel, self.stub_class(channel))
 
+    def plain(self, msg) -> tuple[int, int] | None:
+        """A message that carries output tokens and nothing else the run keeps: (its tokens,
+        the server's time for it in us, 0 unknown), handed to the aio sender's receiver without
+        a Chunk (its fast path: most of a stream's messages). None: read through chunk_of,
+        as every message of a target without a fast path is."""
+        return None
+
     async def apush(self, conn: Conn, spec: RequestSpec, timeout_s: float,
-                    on_chunk: Callable[[Chunk], bool]) -> bool:
-        """The server's messages, each handed to on_chunk (True back: the call is left), timed
-        as gRPC hands it over, before it is decoded into a Chunk. Never kernel-timed: gRPC
-        owns its socket."""
+                    receiver: Receiver) -> bool:
+        """The server's messages, each handed to the receiver, timed as gRPC hands it over,
+        before it is decoded. Never kernel-timed: gRPC owns its socket."""
         seen, ended = 0, False
+        fast = not spec.turn  # a session's turn keeps its reply: every message read whole
         call = self.call(conn.stub, self.request(spec), timeout_s, self.metadata_of(spec))
         try:
             async for msg in call:
                 arrived_ns = time.monotonic_ns()
-                chunk = self.chunk_of(msg, seen)
-                chunk.size, chunk.arrived_ns = msg.ByteSize(), arrived_ns
-                seen += chunk.tokens
-                if on_chunk(chunk):
+                if fast and (tokens := self.plain(msg)) is not None:
+                    seen += tokens[0]
+                    leaves = receiver.timed(arrived_ns, *tokens, msg.ByteSize())
+                else:
+                    chunk = self.chunk_of(msg, seen)
+                    chunk.size, chunk.arrived_ns = msg.ByteSize(), arrived_ns
+                    seen += chunk.tokens
+                    leaves = receiver.take(chunk)
+                if leaves:
                     break
             else:
                 ended = True

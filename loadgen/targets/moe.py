@@ -36,6 +36,11 @@ class MoeTarget(GrpcTarget):
         return moe_pb2.GenerateRequest(request_id=spec.request_id, max_tokens=spec.max_tokens,
                                        ignore_eos=True, **prompt)
 
+    def plain(self, msg: moe_pb2.GenerateResponse) -> tuple[int, int] | None:
+        if msg.finish_reason or not (tokens := len(msg.token_ids)):
+            return None
+        return tokens, msg.server_elapsed_us
+
     def chunk_of(self, msg: moe_pb2.GenerateResponse, seen: int) -> Chunk:
         if not msg.finish_reason:
             return Chunk(tokens=len(msg.token_ids), server_elapsed_us=msg.server_elapsed_us,

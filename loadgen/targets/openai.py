@@ -26,7 +26,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import orjson
 
@@ -35,7 +35,7 @@ from loadgen.targets.http1 import READ_BLOCK, Pool
 from loadgen.targets.routed_experts import ENGINES_THAT_ANSWER, carries_routing
 from loadgen.targets.sniff import GRPC, spoken
 from loadgen.targets.sse import EventStream
-from loadgen.targets.target import Chunk, RequestSpec, TargetError, failure_of
+from loadgen.targets.target import Chunk, Receiver, RequestSpec, TargetError, failure_of
 from records.load_settings import TargetSettings
 
 MAX_STREAMS = 100_000  # connections one user's pool may open: never a limit on in-flight requests
@@ -79,13 +79,13 @@ class Reader:
         self.done = False
         self.size = 0  # the bytes read since the last message
 
-    def feed(self, data: bytes, arrived_ns: int, on_chunk: Callable[[Chunk], bool]) -> bool:
-        """Body bytes as a read brought them (arrived_ns: when): each message they end to
-        on_chunk; True once the stream is done or on_chunk returned True (the client leaves)."""
+    def feed(self, data: bytes, arrived_ns: int, receiver: Receiver) -> bool:
+        """Body bytes as a read brought them (arrived_ns: when): each message they end to the
+        receiver; True once the stream is done or the client leaves it."""
         self.size += len(data)
         for event in self.events.feed(data):
             chunk = self.data(event, arrived_ns)
-            if self.done or on_chunk(chunk):
+            if self.done or receiver.take(chunk):
                 return True
         return False
 
@@ -313,12 +313,11 @@ class OpenAITarget:
         return pool
 
     async def apush(self, conn: Pool, spec: RequestSpec, timeout_s: float,
-                    on_chunk: Callable[[Chunk], bool]) -> bool:
-        """The request's messages, each handed to on_chunk as its read arrives, in the
-        connection's read callback (no task woken a message); on_chunk returns True to leave
-        the stream (the client cancels). Whether every read of the reply was timed by the
-        kernel's receipt (loadgen/targets/stamped_socket.py). Raises on failure, as
-        `stream`."""
+                    receiver: Receiver) -> bool:
+        """The request's messages, each handed to the receiver as its read arrives, in the
+        connection's read callback (no task woken a message). Whether every read of the reply
+        was timed by the kernel's receipt (loadgen/targets/stamped_socket.py). Raises on
+        failure, as `stream`."""
         async with asyncio.timeout(timeout_s):
             response = await conn.request("POST", self.settings.endpoint, self.headers_of(spec),
                                           self.body(spec))
@@ -329,13 +328,13 @@ class OpenAITarget:
                                  whole)
                 if whole:
                     data = await response.read(WHOLE_BODY)
-                    on_chunk(self.whole_chunk(data, time.monotonic_ns()))
+                    receiver.take(self.whole_chunk(data, time.monotonic_ns()))
                     response.keep()
                     return False
                 reader = Reader(self)
 
                 def body(data: bytes, arrived_ns: int) -> bool:
-                    return reader.feed(data, arrived_ns, on_chunk)
+                    return reader.feed(data, arrived_ns, receiver)
 
                 # a stream the client left (it cancelled) is not kept: its connection closes
                 if not (await response.consume(body) and not reader.done):

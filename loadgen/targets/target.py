@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -94,6 +94,19 @@ class Chunk:
     whole: bool = False
 
 
+class Receiver(Protocol):
+    """Where the aio sender's streams hand their messages as they arrive (its StreamResult).
+    Each call returns True when the client leaves the stream now (it cancels)."""
+
+    def take(self, chunk: Chunk) -> bool:
+        """A message, at chunk.arrived_ns (0: now)."""
+
+    def timed(self, arrived_ns: int, tokens: int, server_elapsed_us: int, size: int) -> bool:
+        """A message that carries output tokens and nothing else the run keeps (most of a
+        stream's), handed over without a Chunk: its arrival, its tokens, the server's time for
+        it (0 unknown) and its bytes."""
+
+
 class TargetError(Exception):
     """A protocol-level failure: the status (docs/metrics.md) and what happened."""
 
@@ -121,10 +134,10 @@ class Target(Protocol):
         """A connection for the aio sender, on its event loop."""
 
     async def apush(self, conn: Any, spec: RequestSpec, timeout_s: float,
-                    on_chunk: Callable[[Chunk], bool]) -> bool:
-        """`stream` on asyncio: each message handed to on_chunk as it arrives, with its
-        arrival time (True back: the client leaves); returns whether every message was timed
-        by the kernel's receipt (docs/metrics.md, "Arrival times"). Raises on failure."""
+                    receiver: Receiver) -> bool:
+        """`stream` on asyncio: each message handed to the receiver as it arrives, with its
+        arrival time; returns whether every message was timed by the kernel's receipt
+        (docs/metrics.md, "Arrival times"). Raises on failure."""
 
     def close(self, conn: Any) -> None: ...
 
