@@ -118,8 +118,10 @@ class Workload:
         --cancel-share; a reply read whole is never cancelled)."""
         if self.unstreamed and random.Random(f"{self.seed}:{key}:whole").random() < self.unstreamed:
             return replace(spec, stream=False)
+        if not self.shape.cancel_share or spec.max_tokens < 2:
+            return spec  # no draw (seeding a Random costs ~5 us: a request's third)
         rng = random.Random(f"{self.seed}:{key}:cancel")
-        if spec.max_tokens > 1 and rng.random() < self.shape.cancel_share:
+        if rng.random() < self.shape.cancel_share:
             return replace(spec, cancel_after=rng.randint(1, spec.max_tokens - 1))
         return spec
 
