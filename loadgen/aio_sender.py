@@ -6,16 +6,16 @@ high message rates (docs/measured.md, `make bench-loadgen`). This process has no
 sends the schedule and timestamps every message itself. Its parent (loadgen/aio_client.py)
 writes one JSON job line to its stdin ({"config": the settings, flat, "workers", "index"}) as
 the run is set up; once the target's client is imported and connected the sender answers
-{"ready": true}, and the parent starts the schedule with a line of its time zero
-({"start_ns"}, with "end_ns" where -t set the schedule's end: nothing due after it is sent,
-however late the stop's line comes); at the end of a finite schedule (a trace) it writes
-{"schedule_over": true}. It reads one JSON line per finished request from its stdout, and writes
-{"stop_ns"} to end the schedule at that time (arrivals due by then that were not sent are
-counted: loadgen/traffic/dispatch.py); the sender then drains for drain_s, cuts off what is left,
-reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
+{"ready": true}, and the parent starts the schedule with a line of its time zero ({"start_ns"},
+with "end_ns" where -t set the schedule's end: nothing due after it is sent, however late the
+stop's line comes); at the end of a finite schedule (a trace) it writes {"schedule_over": true}.
+It reads one JSON line per finished request from its stdout (written in batches EMIT_S apart),
+and writes {"stop_ns"} to end the schedule at that time (arrivals due by then that were not sent
+are counted: loadgen/traffic/dispatch.py); the sender then drains for drain_s, cuts off what is
+left, reports it, writes {"end": true, "not_sent": n, "offered": what its requests asked for
 (loadgen/traffic/offered.py), "cpu_s": its CPU seconds since time zero, "cpu_wait_s": the
-seconds it waited for a core meanwhile (null: unknown; loadgen/recording/cpu.py)} and exits. Every
-second it also writes {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
+seconds it waited for a core meanwhile (null: unknown; loadgen/recording/cpu.py)} and exits.
+Every second it also writes {"loop_lag": [[t_ns, late_us], ...]}, its event loop's own lateness
 (loadgen/recording/loop_lag.py). It builds the same schedule and requests as the gevent path
 (loadgen/traffic/). In an SLA search its schedule is its part of the probes
 (loadgen/sla/part.py): the parent passes on each probe's start and cut ({"sla": START or CUT,
